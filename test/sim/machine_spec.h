@@ -1,0 +1,65 @@
+// Simulated AWS instances: one spec per instance type with the real PCI
+// layout (bus numbers, PCIe switches, NUMA), from ../shared/reference/ and
+// FACTS.md. WriteMachine() turns a spec into a fake host root.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "topology/pci_address.h"
+
+namespace efa::sim {
+
+using topology::PciAddress;
+
+enum class Kind { kEfa, kEna, kGpu, kNvSwitch, kNeuron, kMlx5 };
+
+struct Endpoint {
+  PciAddress addr;
+  Kind kind;
+  uint16_t device_id;  // PCI device ID; the vendor follows from the kind
+};
+
+// Endpoints under one root complex (host bridge pci0000:<root_bus>). When
+// `switched`, a root port leads to a PCIe switch whose downstream ports each
+// hold one endpoint; otherwise the endpoints sit on the root bus.
+struct PcieGroup {
+  uint8_t root_bus;
+  int numa;  // -1: numa_node -1 in sysfs, local to every CPU
+  bool switched;
+  std::vector<Endpoint> endpoints;
+};
+
+struct MachineSpec {
+  std::string instance_type;  // DMI product name, e.g. "p5.48xlarge"
+  int numa_nodes = 2;
+  int cpus_per_numa = 2;
+  std::vector<PcieGroup> groups;
+};
+
+// The built-in machines: p4d.24xlarge, p5.48xlarge, p5en.48xlarge,
+// p6-b200.48xlarge, trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge,
+// g5.48xlarge and no-efa (an m5.8xlarge with ENA only).
+const std::vector<MachineSpec>& BuiltinMachines();
+// Looks a machine up by name; the error lists the known names.
+absl::StatusOr<MachineSpec> FindMachine(const std::string& name);
+
+// How verbs devices are named: as udev renames them on AWS AMIs
+// ("rdmap79s0", "ibp48s0") or as the kernel names them ("efa_0", "mlx5_0").
+enum class Naming { kUdev, kKernel };
+
+// Writes the machine under `root`: root/sys (for --sysfs-root, SYSFS_PATH
+// and, through root, HWLOC_FSROOT), root/dev/infiniband/uverbsN (plain
+// files standing in for the char devices) and root/hwloc.xml (the same
+// machine exported by hwloc). `root` must not exist or be empty.
+absl::Status WriteMachine(const MachineSpec& spec, const std::string& root,
+                          Naming naming = Naming::kUdev);
+
+// The name a verbs device gets for `addr` under `naming`; `index` is its
+// rank among the verbs devices of the same driver (kernel names only).
+std::string VerbsName(Kind kind, const PciAddress& addr, int index, Naming naming);
+
+}  // namespace efa::sim

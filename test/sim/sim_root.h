@@ -1,0 +1,47 @@
+// A simulated machine written to a fresh temporary directory for one test,
+// removed again when the object goes away.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+#include "test/sim/machine_spec.h"
+#include "topology/sysfs.h"
+
+namespace efa::sim {
+
+class SimRoot {
+ public:
+  explicit SimRoot(const std::string& machine, Naming naming = Naming::kUdev) {
+    auto spec = FindMachine(machine);
+    if (!spec.ok()) throw std::runtime_error(std::string(spec.status().message()));
+    Init(*spec, naming);
+  }
+  explicit SimRoot(const MachineSpec& spec, Naming naming = Naming::kUdev) { Init(spec, naming); }
+  ~SimRoot() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  SimRoot(const SimRoot&) = delete;
+  SimRoot& operator=(const SimRoot&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path sys() const { return path_ / "sys"; }
+  std::filesystem::path xml() const { return path_ / "hwloc.xml"; }
+  topology::HostRoots roots() const { return {path_ / "sys", path_ / "dev", path_ / "proc"}; }
+
+ private:
+  void Init(const MachineSpec& spec, Naming naming) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp ? tmp : "/tmp") + "/efa-sim-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+    auto status = WriteMachine(spec, path_.string(), naming);
+    if (!status.ok()) throw std::runtime_error(std::string(status.message()));
+  }
+  std::filesystem::path path_;
+};
+
+}  // namespace efa::sim

@@ -1,0 +1,246 @@
+#include "topology/efa_discovery.h"
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "test/sim/sim_root.h"
+
+namespace fs = std::filesystem;
+using efa::sim::Naming;
+using efa::sim::SimRoot;
+using namespace efa::topology;
+
+namespace {
+
+// "rdmap79s0 uverbs0 0000:4f:00.0 numa0" per device.
+std::vector<std::string> Describe(const Inventory& inv) {
+  std::vector<std::string> out;
+  for (const EfaDevice& d : inv.devices) {
+    out.push_back(absl::StrCat(d.ibdev, " ", d.uverbs, " ", d.pci.ToString(), " numa",
+                               d.numa_node ? absl::StrCat(*d.numa_node) : "?"));
+  }
+  return out;
+}
+
+// Expected lines for EFAs at bus:slot pairs, named as udev names them.
+std::vector<std::string> Expect(std::vector<std::pair<int, int>> bus_slot, int first_uverbs,
+                                std::vector<int> numa) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < bus_slot.size(); ++i) {
+    auto [bus, slot] = bus_slot[i];
+    out.push_back(absl::StrFormat("rdmap%ds%d uverbs%d 0000:%02x:%02x.0 numa%s", bus, slot,
+                                  first_uverbs + static_cast<int>(i), bus, slot,
+                                  numa[i] < 0 ? "?" : absl::StrCat(numa[i])));
+  }
+  return out;
+}
+
+std::vector<std::pair<int, int>> Buses(std::vector<int> buses) {
+  std::vector<std::pair<int, int>> out;
+  for (int b : buses) out.push_back({b, 0});
+  return out;
+}
+
+std::vector<int> Numa(std::vector<std::pair<int, int>> runs) {  // {numa, count}...
+  std::vector<int> out;
+  for (auto [numa, count] : runs) out.insert(out.end(), count, numa);
+  return out;
+}
+
+void Write(const fs::path& path, const std::string& content) {
+  std::ofstream out(path, std::ios::trunc);
+  out << content;
+}
+
+}  // namespace
+
+TEST_CASE("EfaDiscovery finds exactly the EFAs of every simulated machine", "[topology]") {
+  struct Case {
+    std::string machine;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {"p5.48xlarge",
+       Expect(Buses({0x4f, 0x50, 0x51, 0x52, 0x60, 0x61, 0x62, 0x63, 0x71, 0x72, 0x73,
+                     0x74, 0x82, 0x83, 0x84, 0x85, 0x93, 0x94, 0x95, 0x96, 0xa4, 0xa5,
+                     0xa6, 0xa7, 0xb5, 0xb6, 0xb7, 0xb8, 0xc6, 0xc7, 0xc8, 0xc9}),
+              0, Numa({{0, 16}, {1, 16}}))},
+      {"p5en.48xlarge", Expect(Buses({0x55, 0x56, 0x57, 0x58, 0x6e, 0x6f, 0x70, 0x71, 0x87, 0x88,
+                                      0x89, 0x8a, 0xa0, 0xa1, 0xa2, 0xa3}),
+                               0, Numa({{0, 8}, {1, 8}}))},
+      {"p4d.24xlarge",
+       Expect({{0x10, 0x1b}, {0x20, 0x1b}, {0x90, 0x1b}, {0xa0, 0x1b}}, 0, Numa({{0, 2}, {1, 2}}))},
+      // uverbs0 is the first ConnectX-7 (bus 30), which is not an EFA.
+      {"p6-b200.48xlarge",
+       Expect(Buses({0x55, 0x56, 0x6e, 0x6f, 0x87, 0x88, 0xa0, 0xa1}), 1, Numa({{0, 4}, {1, 4}}))},
+      {"trn1.32xlarge", Expect({{0x10, 0x19},
+                                {0x10, 0x1a},
+                                {0x20, 0x19},
+                                {0x20, 0x1a},
+                                {0x90, 0x19},
+                                {0x90, 0x1a},
+                                {0xa0, 0x19},
+                                {0xa0, 0x1a}},
+                               0, Numa({{0, 4}, {1, 4}}))},
+      {"trn2.48xlarge", Expect(Buses({0x56, 0x57, 0x6c, 0x6d, 0x82, 0x83, 0x98, 0x99, 0xb3, 0xb4,
+                                      0xc9, 0xca, 0xdf, 0xe0, 0xf5, 0xf6}),
+                               0, Numa({{0, 8}, {1, 8}}))},
+      {"g5.48xlarge", Expect({{0x00, 0x15}}, 0, {-1})},
+      {"no-efa", {}},
+  };
+  for (const Case& c : cases) {
+    SECTION(c.machine) {
+      SimRoot sim(c.machine);
+      Inventory inv = DiscoverEfaDevices(sim.roots());
+      CHECK(Describe(inv) == c.expected);
+      for (const EfaDevice& d : inv.devices) {
+        CHECK(d.healthy());
+        CHECK(d.uverbs_path == (sim.path() / "dev/infiniband" / d.uverbs).string());
+      }
+      for (const SkippedDevice& s : inv.skipped) CHECK_FALSE(s.malformed);
+    }
+  }
+}
+
+TEST_CASE("EfaDiscovery counts trn1n's sixteen EFAs", "[topology]") {
+  SimRoot sim("trn1n.32xlarge");
+  CHECK(DiscoverEfaDevices(sim.roots()).devices.size() == 16);
+}
+
+TEST_CASE("EfaDiscovery reads every attribute of a p5 EFA", "[topology]") {
+  SimRoot sim("p5.48xlarge");
+  Inventory inv = DiscoverEfaDevices(sim.roots());
+  REQUIRE(inv.devices.size() == 32);
+  const EfaDevice& d = inv.devices[0];
+  CHECK(d.ibdev == "rdmap79s0");
+  CHECK(d.major == 231);
+  CHECK(d.minor == 192);
+  CHECK(d.device_id == 0xefa1);
+  CHECK(d.generation == 2);
+  CHECK(d.root_complex == "pci0000:44");
+  CHECK(d.node_guid == "0a4f:0000:fe00:0000");
+  CHECK(inv.devices[31].minor == 223);
+  CHECK(inv.devices[31].root_complex == "pci0000:bb");
+  CHECK(inv.skipped.empty());
+}
+
+TEST_CASE("EfaDiscovery skips p6-b200's mlx5 verbs devices and finds its efa3", "[topology]") {
+  SimRoot sim("p6-b200.48xlarge");
+  Inventory inv = DiscoverEfaDevices(sim.roots());
+  REQUIRE(inv.devices.size() == 8);
+  for (const EfaDevice& d : inv.devices) {
+    CHECK(d.device_id == 0xefa3);
+    CHECK(d.generation == 4);
+  }
+  REQUIRE(inv.skipped.size() == 2);
+  CHECK(inv.skipped[0].ibdev == "ibp176s1");
+  CHECK(inv.skipped[0].reason == "PCI 15b3:1021 is not an EFA (only 1d0f:efa0-efa3 are)");
+  CHECK_FALSE(inv.skipped[0].malformed);
+  CHECK(inv.skipped[1].ibdev == "ibp48s1");
+}
+
+TEST_CASE("EfaDiscovery finds EFAs under their kernel names", "[topology]") {
+  SimRoot sim("p5.48xlarge", Naming::kKernel);
+  Inventory inv = DiscoverEfaDevices(sim.roots());
+  REQUIRE(inv.devices.size() == 32);
+  // Sorted by PCI address, not by name: efa_10 must not come before efa_2.
+  for (size_t i = 0; i < inv.devices.size(); ++i) {
+    CHECK(inv.devices[i].ibdev == absl::StrCat("efa_", i));
+    CHECK(inv.devices[i].uverbs == absl::StrCat("uverbs", i));
+  }
+  CHECK(inv.devices[10].pci.ToString() == "0000:73:00.0");
+}
+
+TEST_CASE("EfaDiscovery matches the device ID, not the Amazon vendor alone", "[topology]") {
+  SimRoot sim("p4d.24xlarge");
+  // A verbs device whose PCI function is the ENA (1d0f:ec20).
+  const fs::path ena = sim.sys() / "bus/pci/devices/0000:00:05.0";
+  fs::create_directories(sim.sys() / "class/infiniband/ena_0");
+  fs::create_directory_symlink(ena, sim.sys() / "class/infiniband/ena_0/device");
+  Inventory inv = DiscoverEfaDevices(sim.roots());
+  CHECK(inv.devices.size() == 4);
+  REQUIRE(inv.skipped.size() == 1);
+  CHECK(inv.skipped[0].ibdev == "ena_0");
+  CHECK(inv.skipped[0].reason == "PCI 1d0f:ec20 is not an EFA (only 1d0f:efa0-efa3 are)");
+}
+
+TEST_CASE("EfaDiscovery skips only the device whose sysfs is broken, naming the path",
+          "[topology]") {
+  SimRoot sim("p4d.24xlarge");
+  const fs::path cls = sim.sys() / "class/infiniband";
+  std::string expected;
+  std::string victim = "rdmap32s27";
+
+  SECTION("missing numa_node") {
+    fs::remove(cls / victim / "device/numa_node");
+    expected = (cls / victim / "device/numa_node").string() + ": No such file or directory";
+  }
+  SECTION("garbage numa_node") {
+    Write(cls / victim / "device/numa_node", "zero\n");
+    expected = (cls / victim / "device/numa_node").string() + ": expected an integer, got \"zero\"";
+  }
+  SECTION("out-of-range numa_node") {
+    Write(cls / victim / "device/numa_node", "-7\n");
+    expected = (cls / victim / "device/numa_node").string() +
+               ": expected -1 or a NUMA node number, got -7";
+  }
+  SECTION("dangling device link") {
+    const fs::path link = cls / victim / "device";
+    fs::remove(link);
+    fs::create_directory_symlink("../../0000:20:1b.7", link);
+    expected = link.string() + ": dangling link to ../../0000:20:1b.7";
+  }
+  SECTION("garbage device ID") {
+    Write(cls / victim / "device/device", "efa?\n");
+    expected =
+        (cls / victim / "device/device").string() + ": expected a hexadecimal number, got \"efa?\"";
+  }
+  SECTION("garbage uverbs dev numbers") {
+    Write(sim.sys() / "class/infiniband_verbs/uverbs1/dev", "231\n");
+    expected = (sim.sys() / "class/infiniband_verbs/uverbs1/dev").string() +
+               ": expected a device number like \"231:192\", got \"231\"";
+  }
+  SECTION("no uverbs device") {
+    fs::remove(sim.sys() / "class/infiniband_verbs/uverbs1");
+    expected =
+        (sim.sys() / "class/infiniband_verbs").string() + ": no uverbs device names " + victim;
+  }
+  Inventory inv = DiscoverEfaDevices(sim.roots());
+  CHECK(Describe(inv) == std::vector<std::string>{"rdmap16s27 uverbs0 0000:10:1b.0 numa0",
+                                                  "rdmap144s27 uverbs2 0000:90:1b.0 numa1",
+                                                  "rdmap160s27 uverbs3 0000:a0:1b.0 numa1"});
+  REQUIRE(inv.skipped.size() == 1);
+  CHECK(inv.skipped[0].ibdev == victim);
+  CHECK(inv.skipped[0].reason == expected);
+  CHECK(inv.skipped[0].malformed);
+}
+
+TEST_CASE("EfaDiscovery reports a present EFA without its node or driver as unhealthy",
+          "[topology]") {
+  SimRoot sim("p4d.24xlarge");
+  const fs::path node = sim.path() / "dev/infiniband/uverbs1";
+  const fs::path driver = sim.sys() / "class/infiniband/rdmap144s27/device/driver";
+  fs::remove(node);
+  fs::remove(driver);
+  Inventory inv = DiscoverEfaDevices(sim.roots());
+  REQUIRE(inv.devices.size() == 4);
+  CHECK(inv.devices[0].healthy());
+  CHECK(inv.devices[1].health_problem == node.string() + ": No such file or directory");
+  CHECK(inv.devices[2].health_problem == driver.string() + ": no driver bound");
+  CHECK(inv.devices[3].healthy());
+
+  fs::create_directories(sim.sys() / "bus/pci/drivers/vfio-pci");
+  fs::create_directory_symlink(sim.sys() / "bus/pci/drivers/vfio-pci", driver);
+  inv = DiscoverEfaDevices(sim.roots());
+  CHECK(inv.devices[2].health_problem == driver.string() + ": bound to vfio-pci, not efa");
+}
+
+TEST_CASE("EfaDiscovery on a root with no sysfs at all is an empty inventory", "[topology]") {
+  HostRoots roots{"/nonexistent/sys", "/nonexistent/dev", "/nonexistent/proc"};
+  Inventory inv = DiscoverEfaDevices(roots);
+  CHECK(inv.devices.empty());
+  CHECK(inv.skipped.empty());
+}

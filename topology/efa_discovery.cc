@@ -1,0 +1,191 @@
+#include "topology/efa_discovery.h"
+
+#include <infiniband/verbs.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace efa::topology {
+namespace fs = std::filesystem;
+
+std::optional<int> EfaGeneration(uint16_t vendor, uint16_t device) {
+  if (vendor != kAmazonVendorId || device < 0xefa0 || device > 0xefa3) return std::nullopt;
+  return device - 0xefa0 + 1;
+}
+
+namespace {
+
+struct UverbsEntry {
+  std::string name;
+  absl::StatusOr<std::pair<uint32_t, uint32_t>> numbers;
+};
+
+// ibdev name -> its uverbs char device, from class/infiniband_verbs/*/ibdev.
+std::map<std::string, UverbsEntry> ListUverbs(const fs::path& sysfs) {
+  std::map<std::string, UverbsEntry> by_ibdev;
+  fs::path dir = sysfs / "class/infiniband_verbs";
+  auto names = ListDirectory(dir);
+  if (!names.ok()) return by_ibdev;
+  for (const std::string& name : *names) {
+    if (!name.starts_with("uverbs")) continue;
+    auto ibdev = ReadAttribute(dir / name / "ibdev");
+    if (!ibdev.ok()) continue;  // reported as "no uverbs device" for that ibdev
+    const fs::path dev_path = dir / name / "dev";
+    auto dev_text = ReadAttribute(dev_path);
+    absl::StatusOr<std::pair<uint32_t, uint32_t>> numbers =
+        dev_text.ok() ? ParseDevNumbers(*dev_text) : dev_text.status();
+    if (dev_text.ok() && !numbers.ok()) {
+      numbers = absl::InvalidArgumentError(
+          absl::StrCat(dev_path.string(), ": ", numbers.status().message()));
+    }
+    by_ibdev.emplace(*ibdev, UverbsEntry{name, std::move(numbers)});
+  }
+  return by_ibdev;
+}
+
+// "pci0000:44" from ".../devices/pci0000:44/0000:44:01.0/...".
+std::string RootComplexOf(const fs::path& pci_dir) {
+  for (const auto& part : pci_dir) {
+    std::string s = part.string();
+    if (s.starts_with("pci") && s.size() > 3) return s;
+  }
+  return "";
+}
+
+// Why a present device cannot be used, or "" when it can.
+std::string HealthProblem(const EfaDevice& dev, const fs::path& class_dir) {
+  struct stat st;
+  if (::stat(dev.uverbs_path.c_str(), &st) != 0) {
+    return std::string(PathError(dev.uverbs_path, errno).message());
+  }
+  if (S_ISCHR(st.st_mode) && (major(st.st_rdev) != dev.major || minor(st.st_rdev) != dev.minor)) {
+    return absl::StrFormat("%s: device %u:%u, but sysfs says %u:%u", dev.uverbs_path,
+                           major(st.st_rdev), minor(st.st_rdev), dev.major, dev.minor);
+  }
+  fs::path driver_link = class_dir / "device/driver";
+  auto driver = ResolvePath(driver_link);
+  if (!driver.ok()) return absl::StrCat(driver_link.string(), ": no driver bound");
+  if (driver->filename() != "efa") {
+    return absl::StrCat(driver_link.string(), ": bound to ", driver->filename().string(),
+                        ", not efa");
+  }
+  return "";
+}
+
+}  // namespace
+
+Inventory DiscoverEfaDevices(const HostRoots& roots) {
+  Inventory inv;
+  const fs::path class_root = roots.sysfs / "class/infiniband";
+  auto names = ListDirectory(class_root);
+  if (!names.ok()) {
+    // No RDMA subsystem at all is the normal state of a node without EFA.
+    if (!absl::IsNotFound(names.status())) {
+      inv.skipped.push_back({"*", std::string(names.status().message()), true});
+    }
+    return inv;
+  }
+  const auto uverbs = ListUverbs(roots.sysfs);
+
+  for (const std::string& ibdev : *names) {
+    const fs::path class_dir = class_root / ibdev;
+    auto skip = [&](const absl::Status& why, bool malformed = true) {
+      inv.skipped.push_back({ibdev, std::string(why.message()), malformed});
+    };
+    auto pci_dir = ResolvePath(class_dir / "device");
+    if (!pci_dir.ok()) {
+      skip(pci_dir.status());
+      continue;
+    }
+    auto vendor = ReadHexAttribute(class_dir / "device/vendor");
+    if (!vendor.ok()) {
+      skip(vendor.status());
+      continue;
+    }
+    auto device = ReadHexAttribute(class_dir / "device/device");
+    if (!device.ok()) {
+      skip(device.status());
+      continue;
+    }
+    auto generation = EfaGeneration(static_cast<uint16_t>(*vendor), static_cast<uint16_t>(*device));
+    if (!generation || *vendor > 0xffff || *device > 0xffff) {
+      skip(absl::NotFoundError(absl::StrFormat(
+               "PCI %04x:%04x is not an EFA (only 1d0f:efa0-efa3 are)", *vendor, *device)),
+           /*malformed=*/false);
+      continue;
+    }
+    auto pci = PciAddress::Parse(pci_dir->filename().string());
+    if (!pci) {
+      skip(absl::InvalidArgumentError(absl::StrCat((class_dir / "device").string(), ": links to ",
+                                                   pci_dir->string(),
+                                                   ", which is not a PCI function")));
+      continue;
+    }
+    auto numa = ReadIntAttribute(class_dir / "device/numa_node");
+    if (!numa.ok()) {
+      skip(numa.status());
+      continue;
+    }
+    if (*numa < -1 || *numa > 1023) {
+      skip(absl::InvalidArgumentError(absl::StrCat((class_dir / "device/numa_node").string(),
+                                                   ": expected -1 or a NUMA node number, got ",
+                                                   *numa)));
+      continue;
+    }
+    auto uv = uverbs.find(ibdev);
+    if (uv == uverbs.end()) {
+      skip(absl::NotFoundError(absl::StrCat((roots.sysfs / "class/infiniband_verbs").string(),
+                                            ": no uverbs device names ", ibdev)));
+      continue;
+    }
+    if (!uv->second.numbers.ok()) {
+      skip(uv->second.numbers.status());
+      continue;
+    }
+
+    EfaDevice dev;
+    dev.ibdev = ibdev;
+    dev.uverbs = uv->second.name;
+    dev.uverbs_path = (roots.dev / "infiniband" / uv->second.name).string();
+    dev.major = uv->second.numbers->first;
+    dev.minor = uv->second.numbers->second;
+    dev.pci = *pci;
+    dev.device_id = static_cast<uint16_t>(*device);
+    dev.generation = *generation;
+    if (*numa >= 0) dev.numa_node = static_cast<int>(*numa);
+    dev.node_guid = ReadAttribute(class_dir / "node_guid").value_or("");
+    dev.root_complex = RootComplexOf(*pci_dir);
+    dev.health_problem = HealthProblem(dev, class_dir);
+    inv.devices.push_back(std::move(dev));
+  }
+  std::sort(inv.devices.begin(), inv.devices.end(), [](const EfaDevice& a, const EfaDevice& b) {
+    return std::tie(a.pci, a.ibdev) < std::tie(b.pci, b.ibdev);
+  });
+  return inv;
+}
+
+void PointLibibverbsAt(const fs::path& sysfs_root) {
+  if (sysfs_root != "/sys") ::setenv("SYSFS_PATH", sysfs_root.c_str(), /*overwrite=*/1);
+}
+
+void MarkVerbsProviders(Inventory& inventory) {
+  int count = 0;
+  ibv_device** list = ibv_get_device_list(&count);
+  if (list == nullptr) return;
+  for (int i = 0; i < count; ++i) {
+    std::string_view name = ibv_get_device_name(list[i]);
+    for (EfaDevice& dev : inventory.devices) {
+      if (dev.ibdev == name) dev.verbs_provider = true;
+    }
+  }
+  ibv_free_device_list(list);
+}
+
+}  // namespace efa::topology

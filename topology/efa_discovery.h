@@ -1,0 +1,25 @@
+// EFA discovery from sysfs, cross-checked with libibverbs.
+#pragma once
+
+#include "topology/efa_device.h"
+#include "topology/sysfs.h"
+
+namespace efa::topology {
+
+// Finds every EFA (PCI 1d0f:efa0-efa3) among the verbs devices under
+// `roots.sysfs`/class/infiniband. Never fails: a node without verbs devices
+// yields an empty inventory, and a device whose sysfs entries are missing or
+// garbage is skipped with a reason that names the path. Each device's
+// uverbs node is looked up under `roots.dev`. Thread-safe.
+Inventory DiscoverEfaDevices(const HostRoots& roots);
+
+// Sets `verbs_provider` on each device that libibverbs lists. libibverbs
+// reads SYSFS_PATH once per process, so call PointLibibverbsAt() before the
+// first use. Not thread-safe with other libibverbs users.
+void MarkVerbsProviders(Inventory& inventory);
+
+// Points libibverbs at `sysfs_root` (SYSFS_PATH) unless it is "/sys". Call
+// once, before any other libibverbs use in the process.
+void PointLibibverbsAt(const std::filesystem::path& sysfs_root);
+
+}  // namespace efa::topology

@@ -1,0 +1,36 @@
+// Loading an hwloc topology with every PCI device, bridge and OS device
+// kept, from the live system, a fake host root or an XML file.
+#pragma once
+
+#include <hwloc.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace efa::topology {
+
+struct HwlocDeleter {
+  void operator()(hwloc_topology* t) const { hwloc_topology_destroy(t); }
+};
+using HwlocTopology = std::unique_ptr<hwloc_topology, HwlocDeleter>;
+
+// Where the PCI tree comes from. `xml_path` wins when set; otherwise
+// `fsroot` ("/" or empty: the live system) is the directory that holds the
+// host's sys/ and proc/, e.g. the parent of --sysfs-root.
+struct TopologySource {
+  std::string fsroot;
+  std::string xml_path;
+};
+
+// Loads the topology. With a fake fsroot the x86 CPUID backend is turned off
+// so that the build host's CPUs do not leak into the simulated machine.
+// Errors name the source. Thread-safe (loads are serialized because
+// HWLOC_FSROOT is process-wide).
+absl::StatusOr<HwlocTopology> LoadTopology(const TopologySource& source);
+
+// Writes `topology` as hwloc XML to `path`.
+absl::Status ExportTopologyXml(hwloc_topology* topology, const std::string& path);
+
+}  // namespace efa::topology

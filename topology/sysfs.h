@@ -1,0 +1,50 @@
+// Reading sysfs-style attribute files and links. Every function names the
+// path in its error message, e.g.
+//   "/sys/class/infiniband/rdmap79s0/device/numa_node: No such file or directory".
+// The parsers are split from the reads so that they can be fuzzed alone.
+// All functions are thread-safe (they share no state).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace efa::topology {
+
+// The roots under which the daemon finds the host. On a node these are the
+// defaults; tests and the demo point them at a simulated machine.
+struct HostRoots {
+  std::filesystem::path sysfs = "/sys";
+  std::filesystem::path dev = "/dev";
+  std::filesystem::path proc = "/proc";
+};
+
+// Parses "0x1d0f" or "1d0f" (surrounding white space allowed) into a value of
+// at most 32 bits.
+absl::StatusOr<uint32_t> ParseHex(std::string_view text);
+// Parses a decimal integer such as "-1" or "0\n".
+absl::StatusOr<int64_t> ParseInt(std::string_view text);
+// Parses a char device number "231:192".
+absl::StatusOr<std::pair<uint32_t, uint32_t>> ParseDevNumbers(std::string_view text);
+
+// Reads a whole attribute file (at most 64 KiB) with trailing white space
+// removed.
+absl::StatusOr<std::string> ReadAttribute(const std::filesystem::path& path);
+absl::StatusOr<uint32_t> ReadHexAttribute(const std::filesystem::path& path);
+absl::StatusOr<int64_t> ReadIntAttribute(const std::filesystem::path& path);
+
+// Names in a directory, sorted. A missing directory is NotFound.
+absl::StatusOr<std::vector<std::string>> ListDirectory(const std::filesystem::path& dir);
+
+// Resolves every link in `path`; a dangling or looping link is an error that
+// names `path`.
+absl::StatusOr<std::filesystem::path> ResolvePath(const std::filesystem::path& path);
+
+// "<path>: <strerror(err)>" with the status code that fits errno.
+absl::Status PathError(const std::filesystem::path& path, int err);
+
+}  // namespace efa::topology
