@@ -1,16 +1,19 @@
 // efa-k8s-device-plugin: the kubelet device plugin for AWS EFA.
+#include <signal.h>
+
 #include <cstdio>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "plugin/daemon.h"
+#include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 
 namespace {
 
 // Prints the node's EFAs and what discovery passed over.
 int RunInventory(const efa::topology::HostRoots& roots) {
-  efa::topology::PointLibibverbsAt(roots.sysfs);
   auto inv = efa::topology::DiscoverEfaDevices(roots);
   efa::topology::MarkVerbsProviders(inv);
   std::printf("%zu EFA device(s) under %s\n", inv.devices.size(), roots.sysfs.c_str());
@@ -34,17 +37,45 @@ int RunInventory(const efa::topology::HostRoots& roots) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Signals are taken by the owner loop through a signalfd: block them
+  // before any thread (gRPC's included) exists.
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
   CLI::App app{"EFA device plugin for Kubernetes"};
-  efa::topology::HostRoots roots;
-  std::string sysfs = roots.sysfs, dev = roots.dev, proc = roots.proc;
+  efa::plugin::DaemonOptions options;
+  std::string sysfs = options.roots.sysfs, dev = options.roots.dev, proc = options.roots.proc;
+  std::string kubelet_dir = options.kubelet_dir, log_level = "info";
+  double rescan_seconds = 10;
   app.add_option("--sysfs-root", sysfs, "Where the host's /sys is")->capture_default_str();
   app.add_option("--dev-root", dev, "Where the host's /dev is")->capture_default_str();
   app.add_option("--proc-root", proc, "Where the host's /proc is")->capture_default_str();
+  app.add_option("--kubelet-dir", kubelet_dir, "The kubelet's root directory")
+      ->capture_default_str();
+  app.add_option("--report-numa", options.report_numa,
+                 "Report each device's NUMA node to the kubelet (Topology Manager)")
+      ->capture_default_str();
+  app.add_option("--rescan-interval", rescan_seconds,
+                 "Seconds between fallback rescans of the devices")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   auto* inventory = app.add_subcommand("inventory", "Print the node's EFA devices and exit");
-  app.require_subcommand(0, 1);
   inventory->fallthrough();
+  app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
-  roots = {sysfs, dev, proc};
-  (void)inventory;
-  return RunInventory(roots);
+  options.roots = {sysfs, dev, proc};
+  options.kubelet_dir = kubelet_dir;
+  options.rescan_interval = std::chrono::milliseconds(static_cast<int64_t>(rescan_seconds * 1000));
+  options.handle_signals = true;
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  efa::topology::PointLibibverbsAt(options.roots.sysfs);
+  if (inventory->parsed()) return RunInventory(options.roots);
+  efa::plugin::Daemon daemon(options);
+  return daemon.Run();
 }

@@ -1,0 +1,359 @@
+#include "plugin/daemon.h"
+
+#include <grpcpp/grpcpp.h>
+#include <linux/netlink.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "spdlog/spdlog.h"
+#include "topology/efa_discovery.h"
+
+namespace efa::plugin {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr auto kRegisterTimeout = std::chrono::seconds(10);
+constexpr auto kMaxBackoff = std::chrono::milliseconds(8000);
+
+void CloseFd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// A socket that receives the kernel's kobject uevents; -1 where the network
+// namespace does not get them (then the periodic rescan covers).
+int OpenUeventSocket() {
+  int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_KOBJECT_UEVENT);
+  if (fd < 0) return -1;
+  sockaddr_nl addr{};
+  addr.nl_family = AF_NETLINK;
+  addr.nl_groups = 1;  // the kernel's multicast group
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True when a batch of uevents touches RDMA devices or PCI bindings.
+bool DrainUevents(int fd) {
+  bool relevant = false;
+  char buf[8192];
+  while (true) {
+    ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) break;
+    buf[n] = '\0';
+    for (ssize_t i = 0; i < n; i += static_cast<ssize_t>(std::strlen(buf + i)) + 1) {
+      std::string_view field(buf + i);
+      if (field == "SUBSYSTEM=infiniband" || field == "SUBSYSTEM=infiniband_verbs" ||
+          field == "SUBSYSTEM=pci") {
+        relevant = true;
+      }
+    }
+  }
+  return relevant;
+}
+
+bool IsSocket(const fs::path& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+}  // namespace
+
+struct Daemon::Fds {
+  int wake = -1;     // eventfd: Stop(), stream ends
+  int inotify = -1;  // device-plugins dir and device directories
+  int uevent = -1;
+  int signal = -1;
+  ~Fds() {
+    CloseFd(wake);
+    CloseFd(inotify);
+    CloseFd(uevent);
+    CloseFd(signal);
+  }
+};
+
+Daemon::Daemon(DaemonOptions options)
+    : options_(std::move(options)),
+      service_(DevicePluginService::Options{options_.report_numa}),
+      fds_(std::make_unique<Fds>()) {
+  fds_->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  fds_->inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  service_.SetStreamEndCallback([this] {
+    stream_ended_ = true;
+    Wake();
+  });
+}
+
+Daemon::~Daemon() { StopServer(); }
+
+fs::path Daemon::plugin_socket() const {
+  return options_.kubelet_dir / "device-plugins" / kPluginSocket;
+}
+fs::path Daemon::kubelet_socket() const {
+  return options_.kubelet_dir / "device-plugins" / "kubelet.sock";
+}
+
+void Daemon::Wake() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(fds_->wake, &one, sizeof one);
+}
+
+void Daemon::Stop() {
+  stop_ = true;
+  Wake();
+}
+
+void Daemon::Rescan() {
+  topology::Inventory inv = topology::DiscoverEfaDevices(options_.roots);
+  topology::MarkVerbsProviders(inv);
+  for (const auto& s : inv.skipped) {
+    if (!logged_skips_.insert(s.ibdev + "\n" + s.reason).second) continue;
+    if (s.malformed) {
+      spdlog::warn("skipping verbs device {}: {}", s.ibdev, s.reason);
+    } else {
+      spdlog::debug("skipping verbs device {}: {}", s.ibdev, s.reason);
+    }
+  }
+  std::set<std::string> present;
+  for (topology::EfaDevice& d : inv.devices) {
+    present.insert(d.ibdev);
+    auto it = known_.find(d.ibdev);
+    if (it == known_.end()) {
+      spdlog::info("found EFA {} ({}, {}, NUMA {}){}", d.ibdev, d.pci.ToString(), d.uverbs,
+                   d.numa_node ? std::to_string(*d.numa_node) : "unknown",
+                   d.healthy() ? "" : ", unhealthy: " + d.health_problem);
+    } else if (it->second.health_problem != d.health_problem) {
+      if (d.healthy()) {
+        spdlog::info("EFA {} is healthy again", d.ibdev);
+      } else {
+        spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, d.health_problem);
+      }
+    }
+    known_[d.ibdev] = std::move(d);
+  }
+  // A device that vanished from sysfs stays listed, unhealthy, so that the
+  // kubelet keeps its capacity honest and stops placing pods on it.
+  for (auto& [id, d] : known_) {
+    if (present.count(id)) continue;
+    std::string problem = (options_.roots.sysfs / "class/infiniband" / id).string() + ": gone";
+    if (d.health_problem != problem) {
+      spdlog::warn("EFA {} is unhealthy: {}", id, problem);
+      d.health_problem = problem;
+    }
+  }
+  std::vector<topology::EfaDevice> devices;
+  for (const auto& [id, d] : known_) devices.push_back(d);
+  std::sort(devices.begin(), devices.end(),
+            [](const auto& a, const auto& b) { return a.pci < b.pci; });
+  service_.SetDevices(std::move(devices));
+  WatchDeviceDirs();
+  next_rescan_ = Clock::now() + options_.rescan_interval;
+}
+
+void Daemon::WatchDeviceDirs() {
+  // inotify reports device nodes coming and going under devtmpfs and every
+  // change of a simulated sysfs; real sysfs sends none (uevents cover it).
+  for (const fs::path& dir :
+       {options_.roots.dev / "infiniband", options_.roots.sysfs / "class/infiniband",
+        options_.roots.sysfs / "class/infiniband_verbs"}) {
+    int wd = ::inotify_add_watch(fds_->inotify, dir.c_str(),
+                                 IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_ATTRIB |
+                                     IN_DELETE_SELF | IN_ONLYDIR);
+    if (wd >= 0) device_watches_[wd] = dir.string();
+  }
+}
+
+bool Daemon::StartServer() {
+  const fs::path socket = plugin_socket();
+  std::error_code ec;
+  fs::create_directories(socket.parent_path(), ec);
+  fs::remove(socket, ec);  // a stale socket from an earlier run
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
+  builder.RegisterService(&service_);
+  server_ = builder.BuildAndStart();
+  if (!server_) {
+    spdlog::error("cannot serve on {}", socket.string());
+    return false;
+  }
+  ::chmod(socket.c_str(), 0600);  // only the (root) kubelet talks to it
+  spdlog::info("serving the device plugin API on {}", socket.string());
+  return true;
+}
+
+void Daemon::StopServer() {
+  if (!server_) return;
+  service_.Shutdown();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_->Wait();
+  server_.reset();
+  std::error_code ec;
+  fs::remove(plugin_socket(), ec);
+}
+
+void Daemon::TryRegister() {
+  if (!IsSocket(kubelet_socket())) return;  // wait for inotify to report it
+  if (!IsSocket(plugin_socket())) {
+    // The kubelet deleted our socket (it does so on start): serve afresh.
+    spdlog::info("{} is gone; serving again", plugin_socket().string());
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+    if (!StartServer()) return;
+  }
+  auto channel =
+      grpc::CreateChannel("unix:" + kubelet_socket().string(), grpc::InsecureChannelCredentials());
+  auto stub = v1beta1::Registration::NewStub(channel);
+  v1beta1::RegisterRequest request;
+  request.set_version(kApiVersion);
+  request.set_endpoint(kPluginSocket);
+  request.set_resource_name(kResourceName);
+  *request.mutable_options() = DevicePluginService::PluginOptions();
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kRegisterTimeout);
+  v1beta1::Empty reply;
+  grpc::Status status = stub->Register(&context, request, &reply);
+  if (status.ok()) {
+    registered_ = true;
+    register_backoff_ = std::chrono::milliseconds(0);
+    ++registrations_;
+    spdlog::info("registered {} with the kubelet at {}", kResourceName, kubelet_socket().string());
+    return;
+  }
+  register_backoff_ =
+      std::clamp(register_backoff_ * 2, std::chrono::milliseconds(250), kMaxBackoff);
+  next_register_ = Clock::now() + register_backoff_;
+  spdlog::warn("registration with {} failed: {}; retrying in {} ms", kubelet_socket().string(),
+               status.error_message(), register_backoff_.count());
+}
+
+void Daemon::HandleInotify() {
+  alignas(inotify_event) char buf[4096];
+  bool rescan = false;
+  while (true) {
+    ssize_t n = ::read(fds_->inotify, buf, sizeof buf);
+    if (n <= 0) break;
+    for (char* p = buf; p < buf + n;) {
+      auto* ev = reinterpret_cast<inotify_event*>(p);
+      p += sizeof(inotify_event) + ev->len;
+      std::string name = ev->len ? ev->name : "";
+      if (ev->wd == kubelet_watch_) {
+        if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
+          spdlog::info("kubelet.sock was created: the kubelet restarted; registering again");
+          registered_ = false;
+          register_backoff_ = std::chrono::milliseconds(0);
+          next_register_ = Clock::now();
+        } else if (name == kPluginSocket && (ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
+          spdlog::info("{} was deleted; serving and registering again", name);
+          registered_ = false;
+          next_register_ = Clock::now();
+        }
+      } else if (device_watches_.count(ev->wd)) {
+        if (ev->mask & (IN_IGNORED | IN_DELETE_SELF)) device_watches_.erase(ev->wd);
+        rescan = true;
+      }
+    }
+  }
+  if (rescan) Rescan();
+}
+
+int Daemon::Run() {
+  if (fds_->wake < 0 || fds_->inotify < 0) {
+    spdlog::error("cannot create eventfd/inotify: {}", std::strerror(errno));
+    return 1;
+  }
+  fds_->uevent = OpenUeventSocket();
+  if (options_.handle_signals) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+    fds_->signal = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  }
+  const fs::path plugin_dir = options_.kubelet_dir / "device-plugins";
+  std::error_code ec;
+  fs::create_directories(plugin_dir, ec);
+  kubelet_watch_ = ::inotify_add_watch(fds_->inotify, plugin_dir.c_str(),
+                                       IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM);
+  if (kubelet_watch_ < 0) {
+    spdlog::error("cannot watch {}: {}", plugin_dir.string(), std::strerror(errno));
+    return 1;
+  }
+  Rescan();
+  if (!StartServer()) return 1;
+  next_register_ = Clock::now();
+  bool announced_idle = false;
+
+  while (!stop_) {
+    if (stream_ended_.exchange(false) && registered_) {
+      spdlog::info("the kubelet ended ListAndWatch; registering again");
+      registered_ = false;
+      next_register_ = Clock::now();
+    }
+    const bool have_devices = !known_.empty();
+    if (!have_devices && !announced_idle) {
+      spdlog::info("no EFA on this node; idle until one appears");
+      announced_idle = true;
+    }
+    auto now = Clock::now();
+    if (have_devices && !registered_ && now >= next_register_) TryRegister();
+
+    auto deadline = next_rescan_;
+    if (have_devices && !registered_ && IsSocket(kubelet_socket())) {
+      deadline = std::min(deadline, next_register_);
+    }
+    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    std::vector<pollfd> pfds = {{fds_->wake, POLLIN, 0}, {fds_->inotify, POLLIN, 0}};
+    if (fds_->uevent >= 0) pfds.push_back({fds_->uevent, POLLIN, 0});
+    if (fds_->signal >= 0) pfds.push_back({fds_->signal, POLLIN, 0});
+    int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<int64_t>(wait.count(), 0)));
+    if (n < 0 && errno != EINTR) {
+      spdlog::error("poll: {}", std::strerror(errno));
+      break;
+    }
+    for (const pollfd& p : pfds) {
+      if (!(p.revents & POLLIN)) continue;
+      if (p.fd == fds_->wake) {
+        uint64_t v;
+        [[maybe_unused]] ssize_t r = ::read(fds_->wake, &v, sizeof v);
+      } else if (p.fd == fds_->inotify) {
+        HandleInotify();
+      } else if (p.fd == fds_->uevent) {
+        if (DrainUevents(fds_->uevent)) Rescan();
+      } else if (p.fd == fds_->signal) {
+        signalfd_siginfo info;
+        while (::read(fds_->signal, &info, sizeof info) == sizeof info) {
+          if (info.ssi_signo == SIGHUP) {
+            spdlog::info("SIGHUP: rescanning and registering again");
+            Rescan();
+            registered_ = false;
+            next_register_ = Clock::now();
+          } else {
+            spdlog::info("signal {}: stopping", info.ssi_signo);
+            stop_ = true;
+          }
+        }
+      }
+    }
+    if (Clock::now() >= next_rescan_) Rescan();
+  }
+  StopServer();
+  spdlog::info("stopped; {} removed", plugin_socket().string());
+  return 0;
+}
+
+}  // namespace efa::plugin

@@ -1,0 +1,273 @@
+#include "plugin/device_plugin_service.h"
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace efa::plugin {
+namespace {
+
+// Device IDs come from the kubelet; quote them so odd bytes stay visible.
+std::string QuoteId(const std::string& id) {
+  constexpr size_t kMax = 64;
+  std::string shown = absl::CHexEscape(id.substr(0, kMax));
+  return absl::StrCat("\"", shown, id.size() > kMax ? "...\"" : "\"");
+}
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+v1beta1::ListAndWatchResponse BuildList(const DeviceTable& table, bool report_numa) {
+  v1beta1::ListAndWatchResponse list;
+  for (const topology::EfaDevice& d : table.devices) {
+    v1beta1::Device* out = list.add_devices();
+    out->set_id(d.ibdev);
+    out->set_health(d.healthy() ? kHealthy : kUnhealthy);
+    if (report_numa && d.numa_node) out->mutable_topology()->add_nodes()->set_id(*d.numa_node);
+  }
+  return list;
+}
+
+}  // namespace
+
+DeviceTable::DeviceTable(std::vector<topology::EfaDevice> devs) : devices(std::move(devs)) {
+  for (size_t i = 0; i < devices.size(); ++i) by_id.emplace(devices[i].ibdev, i);
+}
+
+const topology::EfaDevice* DeviceTable::Find(const std::string& id) const {
+  auto it = by_id.find(id);
+  return it == by_id.end() ? nullptr : &devices[it->second];
+}
+
+absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
+    const DeviceTable& table, const v1beta1::ContainerAllocateRequest& request) {
+  if (request.devices_ids().empty()) {
+    return absl::InvalidArgumentError("the container request names no devices");
+  }
+  std::vector<const topology::EfaDevice*> chosen;
+  absl::flat_hash_set<std::string> seen;
+  for (const std::string& id : request.devices_ids()) {
+    const topology::EfaDevice* d = table.Find(id);
+    if (d == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown device ", QuoteId(id), ": not an EFA of this node"));
+    }
+    if (!seen.insert(id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("device ", QuoteId(id), " requested twice"));
+    }
+    if (!d->healthy()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device ", QuoteId(id), " is unhealthy: ", d->health_problem));
+    }
+    chosen.push_back(d);
+  }
+  std::sort(chosen.begin(), chosen.end(), [](auto* a, auto* b) { return a->pci < b->pci; });
+  v1beta1::ContainerAllocateResponse response;
+  std::vector<std::string> names, addresses;
+  for (const topology::EfaDevice* d : chosen) {
+    v1beta1::DeviceSpec* spec = response.add_devices();
+    spec->set_container_path("/dev/infiniband/" + d->uverbs);
+    spec->set_host_path(d->uverbs_path);
+    spec->set_permissions("rw");
+    names.push_back(d->ibdev);
+    addresses.push_back(d->pci.ToString());
+  }
+  (*response.mutable_envs())[kEnvDevices] = absl::StrJoin(names, ",");
+  (*response.mutable_envs())[kEnvPciAddresses] = absl::StrJoin(addresses, ",");
+  return response;
+}
+
+// One ListAndWatch stream: writes the current list, then each newer one.
+// Lives until OnDone; all state is guarded by the service's mutex.
+class DevicePluginService::Stream : public grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse> {
+ public:
+  explicit Stream(DevicePluginService* service) : service_(service) {}
+
+  // Starts a write of the service's current list, or finishes if asked to.
+  void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_) {
+    if (writing_ || finished_) return;
+    if (finish_requested_) {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (in_flight_ == service_->list_) return;
+    in_flight_ = service_->list_;
+    writing_ = true;
+    StartWrite(in_flight_.get());
+  }
+  void RequestFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_) {
+    finish_requested_ = true;
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&service_->mu_);
+    writing_ = false;
+    if (!ok) finish_requested_ = true;  // the kubelet is gone
+    Pump();
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&service_->mu_);
+    RequestFinish();
+  }
+  void OnDone() override {
+    service_->StreamDone(this);
+    delete this;
+  }
+
+ private:
+  DevicePluginService* const service_;
+  std::shared_ptr<const v1beta1::ListAndWatchResponse> in_flight_;
+  bool writing_ = false;
+  bool finish_requested_ = false;
+  bool finished_ = false;
+};
+
+DevicePluginService::DevicePluginService(Options options)
+    : options_(options),
+      table_(std::make_shared<DeviceTable>(std::vector<topology::EfaDevice>{})),
+      list_(std::make_shared<v1beta1::ListAndWatchResponse>()) {}
+
+DevicePluginService::~DevicePluginService() {
+  Shutdown();
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](absl::flat_hash_set<Stream*>* s) { return s->empty(); }, &streams_));
+}
+
+void DevicePluginService::SetDevices(std::vector<topology::EfaDevice> devices) {
+  auto table = std::make_shared<const DeviceTable>(std::move(devices));
+  auto list = std::make_shared<const v1beta1::ListAndWatchResponse>(
+      BuildList(*table, options_.report_numa));
+  absl::MutexLock lock(&mu_);
+  table_ = std::move(table);
+  if (google::protobuf::util::MessageDifferencer::Equals(*list, *list_)) return;
+  list_ = std::move(list);
+  for (Stream* s : streams_) s->Pump();
+}
+
+v1beta1::ListAndWatchResponse DevicePluginService::CurrentList() const {
+  absl::MutexLock lock(&mu_);
+  return *list_;
+}
+
+std::shared_ptr<const DeviceTable> DevicePluginService::table() const {
+  absl::MutexLock lock(&mu_);
+  return table_;
+}
+
+void DevicePluginService::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  for (Stream* s : streams_) s->RequestFinish();
+}
+
+void DevicePluginService::SetStreamEndCallback(std::function<void()> callback) {
+  on_stream_end_ = std::move(callback);
+}
+
+int DevicePluginService::open_streams() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(streams_.size());
+}
+
+void DevicePluginService::StreamDone(Stream* stream) {
+  bool notify;
+  {
+    absl::MutexLock lock(&mu_);
+    streams_.erase(stream);
+    notify = !shutdown_;
+  }
+  if (notify && on_stream_end_) on_stream_end_();
+}
+
+v1beta1::DevicePluginOptions DevicePluginService::PluginOptions() {
+  v1beta1::DevicePluginOptions options;
+  options.set_pre_start_required(false);
+  options.set_get_preferred_allocation_available(true);
+  return options;
+}
+
+grpc::ServerUnaryReactor* DevicePluginService::GetDevicePluginOptions(
+    grpc::CallbackServerContext* context, const v1beta1::Empty*,
+    v1beta1::DevicePluginOptions* response) {
+  *response = PluginOptions();
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse>* DevicePluginService::ListAndWatch(
+    grpc::CallbackServerContext*, const v1beta1::Empty*) {
+  auto* stream = new Stream(this);
+  absl::MutexLock lock(&mu_);
+  streams_.insert(stream);
+  if (shutdown_) {
+    stream->RequestFinish();
+  } else {
+    stream->Pump();
+  }
+  return stream;
+}
+
+grpc::ServerUnaryReactor* DevicePluginService::GetPreferredAllocation(
+    grpc::CallbackServerContext* context, const v1beta1::PreferredAllocationRequest* request,
+    v1beta1::PreferredAllocationResponse* response) {
+  // Never fails: unknown IDs are ignored and a short list is fine (the
+  // kubelet fills any shortfall itself).
+  auto devices = table();
+  for (const auto& req : request->container_requests()) {
+    auto* out = response->add_container_responses();
+    absl::flat_hash_set<std::string> chosen;
+    auto take = [&](const std::string& id) {
+      if (out->deviceids_size() >= req.allocation_size()) return;
+      if (!chosen.insert(id).second) return;
+      out->add_deviceids(id);
+    };
+    for (const auto& id : req.must_include_deviceids()) take(id);
+    std::vector<const topology::EfaDevice*> available;
+    for (const auto& id : req.available_deviceids()) {
+      if (const auto* d = devices->Find(id); d != nullptr && d->healthy()) available.push_back(d);
+    }
+    std::sort(available.begin(), available.end(), [](auto* a, auto* b) { return a->pci < b->pci; });
+    for (const auto* d : available) take(d->ibdev);
+  }
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerContext* context,
+                                                        const v1beta1::AllocateRequest* request,
+                                                        v1beta1::AllocateResponse* response) {
+  auto devices = table();
+  auto* reactor = context->DefaultReactor();
+  v1beta1::AllocateResponse result;
+  for (int i = 0; i < request->container_requests_size(); ++i) {
+    auto container = AllocateContainer(*devices, request->container_requests(i));
+    if (!container.ok()) {
+      reactor->Finish(ToGrpc(container.status()));
+      return reactor;
+    }
+    *result.add_container_responses() = std::move(*container);
+  }
+  *response = std::move(result);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DevicePluginService::PreStartContainer(
+    grpc::CallbackServerContext* context, const v1beta1::PreStartContainerRequest*,
+    v1beta1::PreStartContainerResponse*) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace efa::plugin

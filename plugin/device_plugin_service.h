@@ -1,0 +1,101 @@
+// The kubelet-facing gRPC service (v1beta1.DevicePlugin) for EFA devices.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "deviceplugin/v1beta1/api.grpc.pb.h"
+#include "topology/efa_device.h"
+
+namespace efa::plugin {
+
+inline constexpr char kResourceName[] = "vpc.amazonaws.com/efa";
+inline constexpr char kPluginSocket[] = "aws-efa-device-plugin.sock";
+inline constexpr char kApiVersion[] = "v1beta1";
+inline constexpr char kHealthy[] = "Healthy";
+inline constexpr char kUnhealthy[] = "Unhealthy";
+// Environment variables Allocate sets in the container: the allocated
+// devices' ibdev names and PCI addresses, comma-separated, in PCI order.
+inline constexpr char kEnvDevices[] = "EFA_DEVICES";
+inline constexpr char kEnvPciAddresses[] = "EFA_PCI_ADDRESSES";
+
+// The devices being served, indexed by device ID (the ibdev name).
+// Immutable once built; shared between the owner thread and gRPC threads.
+struct DeviceTable {
+  std::vector<topology::EfaDevice> devices;  // sorted by PCI address
+  absl::flat_hash_map<std::string, size_t> by_id;
+
+  explicit DeviceTable(std::vector<topology::EfaDevice> devs);
+  const topology::EfaDevice* Find(const std::string& id) const;
+};
+
+// Builds the Allocate answer for one container: DeviceSpecs for exactly the
+// requested devices' uverbs nodes and the EFA_* environment. Rejects an
+// empty request, unknown or repeated IDs (INVALID_ARGUMENT) and unhealthy
+// devices (FAILED_PRECONDITION), naming the device ID. Pure.
+absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
+    const DeviceTable& table, const v1beta1::ContainerAllocateRequest& request);
+
+class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService {
+ public:
+  struct Options {
+    bool report_numa = true;  // TopologyInfo on each device, for the Topology Manager
+  };
+  explicit DevicePluginService(Options options);
+  ~DevicePluginService() override;
+
+  // Replaces the served devices. Every open ListAndWatch stream receives the
+  // new full list if it differs from the last one. Thread-safe.
+  void SetDevices(std::vector<topology::EfaDevice> devices);
+  // The ListAndWatch message for the current devices. Thread-safe.
+  v1beta1::ListAndWatchResponse CurrentList() const;
+  // Ends every open ListAndWatch stream; later streams end at once.
+  // Thread-safe.
+  void Shutdown();
+  // `callback` runs on a gRPC thread whenever a ListAndWatch stream ends for
+  // a reason other than Shutdown() (the kubelet went away or cancelled it).
+  // Set before serving.
+  void SetStreamEndCallback(std::function<void()> callback);
+  int open_streams() const;
+
+  static v1beta1::DevicePluginOptions PluginOptions();
+
+  grpc::ServerUnaryReactor* GetDevicePluginOptions(grpc::CallbackServerContext* context,
+                                                   const v1beta1::Empty* request,
+                                                   v1beta1::DevicePluginOptions* response) override;
+  grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse>* ListAndWatch(
+      grpc::CallbackServerContext* context, const v1beta1::Empty* request) override;
+  grpc::ServerUnaryReactor* GetPreferredAllocation(
+      grpc::CallbackServerContext* context, const v1beta1::PreferredAllocationRequest* request,
+      v1beta1::PreferredAllocationResponse* response) override;
+  grpc::ServerUnaryReactor* Allocate(grpc::CallbackServerContext* context,
+                                     const v1beta1::AllocateRequest* request,
+                                     v1beta1::AllocateResponse* response) override;
+  grpc::ServerUnaryReactor* PreStartContainer(
+      grpc::CallbackServerContext* context, const v1beta1::PreStartContainerRequest* request,
+      v1beta1::PreStartContainerResponse* response) override;
+
+ private:
+  class Stream;
+  friend class Stream;
+  void StreamDone(Stream* stream);
+  std::shared_ptr<const DeviceTable> table() const;
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const DeviceTable> table_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const v1beta1::ListAndWatchResponse> list_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<Stream*> streams_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_stream_end_;
+};
+
+}  // namespace efa::plugin
