@@ -207,7 +207,10 @@ void Daemon::StopServer() {
 }
 
 void Daemon::TryRegister() {
-  if (!IsSocket(kubelet_socket())) return;  // wait for inotify to report it
+  // Take in the events already queued (a kubelet.sock created before this
+  // check is not a restart after this registration).
+  HandleInotify();
+  if (registered_ || !IsSocket(kubelet_socket())) return;  // inotify reports it
   if (!IsSocket(plugin_socket())) {
     // The kubelet deleted our socket (it does so on start): serve afresh.
     spdlog::info("{} is gone; serving again", plugin_socket().string());
@@ -227,6 +230,7 @@ void Daemon::TryRegister() {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kRegisterTimeout);
   v1beta1::Empty reply;
+  service_.BeginRegistration();
   grpc::Status status = stub->Register(&context, request, &reply);
   if (status.ok()) {
     registered_ = true;
@@ -254,7 +258,9 @@ void Daemon::HandleInotify() {
       std::string name = ev->len ? ev->name : "";
       if (ev->wd == kubelet_watch_) {
         if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
-          spdlog::info("kubelet.sock was created: the kubelet restarted; registering again");
+          spdlog::info(registered_ ? "kubelet.sock was created: the kubelet restarted; "
+                                     "registering again"
+                                   : "kubelet.sock appeared; registering");
           registered_ = false;
           register_backoff_ = std::chrono::milliseconds(0);
           next_register_ = Clock::now();

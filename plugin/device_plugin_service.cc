@@ -86,7 +86,9 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
 // Lives until OnDone; all state is guarded by the service's mutex.
 class DevicePluginService::Stream : public grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse> {
  public:
-  explicit Stream(DevicePluginService* service) : service_(service) {}
+  Stream(DevicePluginService* service, uint64_t registration)
+      : service_(service), registration_(registration) {}
+  uint64_t registration() const { return registration_; }
 
   // Starts a write of the service's current list, or finishes if asked to.
   void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_) {
@@ -123,6 +125,7 @@ class DevicePluginService::Stream : public grpc::ServerWriteReactor<v1beta1::Lis
 
  private:
   DevicePluginService* const service_;
+  const uint64_t registration_;
   std::shared_ptr<const v1beta1::ListAndWatchResponse> in_flight_;
   bool writing_ = false;
   bool finish_requested_ = false;
@@ -168,6 +171,11 @@ void DevicePluginService::Shutdown() {
   for (Stream* s : streams_) s->RequestFinish();
 }
 
+void DevicePluginService::BeginRegistration() {
+  absl::MutexLock lock(&mu_);
+  ++registration_;
+}
+
 void DevicePluginService::SetStreamEndCallback(std::function<void()> callback) {
   on_stream_end_ = std::move(callback);
 }
@@ -182,7 +190,7 @@ void DevicePluginService::StreamDone(Stream* stream) {
   {
     absl::MutexLock lock(&mu_);
     streams_.erase(stream);
-    notify = !shutdown_;
+    notify = !shutdown_ && stream->registration() == registration_;
   }
   if (notify && on_stream_end_) on_stream_end_();
 }
@@ -205,8 +213,8 @@ grpc::ServerUnaryReactor* DevicePluginService::GetDevicePluginOptions(
 
 grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse>* DevicePluginService::ListAndWatch(
     grpc::CallbackServerContext*, const v1beta1::Empty*) {
-  auto* stream = new Stream(this);
   absl::MutexLock lock(&mu_);
+  auto* stream = new Stream(this, registration_);
   streams_.insert(stream);
   if (shutdown_) {
     stream->RequestFinish();

@@ -60,10 +60,15 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   // Ends every open ListAndWatch stream; later streams end at once.
   // Thread-safe.
   void Shutdown();
-  // `callback` runs on a gRPC thread whenever a ListAndWatch stream ends for
-  // a reason other than Shutdown() (the kubelet went away or cancelled it).
+  // `callback` runs on a gRPC thread when a ListAndWatch stream of the
+  // current registration ends for a reason other than Shutdown() (the
+  // kubelet went away or cancelled it). Streams of earlier registrations end
+  // silently: the kubelet closes them when a new registration replaces them.
   // Set before serving.
   void SetStreamEndCallback(std::function<void()> callback);
+  // Marks the start of a registration attempt: streams opened from now on
+  // belong to it. Thread-safe.
+  void BeginRegistration();
   int open_streams() const;
 
   static v1beta1::DevicePluginOptions PluginOptions();
@@ -95,6 +100,7 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   std::shared_ptr<const v1beta1::ListAndWatchResponse> list_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<Stream*> streams_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t registration_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_stream_end_;
 };
 

@@ -1,0 +1,195 @@
+// The daemon against the fake kubelet, over real unix sockets.
+#include "plugin/daemon.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "test/fake_kubelet/fake_kubelet.h"
+#include "test/sim/sim_root.h"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using efa::plugin::Daemon;
+using efa::plugin::DaemonOptions;
+using efa::sim::SimRoot;
+using efa::testing::FakeKubelet;
+
+namespace {
+
+constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+constexpr auto kDeadline = 10s;
+
+// A simulated node, a fake kubelet in a kubelet dir of its own and the
+// daemon running on a thread.
+class Node {
+ public:
+  explicit Node(const std::string& machine, std::chrono::milliseconds rescan = 10s)
+      : sim_(machine), kubelet_(sim_.path() / "kubelet/device-plugins") {
+    REQUIRE(kubelet_.Start().ok());
+    DaemonOptions options;
+    options.roots = sim_.roots();
+    options.kubelet_dir = sim_.path() / "kubelet";
+    options.rescan_interval = rescan;
+    daemon_ = std::make_unique<Daemon>(options);
+    thread_ = std::thread([this] { exit_code_ = daemon_->Run(); });
+  }
+  ~Node() { StopDaemon(); }
+  int StopDaemon() {
+    if (thread_.joinable()) {
+      daemon_->Stop();
+      thread_.join();
+    }
+    return exit_code_;
+  }
+
+  SimRoot& sim() { return sim_; }
+  FakeKubelet& kubelet() { return kubelet_; }
+  Daemon& daemon() { return *daemon_; }
+
+  // Waits until the kubelet's latest list shows `id` with `health`.
+  bool WaitHealth(const std::string& id, const std::string& health) {
+    return kubelet_.WaitForDevices(
+        kEfa,
+        [&](const std::vector<v1beta1::Device>& devices) {
+          for (const auto& d : devices) {
+            if (d.id() == id) return d.health() == health;
+          }
+          return false;
+        },
+        kDeadline);
+  }
+
+ private:
+  SimRoot sim_;
+  FakeKubelet kubelet_;
+  std::unique_ptr<Daemon> daemon_;
+  std::thread thread_;
+  int exit_code_ = -1;
+};
+
+bool AllHealthy(const std::vector<v1beta1::Device>& devices, size_t n) {
+  if (devices.size() != n) return false;
+  for (const auto& d : devices) {
+    if (d.health() != "Healthy") return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("The daemon registers as vpc.amazonaws.com/efa and lists the node's EFAs", "[daemon]") {
+  Node node("p5.48xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  auto request = node.kubelet().last_request(kEfa);
+  REQUIRE(request.has_value());
+  CHECK(request->version() == "v1beta1");
+  CHECK(request->endpoint() == "aws-efa-device-plugin.sock");
+  CHECK(request->resource_name() == kEfa);
+  CHECK(request->options().get_preferred_allocation_available());
+  CHECK_FALSE(request->options().pre_start_required());
+
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return AllHealthy(d, 32); }, kDeadline));
+  auto devices = node.kubelet().devices(kEfa);
+  CHECK(devices[0].id() == "rdmap79s0");
+  CHECK(devices[0].topology().nodes(0).id() == 0);
+  CHECK(devices[31].id() == "rdmap201s0");
+  CHECK(devices[31].topology().nodes(0).id() == 1);
+
+  v1beta1::AllocateRequest request4;
+  auto* c = request4.add_container_requests();
+  for (const char* id : {"rdmap79s0", "rdmap80s0", "rdmap81s0", "rdmap82s0"})
+    c->add_devices_ids(id);
+  v1beta1::AllocateResponse response;
+  REQUIRE(node.kubelet().Allocate(kEfa, request4, &response).ok());
+  REQUIRE(response.container_responses(0).devices_size() == 4);
+  CHECK(response.container_responses(0).devices(3).container_path() == "/dev/infiniband/uverbs3");
+
+  CHECK(node.StopDaemon() == 0);
+  CHECK_FALSE(fs::exists(node.daemon().plugin_socket()));
+}
+
+TEST_CASE("The daemon registers again after a kubelet restart", "[daemon]") {
+  Node node("p4d.24xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  for (int i = 2; i <= 4; ++i) {
+    REQUIRE(node.kubelet().Restart().ok());
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, i, kDeadline));
+    REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
+  }
+  CHECK(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+  CHECK(fs::exists(node.daemon().plugin_socket()));
+  // The kubelet closing the replaced stream must not start a loop of
+  // registrations.
+  CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 5, 500ms));
+  CHECK(node.daemon().registrations() == 4);
+}
+
+TEST_CASE("The daemon registers again when the kubelet ends ListAndWatch", "[daemon]") {
+  Node node("p4d.24xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.kubelet().WaitForListAndWatchMessages(kEfa, 1, kDeadline));
+  node.kubelet().EndStream(kEfa);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  CHECK(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
+}
+
+TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon]") {
+  Node node("p4d.24xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
+  const fs::path uverbs = node.sim().path() / "dev/infiniband/uverbs1";
+
+  SECTION("the uverbs node") {
+    fs::remove(uverbs);
+    REQUIRE(node.WaitHealth("rdmap32s27", "Unhealthy"));
+    CHECK(node.kubelet().devices(kEfa)[0].health() == "Healthy");
+    { std::ofstream(uverbs.string()); }
+    REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
+  }
+  SECTION("the whole verbs device") {
+    const fs::path cls = node.sim().sys() / "class/infiniband/rdmap32s27";
+    const fs::path target = fs::read_symlink(cls);
+    fs::remove(cls);
+    REQUIRE(node.WaitHealth("rdmap32s27", "Unhealthy"));
+    CHECK(node.kubelet().devices(kEfa).size() == 4);
+    fs::create_directory_symlink(target, cls);
+    REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
+  }
+  // Allocating an unhealthy device is refused; the daemon keeps serving.
+  fs::remove(uverbs);
+  REQUIRE(node.WaitHealth("rdmap32s27", "Unhealthy"));
+  v1beta1::AllocateRequest request;
+  request.add_container_requests()->add_devices_ids("rdmap32s27");
+  v1beta1::AllocateResponse response;
+  CHECK(node.kubelet().Allocate(kEfa, request, &response).error_code() ==
+        grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear", "[daemon]") {
+  SimRoot p4d("p4d.24xlarge");
+  Node node("no-efa", 50ms);
+  // Wait for several rescans: the daemon must neither exit nor register.
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, 300ms) == false);
+  CHECK(node.kubelet().registrations(kEfa) == 0);
+  // EFAs appear: hot-plugged into the same root.
+  fs::remove_all(node.sim().sys());
+  fs::copy(p4d.sys(), node.sim().sys(),
+           fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  fs::copy(p4d.path() / "dev", node.sim().path() / "dev",
+           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  CHECK(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+}
