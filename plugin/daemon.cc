@@ -18,6 +18,7 @@
 
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
+#include "topology/hwloc_loader.h"
 
 namespace efa::plugin {
 namespace fs = std::filesystem;
@@ -93,6 +94,15 @@ Daemon::Daemon(DaemonOptions options)
       fds_(std::make_unique<Fds>()) {
   fds_->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   fds_->inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (options_.align) {
+    aligner_ = std::make_unique<Aligner>(AlignerOptions{options_.kubelet_dir,
+                                                        options_.roots.proc,
+                                                        kResourceName,
+                                                        options_.accelerator_resources,
+                                                        {}});
+    service_.SetTargetFinder(
+        [this](const topology::HostModel& model) { return aligner_->ForAdmission(model); });
+  }
   service_.SetStreamEndCallback([this] {
     stream_ended_ = true;
     Wake();
@@ -121,6 +131,7 @@ void Daemon::Stop() {
 void Daemon::Rescan() {
   topology::Inventory inv = topology::DiscoverEfaDevices(options_.roots);
   topology::MarkVerbsProviders(inv);
+  UpdateModel(inv);
   for (const auto& s : inv.skipped) {
     if (!logged_skips_.insert(s.ibdev + "\n" + s.reason).second) continue;
     if (s.malformed) {
@@ -160,9 +171,38 @@ void Daemon::Rescan() {
   for (const auto& [id, d] : known_) devices.push_back(d);
   std::sort(devices.begin(), devices.end(),
             [](const auto& a, const auto& b) { return a.pci < b.pci; });
-  service_.SetDevices(std::move(devices));
+  service_.SetDevices(ApplyGuards(std::move(devices)), model_);
   WatchDeviceDirs();
   next_rescan_ = Clock::now() + options_.rescan_interval;
+}
+
+void Daemon::UpdateModel(const topology::Inventory& inventory) {
+  // hwloc takes milliseconds to load: only when the set of EFAs changes,
+  // not on every rescan or health change.
+  std::string key;
+  for (const auto& d : inventory.devices) key += d.ibdev + "@" + d.pci.ToString() + ";";
+  if (model_ && key == model_key_) return;
+  model_key_ = key;
+  topology::TopologySource source{"/", options_.topology_xml};
+  if (options_.roots.sysfs != "/sys") source.fsroot = options_.roots.sysfs.parent_path().string();
+  auto topology = topology::LoadTopology(source);
+  if (!topology.ok()) {
+    spdlog::warn("no PCI topology ({}); placing EFAs by NUMA node and root complex only",
+                 std::string(topology.status().message()));
+    model_ = nullptr;
+    return;
+  }
+  model_ = topology::HostModel::FromHwloc(inventory, topology->get(), {options_.instance_type});
+  for (const std::string& w : model_->warnings()) spdlog::warn("topology: {}", w);
+  size_t gpus = 0, neurons = 0;
+  for (const auto& a : model_->accelerators()) {
+    (a.kind == topology::AcceleratorKind::kNvidiaGpu ? gpus : neurons)++;
+  }
+  spdlog::info(
+      "topology of {}: {} EFAs, {} GPUs, {} Neuron devices{}",
+      model_->instance_type().empty() ? "an unknown instance type" : model_->instance_type(),
+      model_->efas().size(), gpus, neurons,
+      model_->neuron_table() ? ", AWS Neuron-to-EFA table" : "");
 }
 
 void Daemon::WatchDeviceDirs() {
@@ -175,6 +215,24 @@ void Daemon::WatchDeviceDirs() {
                                  IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_ATTRIB |
                                      IN_DELETE_SELF | IN_ONLYDIR);
     if (wd >= 0) device_watches_[wd] = dir.string();
+  }
+}
+
+void Daemon::WatchGuardDirs() {
+  // The DRA driver's registration socket and the MOFED CDI spec come and
+  // go in these; a directory created later is picked up by the periodic check.
+  std::vector<fs::path> dirs = {options_.kubelet_dir / kPluginsRegistryDir};
+  if (options_.mofed_policy != MofedPolicy::kOff) {
+    dirs.insert(dirs.end(), options_.cdi_spec_dirs.begin(), options_.cdi_spec_dirs.end());
+  }
+  for (const fs::path& dir : dirs) {
+    bool watched = false;
+    for (const auto& [wd, watched_dir] : guard_watches_) watched |= watched_dir == dir.string();
+    if (watched) continue;
+    int wd = ::inotify_add_watch(fds_->inotify, dir.c_str(),
+                                 IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM |
+                                     IN_CLOSE_WRITE | IN_DELETE_SELF | IN_ONLYDIR | IN_MASK_ADD);
+    if (wd >= 0) guard_watches_[wd] = dir.string();
   }
 }
 
@@ -210,7 +268,11 @@ void Daemon::TryRegister() {
   // Take in the events already queued (a kubelet.sock created before this
   // check is not a restart after this registration).
   HandleInotify();
-  if (registered_ || !IsSocket(kubelet_socket())) return;  // inotify reports it
+  if (registered_ || dra_yield_ || !IsSocket(kubelet_socket())) return;  // inotify reports it
+  // Streams open before this attempt belong to the registration it
+  // replaces: their ending (ours, when the server restarts below, or the
+  // kubelet's) must not start another one.
+  service_.BeginRegistration();
   if (!IsSocket(plugin_socket())) {
     // The kubelet deleted our socket (it does so on start): serve afresh.
     spdlog::info("{} is gone; serving again", plugin_socket().string());
@@ -230,7 +292,6 @@ void Daemon::TryRegister() {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kRegisterTimeout);
   v1beta1::Empty reply;
-  service_.BeginRegistration();
   grpc::Status status = stub->Register(&context, request, &reply);
   if (status.ok()) {
     registered_ = true;
@@ -249,6 +310,8 @@ void Daemon::TryRegister() {
 void Daemon::HandleInotify() {
   alignas(inotify_event) char buf[4096];
   bool rescan = false;
+  bool guards = false;
+  bool report = false;
   while (true) {
     ssize_t n = ::read(fds_->inotify, buf, sizeof buf);
     if (n <= 0) break;
@@ -268,14 +331,29 @@ void Daemon::HandleInotify() {
           spdlog::info("{} was deleted; serving and registering again", name);
           registered_ = false;
           next_register_ = Clock::now();
+        } else if (name == kCheckpointFile) {
+          guards = true;  // the MOFED guard reads it
+          report = true;  // a container was admitted or removed
         }
+      } else if (guard_watches_.count(ev->wd)) {
+        if (ev->mask & IN_IGNORED) guard_watches_.erase(ev->wd);
+        guards = true;
       } else if (device_watches_.count(ev->wd)) {
         if (ev->mask & (IN_IGNORED | IN_DELETE_SELF)) device_watches_.erase(ev->wd);
         rescan = true;
       }
     }
   }
+  if (guards && CheckGuards()) rescan = true;
   if (rescan) Rescan();
+  if (report) ReportAlignment();
+}
+
+void Daemon::ReportAlignment() {
+  next_report_ = Clock::time_point::max();
+  if (aligner_ && model_ && !aligner_->Report(*model_)) {
+    next_report_ = Clock::now() + std::chrono::milliseconds(500);
+  }
 }
 
 int Daemon::Run() {
@@ -293,12 +371,14 @@ int Daemon::Run() {
   const fs::path plugin_dir = options_.kubelet_dir / "device-plugins";
   std::error_code ec;
   fs::create_directories(plugin_dir, ec);
-  kubelet_watch_ = ::inotify_add_watch(fds_->inotify, plugin_dir.c_str(),
-                                       IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM);
+  kubelet_watch_ =
+      ::inotify_add_watch(fds_->inotify, plugin_dir.c_str(),
+                          IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM | IN_CLOSE_WRITE);
   if (kubelet_watch_ < 0) {
     spdlog::error("cannot watch {}: {}", plugin_dir.string(), std::strerror(errno));
     return 1;
   }
+  CheckGuards();
   Rescan();
   if (!StartServer()) return 1;
   next_register_ = Clock::now();
@@ -316,10 +396,10 @@ int Daemon::Run() {
       announced_idle = true;
     }
     auto now = Clock::now();
-    if (have_devices && !registered_ && now >= next_register_) TryRegister();
+    if (have_devices && !registered_ && !dra_yield_ && now >= next_register_) TryRegister();
 
-    auto deadline = next_rescan_;
-    if (have_devices && !registered_ && IsSocket(kubelet_socket())) {
+    auto deadline = std::min({next_rescan_, next_guard_check_, next_report_});
+    if (have_devices && !registered_ && !dra_yield_ && IsSocket(kubelet_socket())) {
       deadline = std::min(deadline, next_register_);
     }
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -355,7 +435,12 @@ int Daemon::Run() {
         }
       }
     }
-    if (Clock::now() >= next_rescan_) Rescan();
+    if (Clock::now() >= next_guard_check_ && CheckGuards()) Rescan();
+    if (Clock::now() >= next_report_) ReportAlignment();
+    if (Clock::now() >= next_rescan_) {
+      Rescan();
+      ReportAlignment();  // also catches what a missed checkpoint event hid
+    }
   }
   StopServer();
   spdlog::info("stopped; {} removed", plugin_socket().string());

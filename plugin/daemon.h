@@ -4,12 +4,20 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "plugin/aligner.h"
 #include "plugin/device_plugin_service.h"
+#include "plugin/dra_guard.h"
+#include "plugin/mofed_guard.h"
 #include "topology/sysfs.h"
 
 namespace grpc {
@@ -28,6 +36,38 @@ struct DaemonOptions {
   // Take SIGTERM/SIGINT (stop) and SIGHUP (rescan and re-register) through
   // a signalfd; the caller must have blocked them in every thread.
   bool handle_signals = false;
+  // The PCI tree: an hwloc XML file, else hwloc reads the host (the parent
+  // of roots.sysfs when that is a simulated ".../sys").
+  std::string topology_xml;
+  // The instance type, e.g. "p5.48xlarge"; empty: the DMI product name.
+  std::string instance_type;
+  // Align EFAs with the admitted container's accelerators through the
+  // kubelet's pod-resources API (README, "Alignment").
+  bool align = true;
+  AcceleratorResources accelerator_resources;
+  // Guards (README, "Guards"): what to do when the NVIDIA device plugin has
+  // MOFED on, and while the EFA DRA driver serves the node.
+  MofedPolicy mofed_policy = MofedPolicy::kWarn;
+  DraPolicy dra_policy = DraPolicy::kYield;
+  // Where the NVIDIA MOFED CDI spec may be (host paths, like the roots).
+  std::vector<std::filesystem::path> cdi_spec_dirs = {"/etc/cdi", "/var/run/cdi"};
+};
+
+// What the guards found at their latest check, for logs, metrics and
+// readiness.
+struct GuardStatus {
+  MofedPolicy mofed_policy = MofedPolicy::kWarn;
+  // Off with no findings while the policy is off.
+  MofedReport mofed;
+  // Policy protect and MOFED on: every EFA is reported Unhealthy.
+  bool efas_held_unhealthy = false;
+  DraPolicy dra_policy = DraPolicy::kYield;
+  DraReport dra;
+  // Policy yield and the DRA driver present: the resource is withdrawn (an
+  // empty device list, no registration).
+  bool withdrawn = false;
+  // Checks done so far (at start, on changes, periodically).
+  int checks = 0;
 };
 
 // Runs the plugin. One owner thread (the caller of Run) does all lifecycle
@@ -48,21 +88,38 @@ class Daemon {
 
   // Successful registrations with the kubelet so far. Thread-safe.
   int registrations() const { return registrations_.load(); }
+  // Alignment counters, or null when alignment is off. Thread-safe.
+  const AlignmentStats* alignment_stats() const { return aligner_ ? &aligner_->stats() : nullptr; }
   std::filesystem::path plugin_socket() const;
   std::filesystem::path kubelet_socket() const;
+  // The guards' latest findings. Thread-safe.
+  GuardStatus guard_status() const;
+  // Blocks until `pred` holds for the guard status or `timeout` passes;
+  // returns whether it held. `pred` runs under an internal lock.
+  bool WaitForGuardStatusForTest(const std::function<bool(const GuardStatus&)>& pred,
+                                 std::chrono::milliseconds timeout) const;
 
  private:
   struct Fds;
   void Rescan();
+  void UpdateModel(const topology::Inventory& inventory);
+  void ReportAlignment();
   bool StartServer();
   void StopServer();
   void TryRegister();
   void HandleInotify();
   void WatchDeviceDirs();
   void Wake();
+  // Runs the guards, logs what changed and publishes guard_status_. Returns
+  // whether the devices to advertise changed (the caller rescans).
+  bool CheckGuards();
+  // The devices as the guards let them be advertised.
+  std::vector<topology::EfaDevice> ApplyGuards(std::vector<topology::EfaDevice> devices) const;
+  void WatchGuardDirs();
 
   const DaemonOptions options_;
   DevicePluginService service_;
+  std::unique_ptr<Aligner> aligner_;  // null when alignment is off
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Fds> fds_;
   std::atomic<bool> stop_{false};
@@ -74,10 +131,24 @@ class Daemon {
   std::chrono::steady_clock::time_point next_register_;
   std::chrono::milliseconds register_backoff_{0};
   std::chrono::steady_clock::time_point next_rescan_;
-  std::map<std::string, topology::EfaDevice> known_;  // every EFA seen, by ID
+  std::map<std::string, topology::EfaDevice> known_;    // every EFA seen, by ID
+  std::shared_ptr<const topology::HostModel> model_;    // rebuilt when the EFAs change
+  std::string model_key_;                               // the EFAs model_ was built from
+  std::chrono::steady_clock::time_point next_report_ =  // alignment report retry
+      std::chrono::steady_clock::time_point::max();
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
   int kubelet_watch_ = -1;
+  // Guards (owner thread).
+  std::optional<MofedState> mofed_state_;
+  std::optional<bool> dra_present_;
+  bool dra_yield_ = false;      // withdrawn while the DRA driver is present
+  bool mofed_protect_ = false;  // every EFA held Unhealthy
+  std::string mofed_problem_;   // their health problem meanwhile
+  std::chrono::steady_clock::time_point next_guard_check_;
+  std::map<int, std::string> guard_watches_;  // inotify wd -> plugins_registry, CDI dirs
+  mutable absl::Mutex guard_mu_;
+  GuardStatus guard_status_ ABSL_GUARDED_BY(guard_mu_);
 };
 
 }  // namespace efa::plugin

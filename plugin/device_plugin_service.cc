@@ -35,8 +35,34 @@ v1beta1::ListAndWatchResponse BuildList(const DeviceTable& table, bool report_nu
 
 }  // namespace
 
-DeviceTable::DeviceTable(std::vector<topology::EfaDevice> devs) : devices(std::move(devs)) {
+DeviceTable::DeviceTable(std::vector<topology::EfaDevice> devs,
+                         std::shared_ptr<const topology::HostModel> host_model)
+    : devices(std::move(devs)), model(std::move(host_model)) {
   for (size_t i = 0; i < devices.size(); ++i) by_id.emplace(devices[i].ibdev, i);
+  if (!model) {
+    std::vector<topology::EfaPlacement> placements;
+    for (const auto& d : devices) {
+      placements.push_back({d.ibdev, d.pci, d.numa_node, d.root_complex, std::nullopt});
+    }
+    model = topology::HostModel::Create("", std::move(placements), {});
+  }
+}
+
+std::vector<std::string> PreferredDevices(
+    const DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
+    const Targets& targets) {
+  topology::AllocationRequest r;
+  for (const std::string& id : request.available_deviceids()) {
+    if (const auto* d = table.Find(id); d != nullptr && d->healthy()) r.available.push_back(id);
+  }
+  r.must_include.assign(request.must_include_deviceids().begin(),
+                        request.must_include_deviceids().end());
+  r.size = request.allocation_size();
+  r.target_accelerators = targets.pci;
+  r.target_neuron_indices = targets.neuron_indices;
+  r.busy_known = targets.busy_known;
+  r.busy_accelerators = targets.busy;
+  return topology::ChooseEfas(*table.model, r);
 }
 
 const topology::EfaDevice* DeviceTable::Find(const std::string& id) const {
@@ -134,7 +160,7 @@ class DevicePluginService::Stream : public grpc::ServerWriteReactor<v1beta1::Lis
 
 DevicePluginService::DevicePluginService(Options options)
     : options_(options),
-      table_(std::make_shared<DeviceTable>(std::vector<topology::EfaDevice>{})),
+      table_(std::make_shared<DeviceTable>(std::vector<topology::EfaDevice>{}, nullptr)),
       list_(std::make_shared<v1beta1::ListAndWatchResponse>()) {}
 
 DevicePluginService::~DevicePluginService() {
@@ -144,8 +170,9 @@ DevicePluginService::~DevicePluginService() {
       +[](absl::flat_hash_set<Stream*>* s) { return s->empty(); }, &streams_));
 }
 
-void DevicePluginService::SetDevices(std::vector<topology::EfaDevice> devices) {
-  auto table = std::make_shared<const DeviceTable>(std::move(devices));
+void DevicePluginService::SetDevices(std::vector<topology::EfaDevice> devices,
+                                     std::shared_ptr<const topology::HostModel> model) {
+  auto table = std::make_shared<const DeviceTable>(std::move(devices), std::move(model));
   auto list = std::make_shared<const v1beta1::ListAndWatchResponse>(
       BuildList(*table, options_.report_numa));
   absl::MutexLock lock(&mu_);
@@ -174,6 +201,10 @@ void DevicePluginService::Shutdown() {
 void DevicePluginService::BeginRegistration() {
   absl::MutexLock lock(&mu_);
   ++registration_;
+}
+
+void DevicePluginService::SetTargetFinder(TargetFinder finder) {
+  target_finder_ = std::move(finder);
 }
 
 void DevicePluginService::SetStreamEndCallback(std::function<void()> callback) {
@@ -230,21 +261,12 @@ grpc::ServerUnaryReactor* DevicePluginService::GetPreferredAllocation(
   // Never fails: unknown IDs are ignored and a short list is fine (the
   // kubelet fills any shortfall itself).
   auto devices = table();
+  Targets targets = target_finder_ ? target_finder_(*devices->model) : Targets{};
   for (const auto& req : request->container_requests()) {
     auto* out = response->add_container_responses();
-    absl::flat_hash_set<std::string> chosen;
-    auto take = [&](const std::string& id) {
-      if (out->deviceids_size() >= req.allocation_size()) return;
-      if (!chosen.insert(id).second) return;
-      out->add_deviceids(id);
-    };
-    for (const auto& id : req.must_include_deviceids()) take(id);
-    std::vector<const topology::EfaDevice*> available;
-    for (const auto& id : req.available_deviceids()) {
-      if (const auto* d = devices->Find(id); d != nullptr && d->healthy()) available.push_back(d);
+    for (std::string& id : PreferredDevices(*devices, req, targets)) {
+      out->add_deviceids(std::move(id));
     }
-    std::sort(available.begin(), available.end(), [](auto* a, auto* b) { return a->pci < b->pci; });
-    for (const auto* d : available) take(d->ibdev);
   }
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

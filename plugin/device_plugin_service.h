@@ -13,7 +13,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
+#include "plugin/alignment.h"
 #include "topology/efa_device.h"
+#include "topology/host_model.h"
 
 namespace efa::plugin {
 
@@ -27,15 +29,32 @@ inline constexpr char kUnhealthy[] = "Unhealthy";
 inline constexpr char kEnvDevices[] = "EFA_DEVICES";
 inline constexpr char kEnvPciAddresses[] = "EFA_PCI_ADDRESSES";
 
-// The devices being served, indexed by device ID (the ibdev name).
-// Immutable once built; shared between the owner thread and gRPC threads.
+// The devices being served, indexed by device ID (the ibdev name), with
+// the host model the allocation policy places them by. Immutable once
+// built; shared between the owner thread and gRPC threads.
 struct DeviceTable {
   std::vector<topology::EfaDevice> devices;  // sorted by PCI address
   absl::flat_hash_map<std::string, size_t> by_id;
+  std::shared_ptr<const topology::HostModel> model;  // never null
 
-  explicit DeviceTable(std::vector<topology::EfaDevice> devs);
+  // A null `model` is replaced by one built from the devices alone (no
+  // accelerators: the policy then keeps groups whole by root complex and
+  // NUMA node).
+  DeviceTable(std::vector<topology::EfaDevice> devs,
+              std::shared_ptr<const topology::HostModel> host_model);
   const topology::EfaDevice* Find(const std::string& id) const;
 };
+
+// Where the accelerators of the container being admitted are, for
+// GetPreferredAllocation; empty targets when unknown (the policy then
+// predicts). Called on gRPC threads; must not block for long.
+using TargetFinder = std::function<Targets(const topology::HostModel& model)>;
+
+// The preferred EFAs for one container request: the policy's choice among
+// the available healthy devices, aligned with `targets`. Never fails. Pure.
+std::vector<std::string> PreferredDevices(
+    const DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
+    const Targets& targets);
 
 // Builds the Allocate answer for one container: DeviceSpecs for exactly the
 // requested devices' uverbs nodes and the EFA_* environment. Rejects an
@@ -52,9 +71,14 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   explicit DevicePluginService(Options options);
   ~DevicePluginService() override;
 
-  // Replaces the served devices. Every open ListAndWatch stream receives the
-  // new full list if it differs from the last one. Thread-safe.
-  void SetDevices(std::vector<topology::EfaDevice> devices);
+  // Replaces the served devices and the host model (may be null). Every
+  // open ListAndWatch stream receives the new full list if it differs from
+  // the last one. Thread-safe.
+  void SetDevices(std::vector<topology::EfaDevice> devices,
+                  std::shared_ptr<const topology::HostModel> model = nullptr);
+  // Sets how GetPreferredAllocation learns the admitted container's
+  // accelerators. Set before serving.
+  void SetTargetFinder(TargetFinder finder);
   // The ListAndWatch message for the current devices. Thread-safe.
   v1beta1::ListAndWatchResponse CurrentList() const;
   // Ends every open ListAndWatch stream; later streams end at once.
@@ -102,6 +126,7 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t registration_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_stream_end_;
+  TargetFinder target_finder_;
 };
 
 }  // namespace efa::plugin

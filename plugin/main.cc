@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
@@ -53,6 +54,10 @@ int main(int argc, char** argv) {
   app.add_option("--sysfs-root", sysfs, "Where the host's /sys is")->capture_default_str();
   app.add_option("--dev-root", dev, "Where the host's /dev is")->capture_default_str();
   app.add_option("--proc-root", proc, "Where the host's /proc is")->capture_default_str();
+  app.add_option("--topology-xml", options.topology_xml,
+                 "Read the PCI tree from this hwloc XML file instead of the host");
+  app.add_option("--instance-type", options.instance_type,
+                 "The EC2 instance type (default: the DMI product name)");
   app.add_option("--kubelet-dir", kubelet_dir, "The kubelet's root directory")
       ->capture_default_str();
   app.add_option("--report-numa", options.report_numa,
@@ -65,6 +70,23 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  std::string mofed_policy = "warn", dra_policy = "yield";
+  std::vector<std::string> cdi_spec_dirs(options.cdi_spec_dirs.begin(),
+                                         options.cdi_spec_dirs.end());
+  app.add_option("--mofed-policy", mofed_policy,
+                 "When the NVIDIA device plugin has MOFED on: warn (log and report), protect "
+                 "(also report every EFA Unhealthy until it clears) or off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"warn", "protect", "off"}));
+  app.add_option("--dra-policy", dra_policy,
+                 "While the EFA DRA driver (dra.net) is registered with the kubelet: yield "
+                 "(withdraw vpc.amazonaws.com/efa) or ignore")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"yield", "ignore"}));
+  app.add_option("--cdi-spec-dirs", cdi_spec_dirs,
+                 "Where the host's CDI specs are (the NVIDIA MOFED spec is looked for there)")
+      ->delimiter(',')
+      ->capture_default_str();
   auto* inventory = app.add_subcommand("inventory", "Print the node's EFA devices and exit");
   inventory->fallthrough();
   app.require_subcommand(0, 1);
@@ -73,6 +95,9 @@ int main(int argc, char** argv) {
   options.kubelet_dir = kubelet_dir;
   options.rescan_interval = std::chrono::milliseconds(static_cast<int64_t>(rescan_seconds * 1000));
   options.handle_signals = true;
+  options.mofed_policy = *efa::plugin::ParseMofedPolicy(mofed_policy);
+  options.dra_policy = *efa::plugin::ParseDraPolicy(dra_policy);
+  options.cdi_spec_dirs.assign(cdi_spec_dirs.begin(), cdi_spec_dirs.end());
   spdlog::set_level(spdlog::level::from_str(log_level));
   efa::topology::PointLibibverbsAt(options.roots.sysfs);
   if (inventory->parsed()) return RunInventory(options.roots);

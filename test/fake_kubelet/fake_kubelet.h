@@ -1,5 +1,6 @@
 // A fake kubelet for tests and the demo: the device-plugin side of a real
-// kubelet, over real gRPC on real unix sockets.
+// kubelet, over real gRPC on real unix sockets, and a miniature of its device
+// manager.
 //
 // It serves v1beta1.Registration on <device_plugin_dir>/kubelet.sock and, like
 // the kubelet, inside Register dials the plugin's socket (<dir>/<endpoint>),
@@ -9,12 +10,39 @@
 // start: every socket file in the directory is deleted (the plugin's included)
 // and a fresh kubelet.sock is served.
 //
+// Pod admission (AdmitContainer) follows the kubelet's device manager
+// (pkg/kubelet/cm/devicemanager, allocateContainerResources): one resource at
+// a time in the order the test gives (the kubelet's is Go map order, random),
+// GetPreferredAllocation when the plugin offers it, Allocate, the devices
+// recorded at once (visible through pod-resources List from then on), and the
+// checkpoint <dir>/kubelet_internal_checkpoint written once every resource of
+// the container is allocated. Given a socket path, it also serves the
+// pod-resources API v1 (v1.PodResourcesLister) over the same state.
+//
+// The checkpoint, as the kubelet's: JSON {"Data":{"PodDeviceEntries":[{
+// "PodUID","ContainerName","ResourceName","DeviceIDs":{"<NUMA node>":[ids]},
+// "AllocResp":"<base64 ContainerAllocateResponse>"}] (null when none),
+// "RegisteredDevices":{"<resource>":[healthy ids]}},"Checksum":N}, written
+// atomically (temporary file, rename). Like the kubelet it is also rewritten
+// on EVERY ListAndWatch message, so a device update arriving while a
+// container is being admitted writes that container's resources allocated so
+// far. Start and Restart read it back: its entries are the allocated devices
+// from then on, including entries of pods this object was never given (a
+// hand-written checkpoint): those stay allocated and are written back, but
+// pod-resources cannot list them (it knows no pod name for them).
+//
 // Thread safety: every public method is thread-safe. The lifecycle methods
-// (Start, Restart, Stop, EndStream, the destructor) are serialized among
-// themselves; they must not be called from a predicate given to WaitForDevices.
+// (Start, Restart, Stop, EndStream, StartPodResources, StopPodResources, the
+// destructor) are serialized among themselves; they must not be called from a
+// predicate given to WaitForDevices. Admissions (AdmitContainer,
+// StartContainer, RemovePod) are serialized among themselves, as the kubelet
+// admits one pod at a time; Start, Restart and Stop wait for the one in
+// progress, so none of these may be called from a plugin's handler while it
+// serves an admission.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -23,16 +51,19 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/server.h"
 #include "grpcpp/support/status.h"
+#include "podresources/v1/api.pb.h"
 
 namespace efa::testing {
 
@@ -44,19 +75,52 @@ class FakeKubelet {
   static constexpr char kVersion[] = "v1beta1";
   // How long Register waits for the plugin's socket to answer, as the kubelet.
   static constexpr std::chrono::milliseconds kDialTimeout{10000};
+  // The device manager's checkpoint file inside the directory.
+  static constexpr char kCheckpointName[] = "kubelet_internal_checkpoint";
+  // The checkpoint's NUMA key for devices whose plugin reported no topology
+  // (kubelet 1.21 and later; 1.20 uses 0, see Options::kubelet_1_20).
+  static constexpr int64_t kNoTopology = -1;
+
+  struct Options {
+    // Where kubelet.sock is served and plugins put their sockets (created by
+    // Start if missing).
+    std::filesystem::path device_plugin_dir;
+    // Where v1.PodResourcesLister is served, normally
+    // <kubelet-dir>/pod-resources/kubelet.sock (the directory is created if
+    // missing); empty: the pod-resources API is not served.
+    std::filesystem::path pod_resources_socket;
+    // Imitates kubelet 1.20 (the kubelet of test/e2e) where later kubelets
+    // differ: devices whose plugin reported no topology are recorded under
+    // NUMA node 0 instead of -1; List gives one ContainerDevices per resource
+    // and NUMA node, the node always set, instead of one per device (with no
+    // topology when there is none); GetAllocatableResources does not exist
+    // (UNIMPLEMENTED).
+    bool kubelet_1_20 = false;
+  };
+
+  // Options for a kubelet directory: <kubelet_dir>/device-plugins and
+  // <kubelet_dir>/pod-resources/kubelet.sock, as the kubelet lays them out.
+  static Options ForKubeletDir(const std::filesystem::path& kubelet_dir);
 
   // Will serve v1beta1.Registration on <device_plugin_dir>/kubelet.sock (the
-  // directory is created by Start if missing). Serves nothing until Start.
+  // directory is created by Start if missing), and no pod-resources API.
+  // Serves nothing until Start.
   explicit FakeKubelet(std::filesystem::path device_plugin_dir);
+  // Will serve what `options` says. Serves nothing until Start.
+  explicit FakeKubelet(Options options);
   // Stops the server, ends every stream and joins every thread.
   ~FakeKubelet();
 
   FakeKubelet(const FakeKubelet&) = delete;
   FakeKubelet& operator=(const FakeKubelet&) = delete;
 
-  // Creates the directory if missing, removes a stale kubelet.sock and serves.
-  // Fails (naming the path) when the directory cannot be made or the socket
-  // cannot be bound; FailedPrecondition when already serving.
+  // Creates the directory if missing, removes a stale kubelet.sock and serves;
+  // likewise the pod-resources socket when one was given. Like a starting
+  // kubelet, first reads the device allocations back from the checkpoint if
+  // there is one (a checkpoint that cannot be read is reported on stderr and
+  // ignored, as the kubelet does). Fails (naming the path) when a directory
+  // cannot be made or a socket cannot be bound, then serving nothing;
+  // FailedPrecondition when already serving.
   absl::Status Start();
 
   // Simulated kubelet restart, as kubelet 1.20 does it: ends every ListAndWatch
@@ -64,8 +128,12 @@ class FakeKubelet {
   // directory (keeps kubelet_internal_checkpoint and any non-socket file), then
   // serves a fresh kubelet.sock. Recorded registrations, requests and the last
   // device lists are kept; streaming() is false for every resource afterwards
-  // until its plugin registers again. Fails as Start does, or naming a socket
-  // file that could not be deleted.
+  // until its plugin registers again. The pod-resources server, when
+  // configured, is stopped and served again on a new socket (even after
+  // StopPodResources). The devices allocated to admitted containers are read
+  // back from the checkpoint, as the kubelet restores them; admitted pods stay
+  // admitted (the API server still has them). Fails as Start does, or naming a
+  // socket file that could not be deleted.
   absl::Status Restart();
 
   // Ends the ListAndWatch stream of `resource` without restarting (cancels the
@@ -76,8 +144,9 @@ class FakeKubelet {
   // plugin's handler ran may never have reached the plugin at all.
   void EndStream(const std::string& resource);
 
-  // Stops serving, ends every stream and removes kubelet.sock (kubelet gone).
-  // In-flight Register calls fail with UNAVAILABLE. Idempotent.
+  // Stops serving, ends every stream and removes kubelet.sock (kubelet gone);
+  // the pod-resources server too. In-flight Register calls fail with
+  // UNAVAILABLE. Idempotent.
   void Stop();
 
   // Register calls that succeeded for `resource` so far (0 if none).
@@ -138,9 +207,110 @@ class FakeKubelet {
                                  const v1beta1::PreStartContainerRequest& req,
                                  v1beta1::PreStartContainerResponse* resp);
 
+  // --- Pod admission: the kubelet's device manager in miniature. ---
+
+  // One resource of an admitted container.
+  struct ResourceAllocation {
+    std::string resource;
+    // The devices, in the order given to Allocate: the plugin's preference
+    // first (in its order), then the kubelet's fill (sorted IDs).
+    std::vector<std::string> device_ids;
+    // container_responses[0] of the plugin's Allocate answer.
+    v1beta1::ContainerAllocateResponse response;
+  };
+  struct AdmittedContainer {
+    // In request order; requests for 0 devices are left out.
+    std::vector<ResourceAllocation> allocations;
+    // PreStartContainer's outcome (OK when no plugin asked for it). As in the
+    // kubelet, a failure here leaves the container admitted with its devices,
+    // only not started: retry with StartContainer or remove the pod.
+    absl::Status start_status;
+  };
+
+  // Admits one container of a pod asking for `requests_in_order` (resource,
+  // device count), as kubelet's allocateContainerResources does, one resource
+  // at a time in the given order: the free devices are the resource's healthy
+  // ones (none while its ListAndWatch stream is not open) minus those of other
+  // containers; if the plugin offers GetPreferredAllocation it is asked
+  // (available = the free IDs, sorted; must-include empty; size = count) and
+  // its answer, limited to free IDs, is taken first, the shortfall filled with
+  // the first free IDs in sorted order; then Allocate is called with them and
+  // the devices and answer are recorded at once, so pod-resources List shows
+  // them before the next resource is allocated. Once all are allocated the
+  // checkpoint is written, then PreStartContainer is called for each resource
+  // whose plugin asked for it (see AdmittedContainer::start_status).
+  //
+  // The pod is listed by pod-resources (with this container) from the start
+  // of the call. On failure nothing of this container stays allocated (nor
+  // the pod, when this call added it) and the error reads like the kubelet's
+  // UnexpectedAdmissionError, e.g. "UnexpectedAdmissionError: Allocate failed
+  // due to requested number of devices unavailable for nvidia.com/gpu.
+  // Requested: 9, Available: 8, which is unexpected" (RESOURCE_EXHAUSTED);
+  // "... can't allocate unregistered device x.com/y ..." (FAILED_PRECONDITION);
+  // a plugin's error as Go prints it, "... rpc error: code = InvalidArgument
+  // desc = ... " with the plugin's code. INVALID_ARGUMENT for an empty pod
+  // UID or container name, a negative count or a resource named twice;
+  // ALREADY_EXISTS when the container was admitted already.
+  absl::StatusOr<AdmittedContainer> AdmitContainer(
+      const std::string& pod_name, const std::string& pod_namespace, const std::string& pod_uid,
+      const std::string& container_name,
+      const std::vector<std::pair<std::string, int>>& requests_in_order);
+
+  // Calls PreStartContainer for each resource of the admitted container whose
+  // plugin asked for it, with the container's device IDs of that resource, as
+  // the kubelet does before each start of the container (30 s deadline).
+  // Returns the first failure ("device plugin PreStartContainer rpc failed
+  // with err: rpc error: code = ... desc = ...", with the plugin's code);
+  // NOT_FOUND for a container that is not admitted.
+  absl::Status StartContainer(const std::string& pod_uid, const std::string& container_name);
+
+  // The pod was deleted: its devices are free again, it leaves pod-resources
+  // and its entries leave the checkpoint (rewritten at once; a real kubelet
+  // rewrites it at its next device update or allocation). NOT_FOUND for an
+  // unknown pod; the checkpoint write's error otherwise.
+  absl::Status RemovePod(const std::string& pod_uid);
+
+  // The devices of `resource` allocated to the container, in Allocate order
+  // (empty if none).
+  std::vector<std::string> container_devices(const std::string& pod_uid,
+                                             const std::string& container_name,
+                                             const std::string& resource) const;
+
+  // --- The pod-resources API (v1.PodResourcesLister). ---
+  //
+  // List: every admitted pod (in admission order) with its admitted
+  // containers and, per container, the devices of each resource (with the
+  // NUMA nodes the plugin reported; see Options::kubelet_1_20 for the shape).
+  // GetAllocatableResources: the healthy devices of every resource whose
+  // stream is open. Get: UNIMPLEMENTED, as in kubelets without the
+  // KubeletPodResourcesGet gate.
+
+  // Serves the pod-resources socket again after StopPodResources. Fails as
+  // Start does; FAILED_PRECONDITION when no socket path was given or already
+  // serving.
+  absl::Status StartPodResources();
+  // Stops the pod-resources server and removes its socket (calls in progress
+  // fail with UNAVAILABLE). Idempotent.
+  void StopPodResources();
+  // Each pod-resources call waits `delay` before answering (0: none). A call
+  // that is waiting when the server stops fails with UNAVAILABLE.
+  void SetPodResourcesDelay(std::chrono::milliseconds delay);
+  // While set, every pod-resources call fails at once with RESOURCE_EXHAUSTED
+  // "rejected by rate limit", as the kubelet's rate limiter answers.
+  void SetPodResourcesExhausted(bool exhausted);
+  // Pod-resources calls received so far (all methods, rejected ones too).
+  int pod_resources_calls() const;
+  // Blocks until pod_resources_calls() >= n or `timeout` passes; returns
+  // whether the count was reached.
+  bool WaitForPodResourcesCalls(int n, std::chrono::milliseconds timeout);
+
   // The directory served and the registration socket's path.
   const std::filesystem::path& dir() const { return dir_; }
   std::filesystem::path socket_path() const { return dir_ / kSocketName; }
+  // <dir>/kubelet_internal_checkpoint.
+  std::filesystem::path checkpoint_path() const { return dir_ / kCheckpointName; }
+  // The pod-resources socket's path (empty when not configured).
+  const std::filesystem::path& pod_resources_socket_path() const { return pod_resources_socket_; }
 
   // Shortens how long Register waits for the plugin's socket (default 10 s),
   // so that tests of an unreachable endpoint stay fast.
@@ -148,6 +318,7 @@ class FakeKubelet {
 
  private:
   class RegistrationService;
+  class PodResourcesService;
 
   // One ListAndWatch stream and the thread that reads it. Fields are set
   // before the stream is published under mu_; `thread` is joined only under
@@ -174,6 +345,57 @@ class FakeKubelet {
     std::shared_ptr<Stream> stream;
   };
 
+  // A pod the kubelet was given, with the containers admitted so far.
+  struct Pod {
+    std::string uid;
+    std::string name;
+    std::string pod_namespace;
+    std::vector<std::string> containers;
+  };
+
+  // One container's devices of one resource: a checkpoint entry.
+  struct DeviceEntry {
+    std::string pod_uid;
+    std::string container;
+    std::string resource;
+    // In Allocate order (for a restored entry, in checkpoint order).
+    std::vector<std::string> ids;
+    // NUMA node (kNoTopology or 0 when unknown) -> IDs, as the checkpoint.
+    std::map<int64_t, std::vector<std::string>> ids_by_numa;
+    v1beta1::ContainerAllocateResponse response;
+  };
+
+  // Chooses and allocates `count` devices of `resource` for the container and
+  // records them; returns the kubelet's error text on failure (not wrapped).
+  absl::StatusOr<ResourceAllocation> AllocateResource(const std::string& pod_uid,
+                                                      const std::string& container,
+                                                      const std::string& resource, int count)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_);
+  absl::Status StartContainerLocked(const std::string& pod_uid, const std::string& container)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_);
+  // Forgets the container's devices (and the pod if `drop_pod`) after a
+  // failed admission.
+  void RollBackLocked(const std::string& pod_uid, const std::string& container, bool drop_pod)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Pod* FindPodLocked(const std::string& pod_uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NUMA node -> IDs of `ids` from the topology `resource` last advertised.
+  std::map<int64_t, std::vector<std::string>> GroupByNumaLocked(
+      const std::string& resource, const std::vector<std::string>& ids) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the checkpoint atomically (temporary file, then rename).
+  absl::Status WriteCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaces the device entries with the checkpoint's (none if it is missing
+  // or unreadable).
+  void LoadCheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Applies the pod-resources knobs to one call: counts it, rejects it when
+  // exhausted, waits the delay. OK means: answer it.
+  grpc::Status BeginPodResourcesCall();
+  void FillListLocked(v1::ListPodResourcesResponse* response) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillAllocatableLocked(v1::AllocatableResourcesResponse* response) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Handles one Register call (called by RegistrationService).
   grpc::Status Register(const v1beta1::RegisterRequest& request);
   // Reads ListAndWatch of `stream` until it ends; the body of a stream thread.
@@ -184,9 +406,19 @@ class FakeKubelet {
   const Resource* FindLocked(const std::string& resource) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status StartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
+  // Stops both servers and every stream.
   void StopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
+  absl::Status StartPodResourcesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
+  void StopPodResourcesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
 
   const std::filesystem::path dir_;
+  const std::filesystem::path pod_resources_socket_;
+  const bool kubelet_1_20_;
+
+  // Serializes admissions (AdmitContainer, StartContainer, RemovePod) and
+  // keeps Start/Restart/Stop/destructor out while one runs. Held across calls
+  // to the plugins. Acquired before lifecycle_mu_ and mu_, never after.
+  absl::Mutex admission_mu_ ABSL_ACQUIRED_BEFORE(lifecycle_mu_, mu_);
 
   // Serializes Start/Restart/Stop/EndStream/destructor; the only holder that
   // joins stream threads. Acquired before mu_, never after.
@@ -194,6 +426,8 @@ class FakeKubelet {
   // A fresh service per server: a gRPC service is registered with one server.
   std::unique_ptr<RegistrationService> service_ ABSL_GUARDED_BY(lifecycle_mu_);
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(lifecycle_mu_);
+  std::unique_ptr<PodResourcesService> pod_resources_service_ ABSL_GUARDED_BY(lifecycle_mu_);
+  std::unique_ptr<grpc::Server> pod_resources_server_ ABSL_GUARDED_BY(lifecycle_mu_);
 
   mutable absl::Mutex mu_;
   bool serving_ ABSL_GUARDED_BY(mu_) = false;
@@ -203,6 +437,17 @@ class FakeKubelet {
   std::set<grpc::ClientContext*> dialing_ ABSL_GUARDED_BY(mu_);
   // Streams replaced by a re-registration: cancelled, joined by Stop.
   std::vector<std::shared_ptr<Stream>> retired_ ABSL_GUARDED_BY(mu_);
+
+  // Pods in admission order, and the device manager's pod devices (in the
+  // order allocated, or restored from the checkpoint).
+  std::vector<Pod> pods_ ABSL_GUARDED_BY(mu_);
+  std::vector<DeviceEntry> entries_ ABSL_GUARDED_BY(mu_);
+
+  // The pod-resources server is up (calls waiting out a delay end when not).
+  bool pod_resources_serving_ ABSL_GUARDED_BY(mu_) = false;
+  std::chrono::milliseconds pod_resources_delay_ ABSL_GUARDED_BY(mu_){0};
+  bool pod_resources_exhausted_ ABSL_GUARDED_BY(mu_) = false;
+  int pod_resources_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace efa::testing

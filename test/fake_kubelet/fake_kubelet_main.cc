@@ -1,27 +1,39 @@
 // fake-kubelet: serves kubelet.sock in a directory, waits for a device plugin
 // to register, prints what it advertises and, with --allocate N, does what the
 // kubelet does when a pod asks for N devices (GetPreferredAllocation, then
-// Allocate). Used by the README demo; exits 0 when all of that worked.
+// Allocate). With --accelerators MACHINE it also runs the fake GPU or Neuron
+// plugin of a simulated machine, and with --admit it admits one container
+// asking for several resources in the given order, as the kubelet's device
+// manager does. Used by the README demo; exits 0 when all of that worked.
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/sim/machine_spec.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using efa::testing::AcceleratorKind;
+using efa::testing::FakeAcceleratorPlugin;
+using efa::testing::FakeAcceleratorPluginOptions;
 using efa::testing::FakeKubelet;
 
 int Fail(const std::string& message) {
@@ -155,6 +167,43 @@ bool ChooseDevices(FakeKubelet& kubelet, const std::string& resource, bool ask_p
   return true;
 }
 
+// Parses "res=N,res=N" (order kept). Fails naming the bad item.
+absl::StatusOr<std::vector<std::pair<std::string, int>>> ParseRequests(const std::string& text) {
+  std::vector<std::pair<std::string, int>> requests;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> parts = absl::StrSplit(item, '=');
+    int count = 0;
+    if (parts.first.empty() || !absl::SimpleAtoi(parts.second, &count) || count < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--admit: expected RESOURCE=COUNT like \"nvidia.com/gpu=1\", got \"%s\"", item));
+    }
+    requests.emplace_back(std::string(parts.first), count);
+  }
+  if (requests.empty()) return absl::InvalidArgumentError("--admit: no resource given");
+  return requests;
+}
+
+// Starts the fake plugins of the accelerators `machine` has (none if it has
+// none); they register with the kubelet serving in `dir`.
+absl::Status StartAccelerators(const std::string& machine, const std::string& dir, bool mofed,
+                               std::vector<std::unique_ptr<FakeAcceleratorPlugin>>* plugins) {
+  absl::StatusOr<efa::sim::MachineSpec> spec = efa::sim::FindMachine(machine);
+  if (!spec.ok()) return spec.status();
+  for (AcceleratorKind kind : {AcceleratorKind::kNvidiaGpu, AcceleratorKind::kNeuron}) {
+    FakeAcceleratorPluginOptions options;
+    options.kind = kind;
+    options.device_plugin_dir = dir;
+    options.mofed_enabled = mofed;
+    auto plugin = std::make_unique<FakeAcceleratorPlugin>(*spec, options);
+    if (plugin->accelerators().empty()) continue;
+    if (absl::Status status = plugin->Start(); !status.ok()) return status;
+    std::printf("fake-kubelet: started a fake %s plugin with %zu device(s) of %s\n",
+                plugin->resource_name().c_str(), plugin->accelerators().size(), machine.c_str());
+    plugins->push_back(std::move(plugin));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,9 +220,26 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir, "The device-plugin directory (kubelet.sock is served there)")
       ->required();
   app.add_option("--resource", resource, "The resource to wait for")->capture_default_str();
-  app.add_option("--allocate", allocate,
-                 "Allocate N devices for one container (GetPreferredAllocation, Allocate)")
-      ->check(CLI::NonNegativeNumber);
+  std::string pod_resources_socket;
+  std::string accelerators;
+  bool mofed = false;
+  std::string admit;
+  auto* allocate_option =
+      app.add_option("--allocate", allocate,
+                     "Allocate N devices for one container (GetPreferredAllocation, Allocate)")
+          ->check(CLI::NonNegativeNumber);
+  app.add_option("--pod-resources-socket", pod_resources_socket,
+                 "Also serve the pod-resources API v1 on this socket "
+                 "(normally <kubelet-dir>/pod-resources/kubelet.sock)");
+  app.add_option("--accelerators", accelerators,
+                 "Also run the fake nvidia.com/gpu or aws.amazon.com/neuron plugin of this "
+                 "simulated machine (e.g. p5.48xlarge, trn2.48xlarge) in DIR");
+  app.add_flag("--mofed", mofed,
+               "The fake GPU plugin answers NVIDIA_MOFED=enabled (its --mofed-enabled)");
+  app.add_option("--admit", admit,
+                 "Admit one container asking for RESOURCE=COUNT,... in this order, as the "
+                 "kubelet's device manager does (e.g. nvidia.com/gpu=1,vpc.amazonaws.com/efa=4)")
+      ->excludes(allocate_option);
   app.add_option("--timeout", timeout_text,
                  "Seconds to wait for the registration and the first device list (\"10\" or "
                  "\"10s\")")
@@ -189,13 +255,32 @@ int main(int argc, char** argv) {
                         timeout_text));
   }
   const auto deadline = Clock::now() + std::chrono::seconds(timeout_seconds);
+  std::vector<std::pair<std::string, int>> requests;
+  if (!admit.empty()) {
+    auto parsed = ParseRequests(admit);
+    if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+    requests = *std::move(parsed);
+  }
 
-  FakeKubelet kubelet(dir);
+  FakeKubelet::Options kubelet_options;
+  kubelet_options.device_plugin_dir = dir;
+  kubelet_options.pod_resources_socket = pod_resources_socket;
+  FakeKubelet kubelet(kubelet_options);
   if (absl::Status status = kubelet.Start(); !status.ok()) {
     return Fail(std::string(status.message()));
   }
   std::printf("fake-kubelet: serving %s, waiting up to %ds for %s\n", kubelet.socket_path().c_str(),
               timeout_seconds, resource.c_str());
+  if (!pod_resources_socket.empty()) {
+    std::printf("fake-kubelet: serving the pod-resources API on %s\n",
+                pod_resources_socket.c_str());
+  }
+  std::vector<std::unique_ptr<FakeAcceleratorPlugin>> plugins;
+  if (!accelerators.empty()) {
+    if (absl::Status status = StartAccelerators(accelerators, dir, mofed, &plugins); !status.ok()) {
+      return Fail(std::string(status.message()));
+    }
+  }
   std::fflush(stdout);
 
   if (!kubelet.WaitForRegistrations(resource, 1, Remaining(deadline))) {
@@ -257,7 +342,30 @@ int main(int argc, char** argv) {
       std::printf("\nPreStartContainer: ok\n");
     }
   }
+  if (!requests.empty()) {
+    // Every plugin asked for must have sent its list, or its devices count
+    // as unavailable.
+    for (const auto& [name, count] : requests) {
+      if (count > 0 && !kubelet.WaitForStreaming(name, true, Remaining(deadline))) {
+        return Fail(absl::StrFormat("timed out after %ds: no device plugin is streaming %s",
+                                    timeout_seconds, name));
+      }
+    }
+    auto admitted = kubelet.AdmitContainer("demo", "default", "demo-pod-uid", "main", requests);
+    if (!admitted.ok()) return Fail(std::string(admitted.status().message()));
+    for (const auto& allocation : admitted->allocations) {
+      std::printf("\nAdmitted %s: %s\n", allocation.resource.c_str(),
+                  absl::StrJoin(allocation.device_ids, ", ").c_str());
+      PrintAllocation(allocation.response);
+    }
+    if (!admitted->start_status.ok()) {
+      return Fail(
+          absl::StrFormat("the container does not start: %s", admitted->start_status.message()));
+    }
+    std::printf("\nCheckpoint written to %s\n", kubelet.checkpoint_path().c_str());
+  }
   std::fflush(stdout);
+  for (auto& plugin : plugins) plugin->Stop();
   kubelet.Stop();
   return 0;
 }

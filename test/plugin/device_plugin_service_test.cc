@@ -7,6 +7,7 @@
 
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"
+#include "topology/hwloc_loader.h"
 
 namespace fs = std::filesystem;
 using namespace efa::plugin;
@@ -140,8 +141,10 @@ TEST_CASE("Allocate rejects bad IDs naming them, and keeps serving", "[plugin]")
 TEST_CASE("GetPreferredAllocation never fails and honours must-include", "[plugin]") {
   SimRoot sim("p4d.24xlarge");
   ServedPlugin plugin(sim);
-  CHECK(plugin.Preferred({"rdmap160s27", "rdmap16s27", "rdmap32s27"}, {"rdmap160s27"}, 2) ==
-        std::vector<std::string>{"rdmap160s27", "rdmap16s27"});
+  // Must-include first, then the nearest free one; answered in PCI order.
+  CHECK(plugin.Preferred({"rdmap160s27", "rdmap16s27", "rdmap32s27", "rdmap144s27"},
+                         {"rdmap160s27"},
+                         2) == std::vector<std::string>{"rdmap144s27", "rdmap160s27"});
   CHECK(plugin.Preferred({"bogus", "rdmap32s27"}, {}, 4) == std::vector<std::string>{"rdmap32s27"});
   CHECK(plugin.Preferred({}, {}, 0).empty());
 }
@@ -180,4 +183,27 @@ TEST_CASE("ListAndWatch reports IDs, health and NUMA nodes, and each change", "[
     ServedPlugin off(p4d, /*report_numa=*/false);
     CHECK_FALSE(off.service.CurrentList().devices(0).has_topology());
   }
+}
+
+TEST_CASE("GetPreferredAllocation aligns with the accelerators the target finder reports",
+          "[plugin]") {
+  SimRoot sim("p5.48xlarge");
+  ServedPlugin plugin(sim);
+  auto inv = efa::topology::DiscoverEfaDevices(sim.roots());
+  auto topo = efa::topology::LoadTopology({sim.path().string(), ""});
+  REQUIRE(topo.ok());
+  plugin.service.SetDevices(inv.devices, efa::topology::HostModel::FromHwloc(inv, topo->get()));
+  std::vector<std::string> all;
+  for (const auto& d : inv.devices) all.push_back(d.ibdev);
+
+  // No targets: one whole switch group, the one of the lowest GPU.
+  CHECK(plugin.Preferred(all, {}, 4) ==
+        std::vector<std::string>{"rdmap79s0", "rdmap80s0", "rdmap81s0", "rdmap82s0"});
+  plugin.service.SetTargetFinder([](const efa::topology::HostModel&) {
+    Targets t;
+    t.pci = {*efa::topology::PciAddress::Parse("0000:64:00.0")};
+    return t;
+  });
+  CHECK(plugin.Preferred(all, {}, 4) ==
+        std::vector<std::string>{"rdmap96s0", "rdmap97s0", "rdmap98s0", "rdmap99s0"});
 }

@@ -352,6 +352,11 @@ std::string VerbsName(Kind kind, const PciAddress& addr, int index, Naming namin
   return name;
 }
 
+std::string SimGpuUuid(const PciAddress& addr) {
+  return absl::StrFormat("GPU-%04x%02x%02x-%x000-4000-8000-00000000e%03x", addr.domain, addr.bus,
+                         addr.device, addr.function, addr.bus);
+}
+
 const std::vector<MachineSpec>& BuiltinMachines() {
   static const auto* machines = new std::vector<MachineSpec>{
       P4d(), P5(), P5en(), P6B200(), Trn1(false), Trn1(true), Trn2(), G5(), NoEfa()};
@@ -400,6 +405,7 @@ absl::Status WriteMachine(const MachineSpec& spec, const std::string& root, Nami
     m.w.Dir(m.root / "dev/infiniband");
   }
 
+  int gpu_minor = 0;
   for (const PcieGroup& g : spec.groups) {
     fs::path parent = m.sys / "devices" / absl::StrFormat("pci0000:%02x", g.root_bus);
     m.w.Dir(parent);
@@ -431,6 +437,14 @@ absl::Status WriteMachine(const MachineSpec& spec, const std::string& root, Nami
       }
       m.PciFunction(dir, ep.addr, info.vendor, ep.device_id, info.class_code, info.driver, g.numa,
                     ConfigSpace(info.vendor, ep.device_id, info.class_code, false));
+      if (ep.kind == Kind::kGpu) {
+        m.w.File(m.root / "proc/driver/nvidia/gpus" / ep.addr.ToString() / "information",
+                 absl::StrFormat("Model: \t\t NVIDIA GPU %04x\nIRQ:   \t\t 0\nGPU UUID: \t %s\n"
+                                 "Video BIOS: \t 00.00.00.00.00\nBus Type: \t PCIe\n"
+                                 "DMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
+                                 "Bus Location: \t %s\nDevice Minor: \t %d\n",
+                                 ep.device_id, SimGpuUuid(ep.addr), ep.addr.ToString(), gpu_minor++));
+      }
       if (info.verbs) {
         const auto& [ibdev, uverbs] = verbs_names[&ep];
         m.VerbsDevice(dir, ep, ibdev, uverbs);

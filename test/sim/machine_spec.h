@@ -54,9 +54,15 @@ enum class Naming { kUdev, kKernel };
 // Writes the machine under `root`: root/sys (for --sysfs-root, SYSFS_PATH
 // and, through root, HWLOC_FSROOT), root/dev/infiniband/uverbsN (plain
 // files standing in for the char devices) and root/hwloc.xml (the same
-// machine exported by hwloc). `root` must not exist or be empty.
+// machine exported by hwloc), and for each NVIDIA GPU the driver's
+// ROOT/proc/driver/nvidia/gpus/<bdf>/information. `root` must not exist or
+// be empty.
 absl::Status WriteMachine(const MachineSpec& spec, const std::string& root,
                           Naming naming = Naming::kUdev);
+
+// The UUID the simulated NVIDIA driver gives the GPU at `addr` (listed in
+// ROOT/proc/driver/nvidia/gpus/<bdf>/information, as on a real node).
+std::string SimGpuUuid(const PciAddress& addr);
 
 // The name a verbs device gets for `addr` under `naming`; `index` is its
 // rank among the verbs devices of the same driver (kernel names only).

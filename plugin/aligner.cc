@@ -1,0 +1,132 @@
+#include "plugin/aligner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
+
+namespace efa::plugin {
+namespace {
+
+std::string Describe(const Targets& t) {
+  std::vector<std::string> parts;
+  for (const auto& pci : t.pci) parts.push_back(pci.ToString());
+  for (int n : t.neuron_indices) parts.push_back("neuron" + std::to_string(n));
+  return absl::StrJoin(parts, ", ");
+}
+
+}  // namespace
+
+AlignmentStats::Counts AlignmentStats::Get() const {
+  absl::MutexLock lock(&mu_);
+  return counts_;
+}
+
+void AlignmentStats::Add(int Counts::*field) {
+  absl::MutexLock lock(&mu_);
+  ++(counts_.*field);
+}
+
+bool AlignmentStats::WaitForJudgedForTest(int n, std::chrono::milliseconds timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto judged = [&] { return counts_.aligned + counts_.unaligned >= n; };
+  return mu_.AwaitWithTimeout(absl::Condition(&judged), absl::FromChrono(timeout));
+}
+
+Aligner::Aligner(AlignerOptions options)
+    : options_(std::move(options)),
+      pod_resources_(options_.kubelet_dir / "pod-resources/kubelet.sock", options_.pod_resources) {}
+
+Targets Aligner::ForAdmission(const topology::HostModel& model) {
+  // Admissions are serialized by the kubelet: not subject to our own limit.
+  auto list = pod_resources_.List(/*rate_limited=*/false);
+  if (!list.ok()) {
+    stats_.Add(&AlignmentStats::Counts::degraded);
+    spdlog::warn(
+        "cannot learn the admitted container's accelerators ({}); placing EFAs by "
+        "prediction",
+        std::string(list.status().message()));
+    return {};
+  }
+  auto checkpoint = ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile);
+  int candidates = 0;
+  auto containers = ContainersWithDevices(*list, options_.resources, options_.efa_resource);
+  auto admitted =
+      FindAdmittedContainer(containers, checkpoint.ok() ? &*checkpoint : nullptr, &candidates);
+  std::vector<std::string> errors;
+  auto gpus = topology::ReadNvidiaGpus(options_.proc_root, &errors);
+  if (!admitted) {
+    // Place the EFAs where the accelerator plugins will put the next
+    // accelerators: beside the lowest one nobody holds yet.
+    std::vector<std::pair<std::string, std::string>> held;
+    for (const ContainerDevices& c : containers) {
+      held.insert(held.end(), c.accelerators.begin(), c.accelerators.end());
+    }
+    Targets busy = ResolveTargets(held, options_.resources, gpus, model);
+    Targets prediction;
+    prediction.busy_known = busy.unresolved.empty() && busy.neuron_indices.empty();
+    prediction.busy = std::move(busy.pci);
+    if (model.neuron_table() != nullptr) {
+      // With the AWS table: the EFAs of the lowest Neuron device nobody
+      // holds, the one the Neuron plugin hands out next.
+      for (int n = 0;; ++n) {
+        if (model.NeuronEfas(n).empty()) break;
+        if (std::find(busy.neuron_indices.begin(), busy.neuron_indices.end(), n) ==
+            busy.neuron_indices.end()) {
+          prediction.neuron_indices = {n};
+          break;
+        }
+      }
+    }
+    stats_.Add(&AlignmentStats::Counts::predicted);
+    spdlog::info("GetPreferredAllocation: {}; placing EFAs where the accelerators will likely go",
+                 candidates == 0
+                     ? "no container with accelerators is being admitted"
+                     : std::to_string(candidates) + " containers could be the one being admitted");
+    return prediction;
+  }
+  Targets targets = ResolveTargets(admitted->accelerators, options_.resources, gpus, model);
+  if (targets.empty()) {
+    stats_.Add(&AlignmentStats::Counts::predicted);
+    spdlog::warn("GetPreferredAllocation: cannot place the accelerators of {} ({}{}); predicting",
+                 admitted->Name(), absl::StrJoin(targets.unresolved, ", "),
+                 errors.empty() ? "" : "; " + absl::StrJoin(errors, "; "));
+    return targets;
+  }
+  stats_.Add(&AlignmentStats::Counts::targeted);
+  spdlog::info("GetPreferredAllocation: aligning with the accelerators of {} ({})",
+               admitted->Name(), Describe(targets));
+  return targets;
+}
+
+bool Aligner::Report(const topology::HostModel& model) {
+  auto list = pod_resources_.List();
+  if (!list.ok()) return false;
+  std::set<std::string> present;
+  std::vector<topology::NvidiaGpu> gpus;
+  bool gpus_read = false;
+  for (const ContainerDevices& c :
+       ContainersWithDevices(*list, options_.resources, options_.efa_resource)) {
+    if (c.efas.empty() || c.accelerators.empty()) continue;
+    const std::string key = c.Name() + "\n" + absl::StrJoin(c.efas, ",");
+    present.insert(key);
+    if (reported_.count(key)) continue;
+    if (!gpus_read) {
+      gpus = topology::ReadNvidiaGpus(options_.proc_root, nullptr);
+      gpus_read = true;
+    }
+    Targets targets = ResolveTargets(c.accelerators, options_.resources, gpus, model);
+    const bool aligned = !targets.empty() && IsAligned(model, c.efas, targets);
+    stats_.Add(aligned ? &AlignmentStats::Counts::aligned : &AlignmentStats::Counts::unaligned);
+    spdlog::info("alignment: {} {}: EFAs {} with accelerators {}", c.Name(),
+                 aligned ? "aligned" : "NOT aligned", absl::StrJoin(c.efas, ","),
+                 Describe(targets));
+  }
+  // Forget containers that are gone, so the set does not grow.
+  std::erase_if(reported_, [&](const std::string& k) { return !present.count(k); });
+  reported_.insert(present.begin(), present.end());
+  return true;
+}
+
+}  // namespace efa::plugin

@@ -1,0 +1,72 @@
+// The I/O side of EFA alignment for the daemon: at admission it asks the
+// kubelet's pod-resources API and checkpoint which accelerators the
+// container being admitted holds; after the fact it reports, for every
+// container holding EFAs and accelerators, whether they are aligned.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "plugin/alignment.h"
+#include "plugin/pod_resources_client.h"
+
+namespace efa::plugin {
+
+struct AlignerOptions {
+  std::filesystem::path kubelet_dir = "/var/lib/kubelet";
+  std::filesystem::path proc_root = "/proc";
+  std::string efa_resource = "vpc.amazonaws.com/efa";
+  AcceleratorResources resources;
+  PodResourcesClient::Options pod_resources;
+};
+
+// Counters since start. Thread-safe.
+class AlignmentStats {
+ public:
+  struct Counts {
+    // GetPreferredAllocation decisions.
+    int targeted = 0;   // the admitted container's accelerators were known
+    int predicted = 0;  // none known yet (EFAs first, or no accelerators)
+    int degraded = 0;   // pod-resources failed: predicted as well
+    // After the fact, containers holding EFAs and accelerators.
+    int aligned = 0;
+    int unaligned = 0;
+  };
+  Counts Get() const;
+  void Add(int Counts::*field);
+  // Blocks until aligned + unaligned >= n or `timeout` passes.
+  bool WaitForJudgedForTest(int n, std::chrono::milliseconds timeout) const;
+
+ private:
+  mutable absl::Mutex mu_;
+  Counts counts_ ABSL_GUARDED_BY(mu_);
+};
+
+class Aligner {
+ public:
+  explicit Aligner(AlignerOptions options);
+
+  // The accelerators of the container being admitted, or empty targets
+  // (then the policy predicts). Never fails and never waits longer than
+  // the pod-resources timeout. Thread-safe.
+  Targets ForAdmission(const topology::HostModel& model);
+
+  // Judges every container that holds EFAs and accelerators and was not
+  // judged before: one log line each and a counter. Returns false when
+  // pod-resources did not answer (try again later). Call from one thread.
+  bool Report(const topology::HostModel& model);
+
+  const AlignmentStats& stats() const { return stats_; }
+
+ private:
+  const AlignerOptions options_;
+  PodResourcesClient pod_resources_;
+  AlignmentStats stats_;
+  std::set<std::string> reported_;  // Report() only
+};
+
+}  // namespace efa::plugin

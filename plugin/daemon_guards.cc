@@ -1,0 +1,152 @@
+// The daemon's side of the guards: when they run, what they change in what
+// the kubelet is told, and what is logged. Detection is in mofed_guard.h
+// and dra_guard.h.
+//
+// Withdrawing from the kubelet. The device-plugin API has no way to
+// unregister a resource, so while the EFA DRA driver is present (policy
+// yield) the daemon
+//   - advertises an empty device list on the open ListAndWatch stream: the
+//     kubelet sets capacity and allocatable to 0 at once, so no new pod is
+//     given an EFA by this plugin, while pods already running keep theirs
+//     (the kubelet never takes allocated devices back);
+//   - keeps that stream open rather than ending it: an ended stream only
+//     marks the devices unhealthy and leaves the capacity standing for the
+//     kubelet's 5-minute grace period, and the kubelet logs it as a failure;
+//   - does not register again (kubelet restart, stream ended, SIGHUP) until
+//     the driver goes; after a kubelet restart the resource is gone from the
+//     node altogether;
+//   - registers again when it goes, which sends the full list on a fresh
+//     stream.
+// Policy protect (MOFED) keeps the resource registered and reports every EFA
+// Unhealthy instead: allocatable drops to 0, capacity stays visible, and
+// Allocate refuses the devices naming the conflict.
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "plugin/daemon.h"
+#include "spdlog/spdlog.h"
+
+namespace efa::plugin {
+namespace {
+
+std::string Evidence(const MofedReport& report) { return absl::StrJoin(report.evidence, "; "); }
+
+}  // namespace
+
+bool Daemon::CheckGuards() {
+  next_guard_check_ = std::chrono::steady_clock::now() + options_.rescan_interval;
+  WatchGuardDirs();
+  GuardStatus status;
+  status.mofed_policy = options_.mofed_policy;
+  status.dra_policy = options_.dra_policy;
+
+  if (options_.mofed_policy != MofedPolicy::kOff) {
+    status.mofed = MofedGuard({options_.kubelet_dir / "device-plugins" / kCheckpointFile,
+                               options_.cdi_spec_dirs, options_.roots.proc})
+                       .Check();
+    const MofedState state = status.mofed.state;
+    if (mofed_state_ != state) {
+      const bool protect = options_.mofed_policy == MofedPolicy::kProtect;
+      if (state == MofedState::kOn) {
+        spdlog::warn(
+            "MOFED conflict: the NVIDIA device plugin gives every GPU container all "
+            "/dev/infiniband/uverbs* devices, including EFAs allocated to other pods ({}). "
+            "Remedy: {}. Policy {}: {}",
+            Evidence(status.mofed), kMofedRemedy, MofedPolicyName(options_.mofed_policy),
+            protect ? "every EFA is reported Unhealthy until the conflict clears"
+                    : "EFAs stay schedulable (--mofed-policy=protect stops offering them)");
+      } else if (state == MofedState::kUnknown) {
+        spdlog::warn(
+            "cannot tell whether the NVIDIA device plugin has MOFED enabled ({}); EFAs stay "
+            "schedulable",
+            Evidence(status.mofed));
+      } else if (mofed_state_ == MofedState::kOn) {
+        spdlog::info("MOFED conflict cleared ({}){}", Evidence(status.mofed),
+                     mofed_protect_ ? "; EFAs are offered again" : "");
+      } else {
+        spdlog::info("MOFED guard (policy {}): no conflict ({})",
+                     MofedPolicyName(options_.mofed_policy), Evidence(status.mofed));
+      }
+      mofed_state_ = state;
+    }
+  }
+
+  status.dra = DetectDraDriver(options_.kubelet_dir / kPluginsRegistryDir, kDraDriverName);
+  if (dra_present_ != status.dra.present) {
+    if (status.dra.present && options_.dra_policy == DraPolicy::kYield) {
+      spdlog::warn(
+          "the EFA DRA driver ({}) serves this node's EFAs ({}): {} until it goes, so that no EFA "
+          "is given out twice (--dra-policy=ignore serves anyway)",
+          kDraDriverName, status.dra.evidence,
+          registered_ ? absl::StrCat("withdrawing ", kResourceName, " (advertising no devices)")
+                      : absl::StrCat("not registering ", kResourceName));
+    } else if (status.dra.present) {
+      spdlog::warn(
+          "the EFA DRA driver ({}) serves this node's EFAs ({}), and the DRA policy is ignore: "
+          "still serving {}; the same EFA may be given to a DRA claim and to a pod",
+          kDraDriverName, status.dra.evidence, kResourceName);
+    } else if (dra_present_) {
+      spdlog::info("the EFA DRA driver is gone ({}){}", status.dra.evidence,
+                   dra_yield_ ? absl::StrCat("; registering ", kResourceName, " again") : "");
+    } else {
+      spdlog::debug("no EFA DRA driver: {}", status.dra.evidence);
+    }
+    dra_present_ = status.dra.present;
+  }
+
+  const bool protect =
+      options_.mofed_policy == MofedPolicy::kProtect && status.mofed.state == MofedState::kOn;
+  const bool yield = options_.dra_policy == DraPolicy::kYield && status.dra.present;
+  const bool changed = protect != mofed_protect_ || yield != dra_yield_;
+  if (protect) {
+    mofed_problem_ =
+        absl::StrCat("the NVIDIA device plugin has MOFED enabled (policy protect): ",
+                     status.mofed.evidence.empty() ? std::string() : status.mofed.evidence.front());
+  }
+  if (dra_yield_ && !yield) {
+    registered_ = false;
+    register_backoff_ = std::chrono::milliseconds(0);
+    next_register_ = std::chrono::steady_clock::now();
+  }
+  mofed_protect_ = protect;
+  dra_yield_ = yield;
+  status.efas_held_unhealthy = protect;
+  status.withdrawn = yield;
+  absl::MutexLock lock(&guard_mu_);
+  status.checks = guard_status_.checks + 1;
+  guard_status_ = std::move(status);
+  return changed;
+}
+
+std::vector<topology::EfaDevice> Daemon::ApplyGuards(
+    std::vector<topology::EfaDevice> devices) const {
+  if (dra_yield_) return {};
+  if (mofed_protect_) {
+    for (topology::EfaDevice& d : devices) {
+      if (d.healthy()) d.health_problem = mofed_problem_;
+    }
+  }
+  return devices;
+}
+
+GuardStatus Daemon::guard_status() const {
+  absl::MutexLock lock(&guard_mu_);
+  return guard_status_;
+}
+
+bool Daemon::WaitForGuardStatusForTest(const std::function<bool(const GuardStatus&)>& pred,
+                                       std::chrono::milliseconds timeout) const {
+  struct Arg {
+    const std::function<bool(const GuardStatus&)>* pred;
+    const GuardStatus* status;
+  };
+  absl::MutexLock lock(&guard_mu_);
+  Arg arg{&pred, &guard_status_};
+  return guard_mu_.AwaitWithTimeout(absl::Condition(
+                                        +[](Arg* a) { return (*a->pred)(*a->status); }, &arg),
+                                    absl::Milliseconds(timeout.count()));
+}
+
+}  // namespace efa::plugin

@@ -1,0 +1,54 @@
+// The DRA guard: detects the EFA DRA driver (dra.net) on this node. It and
+// this plugin must never both hand out the node's EFAs: each would give the
+// same device to different pods.
+//
+// A DRA driver registers with the kubelet through a socket in
+// <kubelet-dir>/plugins_registry/ named after the driver
+// ("dra.net-reg.sock"). The driver counts as present while such a socket
+// accepts connections: a socket file left behind by a driver that died
+// refuses them and is ignored (the kubelet ignores it too), so an
+// uninstalled driver does not keep the plugin away for ever.
+//
+// All functions are thread-safe (they share no state).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace efa::plugin {
+
+inline constexpr char kDraDriverName[] = "dra.net";
+inline constexpr char kPluginsRegistryDir[] = "plugins_registry";
+
+// What the daemon does while the DRA driver is present.
+enum class DraPolicy {
+  kYield,   // do not register vpc.amazonaws.com/efa; withdraw it if registered (default)
+  kIgnore,  // serve anyway (log a warning)
+};
+// "yield", "ignore". Parse errors name the text:
+//   "dra policy \"x\": expected yield or ignore".
+absl::StatusOr<DraPolicy> ParseDraPolicy(std::string_view text);
+std::string_view DraPolicyName(DraPolicy policy);
+
+struct DraReport {
+  bool present = false;
+  // Human-readable: the socket that shows the driver, or why none counts
+  // ("<dir>/dra.net-reg.sock: refuses connections (stale)", "no dra.net
+  // registration socket in <dir>").
+  std::string evidence;
+};
+
+// Whether `file_name` in the plugins registry belongs to `driver`: it
+// contains the driver's name. Pure.
+bool IsDraRegistrationName(std::string_view file_name, std::string_view driver);
+
+// Looks in `registry_dir` for a socket of `driver` that accepts a
+// connection (probed with a non-blocking connect, closed at once). A missing
+// directory means no driver.
+DraReport DetectDraDriver(const std::filesystem::path& registry_dir,
+                          std::string_view driver = kDraDriverName);
+
+}  // namespace efa::plugin

