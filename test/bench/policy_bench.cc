@@ -59,14 +59,18 @@ void Run(benchmark::State& state, const HostModel& model, const AllocationReques
 // No target, every EFA free: one whole switch.
 void BM_NoTarget(benchmark::State& state) {
   auto model = Host(static_cast<int>(state.range(0)));
-  AllocationRequest request{Available(*model, false), {}, 8, {}, {}};
+  AllocationRequest request;
+  request.available = Available(*model, false);
+  request.size = 8;
   Run(state, *model, request);
 }
 
 // No target on a fragmented node, 16 EFAs and a must-include one.
 void BM_NoTargetFragmented(benchmark::State& state) {
   auto model = Host(static_cast<int>(state.range(0)));
-  AllocationRequest request{Available(*model, true), {}, 16, {}, {}};
+  AllocationRequest request;
+  request.available = Available(*model, true);
+  request.size = 16;
   request.must_include.push_back(request.available[request.available.size() / 2]);
   Run(state, *model, request);
 }
@@ -74,7 +78,9 @@ void BM_NoTargetFragmented(benchmark::State& state) {
 // One GPU, 8 EFAs (a fragmented node: some come from farther away).
 void BM_OneGpu(benchmark::State& state) {
   auto model = Host(static_cast<int>(state.range(0)));
-  AllocationRequest request{Available(*model, true), {}, 8, {}, {}};
+  AllocationRequest request;
+  request.available = Available(*model, true);
+  request.size = 8;
   request.target_accelerators.push_back(
       model->accelerators()[model->accelerators().size() / 2].pci);
   Run(state, *model, request);
@@ -83,7 +89,9 @@ void BM_OneGpu(benchmark::State& state) {
 // Eight GPUs (or all there are), 8 EFAs each.
 void BM_EightGpus(benchmark::State& state) {
   auto model = Host(static_cast<int>(state.range(0)));
-  AllocationRequest request{Available(*model, true), {}, 0, {}, {}};
+  AllocationRequest request;
+  request.available = Available(*model, true);
+  request.size = 0;
   const size_t gpus = std::min<size_t>(8, model->accelerators().size());
   for (size_t i = 0; i < gpus; ++i)
     request.target_accelerators.push_back(model->accelerators()[i].pci);
@@ -94,7 +102,9 @@ void BM_EightGpus(benchmark::State& state) {
 // Every GPU of the node as a target, half the free EFAs wanted.
 void BM_AllGpus(benchmark::State& state) {
   auto model = Host(static_cast<int>(state.range(0)));
-  AllocationRequest request{Available(*model, true), {}, 0, {}, {}};
+  AllocationRequest request;
+  request.available = Available(*model, true);
+  request.size = 0;
   for (const auto& gpu : model->accelerators()) request.target_accelerators.push_back(gpu.pci);
   request.size = static_cast<int>(request.available.size() / 2);
   Run(state, *model, request);

@@ -41,6 +41,7 @@ class AlignedNode {
     DaemonOptions options;
     options.roots = sim_.roots();
     options.kubelet_dir = sim_.path() / "kubelet";
+    options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
     daemon_ = std::make_unique<Daemon>(options);
     thread_ = std::thread([this] { daemon_->Run(); });
     REQUIRE(accelerators_.Start().ok());

@@ -75,7 +75,8 @@ TEST_CASE(
 
   const auto start = std::chrono::steady_clock::now();
   DaemonProcess daemon({"--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
-                        "--dev-root", (sim.path() / "dev").string(), "--log-level", "warn"});
+                        "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
+                        (sim.path() / "etc/cdi").string(), "--log-level", "warn"});
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   const auto registered = std::chrono::steady_clock::now();
   std::printf("start -> registered: %.1f ms\n",
@@ -107,7 +108,8 @@ TEST_CASE("The daemon binary removes a stale socket before serving", "[daemon][p
   FakeKubelet kubelet(kubelet_dir / "device-plugins");
   REQUIRE(kubelet.Start().ok());
   DaemonProcess daemon({"--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
-                        "--dev-root", (sim.path() / "dev").string(), "--log-level", "warn"});
+                        "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
+                        (sim.path() / "etc/cdi").string(), "--log-level", "warn"});
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   daemon.Signal(SIGINT);
   CHECK(daemon.Wait(10s) == 0);

@@ -39,6 +39,7 @@ class Node {
     DaemonOptions options;
     options.roots = sim_.roots();
     options.kubelet_dir = sim_.path() / "kubelet";
+    options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
     options.rescan_interval = rescan;
     daemon_ = std::make_unique<Daemon>(options);
     thread_ = std::thread([this] { exit_code_ = daemon_->Run(); });
