@@ -102,8 +102,8 @@ absl::StatusOr<std::vector<Gpu>> MakeGpus(const std::string& list, const std::st
       absl::StatusOr<std::string> vendor = ReadFirstLine(dev / "vendor");
       if (!vendor.ok()) return vendor.status();
       if (*vendor != "0x10de") {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "%s: vendor %s is not NVIDIA (0x10de)", (dev / "vendor").string(), *vendor));
+        return absl::FailedPreconditionError(absl::StrFormat("%s: vendor %s is not NVIDIA (0x10de)",
+                                                             (dev / "vendor").string(), *vendor));
       }
       absl::StatusOr<std::string> numa = ReadFirstLine(dev / "numa_node");
       if (numa.ok() && !absl::SimpleAtoi(*numa, &gpu.numa)) gpu.numa = -1;

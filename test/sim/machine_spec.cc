@@ -438,12 +438,13 @@ absl::Status WriteMachine(const MachineSpec& spec, const std::string& root, Nami
       m.PciFunction(dir, ep.addr, info.vendor, ep.device_id, info.class_code, info.driver, g.numa,
                     ConfigSpace(info.vendor, ep.device_id, info.class_code, false));
       if (ep.kind == Kind::kGpu) {
-        m.w.File(m.root / "proc/driver/nvidia/gpus" / ep.addr.ToString() / "information",
-                 absl::StrFormat("Model: \t\t NVIDIA GPU %04x\nIRQ:   \t\t 0\nGPU UUID: \t %s\n"
-                                 "Video BIOS: \t 00.00.00.00.00\nBus Type: \t PCIe\n"
-                                 "DMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
-                                 "Bus Location: \t %s\nDevice Minor: \t %d\n",
-                                 ep.device_id, SimGpuUuid(ep.addr), ep.addr.ToString(), gpu_minor++));
+        m.w.File(
+            m.root / "proc/driver/nvidia/gpus" / ep.addr.ToString() / "information",
+            absl::StrFormat("Model: \t\t NVIDIA GPU %04x\nIRQ:   \t\t 0\nGPU UUID: \t %s\n"
+                            "Video BIOS: \t 00.00.00.00.00\nBus Type: \t PCIe\n"
+                            "DMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
+                            "Bus Location: \t %s\nDevice Minor: \t %d\n",
+                            ep.device_id, SimGpuUuid(ep.addr), ep.addr.ToString(), gpu_minor++));
       }
       if (info.verbs) {
         const auto& [ibdev, uverbs] = verbs_names[&ep];
