@@ -49,11 +49,15 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
         std::string(list.status().message()));
     return {};
   }
-  auto checkpoint = ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile);
+  auto checkpointed = Checkpointed();
   int candidates = 0;
   auto containers = ContainersWithDevices(*list, options_.resources, options_.efa_resource);
-  auto admitted =
-      FindAdmittedContainer(containers, checkpoint.ok() ? &*checkpoint : nullptr, &candidates);
+  std::optional<ContainerDevices> admitted;
+  {
+    absl::MutexLock lock(&names_mu_);
+    admitted = FindAdmittedContainer(containers, checkpointed ? &*checkpointed : nullptr,
+                                     pod_names_, &candidates);
+  }
   std::vector<std::string> errors;
   auto gpus = topology::ReadNvidiaGpus(options_.proc_root, &errors);
   if (!admitted) {
@@ -100,14 +104,24 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
   return targets;
 }
 
+std::optional<std::vector<ContainerDevices>> Aligner::Checkpointed() const {
+  auto checkpoint = ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile);
+  if (!checkpoint.ok()) return std::nullopt;
+  return CheckpointedContainers(*checkpoint, options_.resources, options_.efa_resource);
+}
+
 bool Aligner::Report(const topology::HostModel& model) {
   auto list = pod_resources_.List();
   if (!list.ok()) return false;
+  const auto containers = ContainersWithDevices(*list, options_.resources, options_.efa_resource);
+  if (auto checkpointed = Checkpointed()) {
+    absl::MutexLock lock(&names_mu_);
+    LearnPodNames(containers, *checkpointed, pod_names_);
+  }
   std::set<std::string> present;
   std::vector<topology::NvidiaGpu> gpus;
   bool gpus_read = false;
-  for (const ContainerDevices& c :
-       ContainersWithDevices(*list, options_.resources, options_.efa_resource)) {
+  for (const ContainerDevices& c : containers) {
     if (c.efas.empty() || c.accelerators.empty()) continue;
     const std::string key = c.Name() + "\n" + absl::StrJoin(c.efas, ",");
     present.insert(key);

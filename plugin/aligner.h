@@ -6,8 +6,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -63,10 +65,15 @@ class Aligner {
   const AlignmentStats& stats() const { return stats_; }
 
  private:
+  // The checkpoint's containers; nullopt when it cannot be read.
+  std::optional<std::vector<ContainerDevices>> Checkpointed() const;
+
   const AlignerOptions options_;
   PodResourcesClient pod_resources_;
   AlignmentStats stats_;
-  std::set<std::string> reported_;  // Report() only
+  absl::Mutex names_mu_;
+  PodNames pod_names_ ABSL_GUARDED_BY(names_mu_);  // learned by Report()
+  std::set<std::string> reported_;                 // Report() only
 };
 
 }  // namespace efa::plugin

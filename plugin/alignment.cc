@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
-#include <set>
-
-#include "absl/container/flat_hash_set.h"
+#include <map>
 
 namespace efa::plugin {
 namespace {
@@ -64,6 +62,26 @@ std::vector<int> Profile(const topology::HostModel& model, const std::vector<std
   return profile;
 }
 
+// Files device `id` of `resource` under `c` when it is an accelerator or an EFA.
+void AddDevice(const std::string& resource, const std::string& id,
+               const AcceleratorResources& resources, const std::string& efa_resource,
+               ContainerDevices& c) {
+  if (resource == efa_resource) c.efas.push_back(id);
+  if (Contains(resources.gpu, resource) || Contains(resources.neuron, resource) ||
+      Contains(resources.neuroncore, resource)) {
+    c.accelerators.emplace_back(resource, id);
+  }
+}
+
+bool SameDevices(const ContainerDevices& a, const ContainerDevices& b) {
+  auto sorted = [](auto v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  return a.container == b.container && sorted(a.accelerators) == sorted(b.accelerators) &&
+         sorted(a.efas) == sorted(b.efas);
+}
+
 }  // namespace
 
 std::vector<ContainerDevices> ContainersWithDevices(const v1::ListPodResourcesResponse& list,
@@ -72,15 +90,10 @@ std::vector<ContainerDevices> ContainersWithDevices(const v1::ListPodResourcesRe
   std::vector<ContainerDevices> out;
   for (const auto& pod : list.pod_resources()) {
     for (const auto& container : pod.containers()) {
-      ContainerDevices c{pod.namespace_(), pod.name(), container.name(), {}, {}};
+      ContainerDevices c{pod.namespace_(), pod.name(), container.name(), {}, {}, {}};
       for (const auto& devices : container.devices()) {
-        const std::string& resource = devices.resource_name();
-        const bool accel = Contains(resources.gpu, resource) ||
-                           Contains(resources.neuron, resource) ||
-                           Contains(resources.neuroncore, resource);
         for (const std::string& id : devices.device_ids()) {
-          if (resource == efa_resource) c.efas.push_back(id);
-          if (accel) c.accelerators.emplace_back(resource, id);
+          AddDevice(devices.resource_name(), id, resources, efa_resource, c);
         }
       }
       if (!c.accelerators.empty() || !c.efas.empty()) out.push_back(std::move(c));
@@ -89,22 +102,62 @@ std::vector<ContainerDevices> ContainersWithDevices(const v1::ListPodResourcesRe
   return out;
 }
 
-std::optional<ContainerDevices> FindAdmittedContainer(
-    const std::vector<ContainerDevices>& containers, const KubeletCheckpoint* checkpoint,
-    int* candidates) {
-  absl::flat_hash_set<std::pair<std::string, std::string>> checkpointed;
-  if (checkpoint != nullptr) {
-    for (const CheckpointEntry& e : checkpoint->entries) {
-      for (const std::string& id : e.device_ids) checkpointed.emplace(e.resource_name, id);
+std::vector<ContainerDevices> CheckpointedContainers(const KubeletCheckpoint& checkpoint,
+                                                     const AcceleratorResources& resources,
+                                                     const std::string& efa_resource) {
+  std::map<std::pair<std::string, std::string>, ContainerDevices> by_container;
+  for (const CheckpointEntry& e : checkpoint.entries) {
+    ContainerDevices& c = by_container[{e.pod_uid, e.container_name}];
+    c.pod_uid = e.pod_uid;
+    c.container = e.container_name;
+    for (const std::string& id : e.device_ids) {
+      AddDevice(e.resource_name, id, resources, efa_resource, c);
     }
   }
+  std::vector<ContainerDevices> out;
+  for (auto& [key, c] : by_container) {
+    if (!c.accelerators.empty() || !c.efas.empty()) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+void LearnPodNames(const std::vector<ContainerDevices>& containers,
+                   const std::vector<ContainerDevices>& checkpointed, PodNames& names) {
+  PodNames learned;
+  for (const ContainerDevices& k : checkpointed) {
+    const ContainerDevices* match = nullptr;
+    int matches = 0;
+    for (const ContainerDevices& c : containers) {
+      if (SameDevices(c, k)) {
+        match = &c;
+        ++matches;
+      }
+    }
+    if (matches == 1) {
+      learned[k.pod_uid] = match->pod_namespace + "/" + match->pod_name;
+    } else if (auto known = names.find(k.pod_uid); known != names.end()) {
+      learned.insert(*known);
+    }
+  }
+  names = std::move(learned);
+}
+
+std::optional<ContainerDevices> FindAdmittedContainer(
+    const std::vector<ContainerDevices>& containers,
+    const std::vector<ContainerDevices>* checkpointed, const PodNames& names, int* candidates) {
   std::optional<ContainerDevices> found;
   int count = 0;
   for (const ContainerDevices& c : containers) {
     if (c.accelerators.empty() || !c.efas.empty()) continue;
-    const bool admitted_before =
-        std::any_of(c.accelerators.begin(), c.accelerators.end(),
-                    [&](const auto& device) { return checkpointed.contains(device); });
+    bool admitted_before = false;
+    if (checkpointed != nullptr) {
+      for (const ContainerDevices& k : *checkpointed) {
+        auto known = names.find(k.pod_uid);
+        admitted_before |=
+            SameDevices(c, k) &&
+            (known == names.end() || known->second == c.pod_namespace + "/" + c.pod_name);
+      }
+    }
     if (admitted_before) continue;
     ++count;
     found = c;

@@ -5,6 +5,7 @@
 // checkpoint and the NVIDIA GPU list.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -36,6 +37,7 @@ struct ContainerDevices {
   std::string container;
   std::vector<std::pair<std::string, std::string>> accelerators;  // (resource, device ID)
   std::vector<std::string> efas;
+  std::string pod_uid;  // from the checkpoint only (pod-resources v1 has none)
   std::string Name() const { return pod_namespace + "/" + pod_name + "/" + container; }
 };
 
@@ -44,18 +46,38 @@ std::vector<ContainerDevices> ContainersWithDevices(const v1::ListPodResourcesRe
                                                     const AcceleratorResources& resources,
                                                     const std::string& efa_resource);
 
+// The checkpoint's containers holding accelerators or EFAs, by pod UID and
+// container name (no pod namespace or name: the checkpoint has none).
+std::vector<ContainerDevices> CheckpointedContainers(const KubeletCheckpoint& checkpoint,
+                                                     const AcceleratorResources& resources,
+                                                     const std::string& efa_resource);
+
+// Pod UID -> "namespace/name", learned where exactly one pod-resources
+// container holds exactly a checkpointed container's devices.
+using PodNames = std::map<std::string, std::string>;
+
+// Updates `names` from a pod-resources list and a checkpoint read together
+// after the fact (when the checkpoint is current): learns what matches,
+// keeps what it knew of UIDs still checkpointed, forgets the rest.
+void LearnPodNames(const std::vector<ContainerDevices>& containers,
+                   const std::vector<ContainerDevices>& checkpointed, PodNames& names);
+
 // The container being admitted, if it can be told: it holds accelerators
-// but no EFA yet, and none of its accelerator devices is in the kubelet's
-// checkpoint. The kubelet lists a container's devices in pod-resources as
-// soon as each resource is allocated but writes the checkpoint only after
-// all of the container's resources are, so a running GPU-only pod (in the
-// checkpoint) is never taken for it. `candidates` gets how many containers
-// qualified; with none or several the answer is nullopt. A null checkpoint
-// (missing or unreadable) leaves nothing to tell them apart by: then only a
-// single container with accelerators and no EFA qualifies.
+// but no EFA yet, and the checkpoint holds no container of its name with
+// exactly its devices (and no EFA). The kubelet lists a container's devices
+// in pod-resources as soon as each resource is allocated but writes the
+// checkpoint only after all of the container's resources are, so a running
+// GPU-only pod (in the checkpoint) is never taken for it. The kubelet keeps
+// a deleted pod in the checkpoint until its next write, and the admitted
+// container may have got that pod's GPUs since: a stale entry holding EFAs
+// too, or one `names` knows belongs to another pod, does not count.
+// `candidates` gets how many containers qualified; with none or several the
+// answer is nullopt. A null `checkpointed` (missing or unreadable) leaves
+// nothing to tell them apart by: then only a single container with
+// accelerators and no EFA qualifies.
 std::optional<ContainerDevices> FindAdmittedContainer(
-    const std::vector<ContainerDevices>& containers, const KubeletCheckpoint* checkpoint,
-    int* candidates);
+    const std::vector<ContainerDevices>& containers,
+    const std::vector<ContainerDevices>* checkpointed, const PodNames& names, int* candidates);
 
 // Accelerator device IDs as policy targets: NVIDIA IDs (UUID or index)
 // through the driver's GPU list, Neuron device indices (through the AWS

@@ -94,7 +94,7 @@ Daemon::Daemon(DaemonOptions options)
       fds_(std::make_unique<Fds>()) {
   fds_->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   fds_->inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-  if (options_.align) {
+  if (options_.alignment != AlignmentMode::kOff) {
     aligner_ = std::make_unique<Aligner>(AlignerOptions{options_.kubelet_dir,
                                                         options_.roots.proc,
                                                         kResourceName,
@@ -103,6 +103,7 @@ Daemon::Daemon(DaemonOptions options)
     service_.SetTargetFinder(
         [this](const topology::HostModel& model) { return aligner_->ForAdmission(model); });
   }
+  service_.SetRpcObserver(options_.rpc_observer);
   service_.SetStreamEndCallback([this] {
     stream_ended_ = true;
     Wake();
@@ -123,6 +124,18 @@ void Daemon::Wake() {
   [[maybe_unused]] ssize_t n = ::write(fds_->wake, &one, sizeof one);
 }
 
+void Daemon::Heartbeat() {
+  registered_now_ = registered_;
+  known_devices_ = static_cast<int>(known_.size());
+  heartbeat_ns_ = std::max<int64_t>(1, Clock::now().time_since_epoch().count());
+}
+
+std::optional<Clock::time_point> Daemon::heartbeat() const {
+  const int64_t ns = heartbeat_ns_.load();
+  if (ns == 0) return std::nullopt;
+  return Clock::time_point(Clock::duration(ns));
+}
+
 void Daemon::Stop() {
   stop_ = true;
   Wake();
@@ -132,6 +145,7 @@ void Daemon::Rescan() {
   topology::Inventory inv = topology::DiscoverEfaDevices(options_.roots);
   topology::MarkVerbsProviders(inv);
   UpdateModel(inv);
+  if (options_.on_inventory) options_.on_inventory(inv);
   for (const auto& s : inv.skipped) {
     if (!logged_skips_.insert(s.ibdev + "\n" + s.reason).second) continue;
     if (s.malformed) {
@@ -321,6 +335,7 @@ void Daemon::HandleInotify() {
       std::string name = ev->len ? ev->name : "";
       if (ev->wd == kubelet_watch_) {
         if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
+          if (registrations_ > 0) ++kubelet_restarts_;
           spdlog::info(registered_ ? "kubelet.sock was created: the kubelet restarted; "
                                      "registering again"
                                    : "kubelet.sock appeared; registering");
@@ -402,6 +417,7 @@ int Daemon::Run() {
     if (have_devices && !registered_ && !dra_yield_ && IsSocket(kubelet_socket())) {
       deadline = std::min(deadline, next_register_);
     }
+    Heartbeat();
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     std::vector<pollfd> pfds = {{fds_->wake, POLLIN, 0}, {fds_->inotify, POLLIN, 0}};
     if (fds_->uevent >= 0) pfds.push_back({fds_->uevent, POLLIN, 0});

@@ -18,6 +18,7 @@
 #include "plugin/device_plugin_service.h"
 #include "plugin/dra_guard.h"
 #include "plugin/mofed_guard.h"
+#include "plugin/rpc_observer.h"
 #include "topology/sysfs.h"
 
 namespace grpc {
@@ -25,6 +26,12 @@ class Server;
 }
 
 namespace efa::plugin {
+
+enum class AlignmentMode {
+  kBestEffort,   // pod-resources at admission, else prediction (default)
+  kLateBinding,  // decide at PreStartContainer through CDI
+  kOff,
+};
 
 struct DaemonOptions {
   topology::HostRoots roots;
@@ -41,16 +48,24 @@ struct DaemonOptions {
   std::string topology_xml;
   // The instance type, e.g. "p5.48xlarge"; empty: the DMI product name.
   std::string instance_type;
-  // Align EFAs with the admitted container's accelerators through the
-  // kubelet's pod-resources API (README, "Alignment").
-  bool align = true;
+  // How EFAs are aligned with the admitted container's accelerators
+  // (README, "Alignment"). kLateBinding is served as kBestEffort until late
+  // binding exists.
+  AlignmentMode alignment = AlignmentMode::kBestEffort;
   AcceleratorResources accelerator_resources;
+  // Where late binding writes its CDI specs (a host path the runtime reads).
+  std::filesystem::path cdi_dir = "/var/run/cdi";
   // Guards (README, "Guards"): what to do when the NVIDIA device plugin has
   // MOFED on, and while the EFA DRA driver serves the node.
   MofedPolicy mofed_policy = MofedPolicy::kWarn;
   DraPolicy dra_policy = DraPolicy::kYield;
   // Where the NVIDIA MOFED CDI spec may be (host paths, like the roots).
   std::vector<std::filesystem::path> cdi_spec_dirs = {"/etc/cdi", "/var/run/cdi"};
+  // Observability hooks (not owned; may be null): told of every unary RPC
+  // the service handles, and of every inventory a rescan finds (on the
+  // owner thread; must be quick).
+  RpcObserver* rpc_observer = nullptr;
+  std::function<void(const topology::Inventory&)> on_inventory;
 };
 
 // What the guards found at their latest check, for logs, metrics and
@@ -88,6 +103,19 @@ class Daemon {
 
   // Successful registrations with the kubelet so far. Thread-safe.
   int registrations() const { return registrations_.load(); }
+  // Times kubelet.sock was created again after a first registration (the
+  // kubelet restarted). Thread-safe.
+  int kubelet_restarts() const { return kubelet_restarts_.load(); }
+  // When the owner loop last finished a pass (it then waits up to the
+  // rescan interval), or nullopt before Run() got that far. Thread-safe.
+  std::optional<std::chrono::steady_clock::time_point> heartbeat() const;
+  // Whether the resource is registered with the kubelet now, and how many
+  // EFAs the daemon knows (listed to the kubelet unless withdrawn), as of
+  // the latest heartbeat. Thread-safe.
+  bool registered() const { return registered_now_.load(); }
+  int known_devices() const { return known_devices_.load(); }
+  // The device list the kubelet is given now. Thread-safe.
+  v1beta1::ListAndWatchResponse advertised() const { return service_.CurrentList(); }
   // Alignment counters, or null when alignment is off. Thread-safe.
   const AlignmentStats* alignment_stats() const { return aligner_ ? &aligner_->stats() : nullptr; }
   std::filesystem::path plugin_socket() const;
@@ -110,6 +138,8 @@ class Daemon {
   void HandleInotify();
   void WatchDeviceDirs();
   void Wake();
+  // Publishes the heartbeat and the state read by other threads.
+  void Heartbeat();
   // Runs the guards, logs what changed and publishes guard_status_. Returns
   // whether the devices to advertise changed (the caller rescans).
   bool CheckGuards();
@@ -125,6 +155,10 @@ class Daemon {
   std::atomic<bool> stop_{false};
   std::atomic<bool> stream_ended_{false};
   std::atomic<int> registrations_{0};
+  std::atomic<int> kubelet_restarts_{0};
+  std::atomic<int64_t> heartbeat_ns_{0};  // steady_clock; 0: none yet
+  std::atomic<bool> registered_now_{false};
+  std::atomic<int> known_devices_{0};
 
   // Owner-thread state.
   bool registered_ = false;

@@ -236,6 +236,7 @@ v1beta1::DevicePluginOptions DevicePluginService::PluginOptions() {
 grpc::ServerUnaryReactor* DevicePluginService::GetDevicePluginOptions(
     grpc::CallbackServerContext* context, const v1beta1::Empty*,
     v1beta1::DevicePluginOptions* response) {
+  RpcTimer timer(rpc_observer_, RpcMethod::kGetDevicePluginOptions);
   *response = PluginOptions();
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
@@ -260,6 +261,7 @@ grpc::ServerUnaryReactor* DevicePluginService::GetPreferredAllocation(
     v1beta1::PreferredAllocationResponse* response) {
   // Never fails: unknown IDs are ignored and a short list is fine (the
   // kubelet fills any shortfall itself).
+  RpcTimer timer(rpc_observer_, RpcMethod::kGetPreferredAllocation);
   auto devices = table();
   Targets targets = target_finder_ ? target_finder_(*devices->model) : Targets{};
   for (const auto& req : request->container_requests()) {
@@ -276,16 +278,24 @@ grpc::ServerUnaryReactor* DevicePluginService::GetPreferredAllocation(
 grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerContext* context,
                                                         const v1beta1::AllocateRequest* request,
                                                         v1beta1::AllocateResponse* response) {
+  RpcTimer timer(rpc_observer_, RpcMethod::kAllocate);
   auto devices = table();
   auto* reactor = context->DefaultReactor();
   v1beta1::AllocateResponse result;
   for (int i = 0; i < request->container_requests_size(); ++i) {
     auto container = AllocateContainer(*devices, request->container_requests(i));
     if (!container.ok()) {
-      reactor->Finish(ToGrpc(container.status()));
+      grpc::Status status = ToGrpc(container.status());
+      timer.set_code(status.error_code());
+      reactor->Finish(std::move(status));
       return reactor;
     }
     *result.add_container_responses() = std::move(*container);
+  }
+  if (rpc_observer_) {
+    for (const auto& c : result.container_responses()) {
+      rpc_observer_->ContainerAllocated(static_cast<size_t>(c.devices_size()));
+    }
   }
   *response = std::move(result);
   reactor->Finish(grpc::Status::OK);
@@ -295,6 +305,7 @@ grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* DevicePluginService::PreStartContainer(
     grpc::CallbackServerContext* context, const v1beta1::PreStartContainerRequest*,
     v1beta1::PreStartContainerResponse*) {
+  RpcTimer timer(rpc_observer_, RpcMethod::kPreStartContainer);
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

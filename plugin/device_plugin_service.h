@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "plugin/alignment.h"
+#include "plugin/rpc_observer.h"
 #include "topology/efa_device.h"
 #include "topology/host_model.h"
 
@@ -90,6 +91,9 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   // silently: the kubelet closes them when a new registration replaces them.
   // Set before serving.
   void SetStreamEndCallback(std::function<void()> callback);
+  // Tells `observer` (not owned; null: none) of every unary RPC handled.
+  // Set before serving.
+  void SetRpcObserver(RpcObserver* observer) { rpc_observer_ = observer; }
   // Marks the start of a registration attempt: streams opened from now on
   // belong to it. Thread-safe.
   void BeginRegistration();
@@ -127,6 +131,7 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   uint64_t registration_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_stream_end_;
   TargetFinder target_finder_;
+  RpcObserver* rpc_observer_ = nullptr;
 };
 
 }  // namespace efa::plugin

@@ -2,16 +2,24 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "plugin/config.h"
 #include "plugin/daemon.h"
+#include "plugin/daemon_monitor.h"
+#include "plugin/http_server.h"
+#include "plugin/logging.h"
+#include "plugin/topology_report.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 
 namespace {
+
+using efa::plugin::Config;
+using efa::plugin::EffectiveConfig;
 
 // Prints the node's EFAs and what discovery passed over.
 int RunInventory(const efa::topology::HostRoots& roots) {
@@ -35,6 +43,45 @@ int RunInventory(const efa::topology::HostRoots& roots) {
   return 0;
 }
 
+// Prints which EFA is next to which accelerator, and whether all are there.
+int RunTopology(const Config& c, const std::string& format) {
+  auto report = efa::plugin::BuildTopologyReport({{*c.sysfs_root, *c.dev_root, *c.proc_root},
+                                                  *c.topology_xml,
+                                                  *c.instance_type,
+                                                  *c.expected_efa_count});
+  auto text = efa::plugin::FormatTopology(report, format);
+  if (!text.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(text.status().message()).c_str());
+    return 2;
+  }
+  std::fputs(text->c_str(), stdout);
+  return 0;
+}
+
+int RunDaemon(const EffectiveConfig& effective) {
+  const Config& c = effective.config;
+  spdlog::info("configuration: {}", effective.Summary());
+  efa::plugin::DaemonOptions options = efa::plugin::ToDaemonOptions(c);
+  options.handle_signals = true;
+  efa::plugin::DaemonMonitor monitor(
+      {*c.rescan_interval, *c.instance_type, *c.sysfs_root, *c.expected_efa_count});
+  monitor.Attach(options);
+  efa::plugin::Daemon daemon(options);
+  monitor.Watch(&daemon);
+  std::unique_ptr<efa::plugin::HttpServer> http;
+  if (!c.metrics_address->empty()) {
+    auto server = efa::plugin::HttpServer::Start(*c.metrics_address, monitor.Routes());
+    if (!server.ok()) {
+      spdlog::error("metricsAddress: {}", std::string(server.status().message()));
+      return 1;
+    }
+    http = *std::move(server);
+    spdlog::info("serving /metrics, /healthz and /readyz on {} (port {})", *c.metrics_address,
+                 http->port());
+  }
+  return daemon.Run();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -47,60 +94,34 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   CLI::App app{"EFA device plugin for Kubernetes"};
-  efa::plugin::DaemonOptions options;
-  std::string sysfs = options.roots.sysfs, dev = options.roots.dev, proc = options.roots.proc;
-  std::string kubelet_dir = options.kubelet_dir, log_level = "info";
-  double rescan_seconds = 10;
-  app.add_option("--sysfs-root", sysfs, "Where the host's /sys is")->capture_default_str();
-  app.add_option("--dev-root", dev, "Where the host's /dev is")->capture_default_str();
-  app.add_option("--proc-root", proc, "Where the host's /proc is")->capture_default_str();
-  app.add_option("--topology-xml", options.topology_xml,
-                 "Read the PCI tree from this hwloc XML file instead of the host");
-  app.add_option("--instance-type", options.instance_type,
-                 "The EC2 instance type (default: the DMI product name)");
-  app.add_option("--kubelet-dir", kubelet_dir, "The kubelet's root directory")
-      ->capture_default_str();
-  app.add_option("--report-numa", options.report_numa,
-                 "Report each device's NUMA node to the kubelet (Topology Manager)")
-      ->capture_default_str();
-  app.add_option("--rescan-interval", rescan_seconds,
-                 "Seconds between fallback rescans of the devices")
-      ->capture_default_str()
-      ->check(CLI::Range(0.1, 3600.0));
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
-  std::string mofed_policy = "warn", dra_policy = "yield";
-  std::vector<std::string> cdi_spec_dirs(options.cdi_spec_dirs.begin(),
-                                         options.cdi_spec_dirs.end());
-  app.add_option("--mofed-policy", mofed_policy,
-                 "When the NVIDIA device plugin has MOFED on: warn (log and report), protect "
-                 "(also report every EFA Unhealthy until it clears) or off")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"warn", "protect", "off"}));
-  app.add_option("--dra-policy", dra_policy,
-                 "While the EFA DRA driver (dra.net) is registered with the kubelet: yield "
-                 "(withdraw vpc.amazonaws.com/efa) or ignore")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"yield", "ignore"}));
-  app.add_option("--cdi-spec-dirs", cdi_spec_dirs,
-                 "Where the host's CDI specs are (the NVIDIA MOFED spec is looked for there)")
-      ->delimiter(',')
-      ->capture_default_str();
+  efa::plugin::ConfigFlags flags(app);
   auto* inventory = app.add_subcommand("inventory", "Print the node's EFA devices and exit");
   inventory->fallthrough();
+  auto* topology = app.add_subcommand(
+      "topology",
+      "Print which EFA is next to which GPU or Neuron device, and whether all EFAs are there");
+  topology->fallthrough();
+  std::string format = "table";
+  topology->add_option("--format", format, "table, json, or dot (Graphviz: the PCIe tree)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"table", "json", "dot"}));
   app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
-  options.roots = {sysfs, dev, proc};
-  options.kubelet_dir = kubelet_dir;
-  options.rescan_interval = std::chrono::milliseconds(static_cast<int64_t>(rescan_seconds * 1000));
-  options.handle_signals = true;
-  options.mofed_policy = *efa::plugin::ParseMofedPolicy(mofed_policy);
-  options.dra_policy = *efa::plugin::ParseDraPolicy(dra_policy);
-  options.cdi_spec_dirs.assign(cdi_spec_dirs.begin(), cdi_spec_dirs.end());
-  spdlog::set_level(spdlog::level::from_str(log_level));
-  efa::topology::PointLibibverbsAt(options.roots.sysfs);
-  if (inventory->parsed()) return RunInventory(options.roots);
-  efa::plugin::Daemon daemon(options);
-  return daemon.Run();
+
+  auto effective = efa::plugin::ResolveConfig(flags, efa::plugin::ProcessEnvironment());
+  if (!effective.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(effective.status().message()).c_str());
+    return 2;
+  }
+  if (flags.print_config()) {
+    std::fputs(effective->ToYaml().c_str(), stdout);
+    return 0;
+  }
+  const Config& c = effective->config;
+  const bool command = inventory->parsed() || topology->parsed();
+  efa::plugin::ConfigureLogging(*c.log_level, *c.log_format, command);
+  efa::topology::PointLibibverbsAt(*c.sysfs_root);
+  if (inventory->parsed()) return RunInventory({*c.sysfs_root, *c.dev_root, *c.proc_root});
+  if (topology->parsed()) return RunTopology(c, format);
+  return RunDaemon(*effective);
 }

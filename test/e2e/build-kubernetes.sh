@@ -54,17 +54,25 @@ ensure_packages() {
 }
 
 # --- source -----------------------------------------------------------------
-# A copy of the Debian sources entry with Types: deb-src, so apt-get source works.
+# A copy of the Debian sources entry with Types: deb-src, so apt-get source
+# works: from the deb822 file (Debian 12's default) or, on a machine still
+# configured the old way, from the `deb` lines of sources.list.
 enable_deb_src() {
-  if grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ \
-     || grep -qs '^deb-src ' /etc/apt/sources.list; then
+  if grep -qs '^Types:.*deb-src' /etc/apt/sources.list.d/*.sources \
+     || grep -qs '^deb-src ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list; then
     return 0
   fi
   local main=/etc/apt/sources.list.d/debian.sources
-  [ -f "$main" ] || die "$main not found: cannot derive a deb-src entry"
-  say "enabling source packages in $DEB_SRC_LIST"
-  sed -e 's/^Types:.*/Types: deb-src/' "$main" > "$DEB_SRC_LIST"
-  apt-get update -qq || die "apt-get update failed after adding $DEB_SRC_LIST"
+  if [ -f "$main" ]; then
+    say "enabling source packages in $DEB_SRC_LIST"
+    sed -e 's/^Types:.*/Types: deb-src/' "$main" > "$DEB_SRC_LIST"
+  elif grep -qs '^deb ' /etc/apt/sources.list; then
+    say "enabling source packages in ${DEB_SRC_LIST%.sources}.list"
+    sed -n 's/^deb /deb-src /p' /etc/apt/sources.list > "${DEB_SRC_LIST%.sources}.list"
+  else
+    die "neither $main nor deb lines in /etc/apt/sources.list: cannot derive a deb-src entry"
+  fi
+  apt-get update -qq || die "apt-get update failed after enabling source packages"
 }
 
 fetch_source() {
@@ -73,7 +81,11 @@ fetch_source() {
   enable_deb_src
   say "downloading the source package '$SRC_PACKAGE'"
   # -o APT::Sandbox::User=root: the cache is root's; _apt cannot write there.
-  (cd "$CACHE/src" && apt-get source -qq --download-only -o APT::Sandbox::User=root "$SRC_PACKAGE") \
+  # A deb-src entry present before this run may never have been fetched:
+  # on failure, update the indexes once and try again.
+  local get=(apt-get source -qq --download-only -o APT::Sandbox::User=root "$SRC_PACKAGE")
+  (cd "$CACHE/src" && "${get[@]}") \
+    || { apt-get update -qq && (cd "$CACHE/src" && "${get[@]}"); } \
     || die "apt-get source --download-only $SRC_PACKAGE failed (is deb-src enabled and the mirror reachable?)"
 }
 

@@ -217,6 +217,8 @@ start_kubelet() {
   # The kubelet refuses a loopback node IP; the apiserver reaches it at this one.
   local node_ip
   node_ip="$(cat "$E2E_STATE/node-ip")"
+  # --vmodule=manager=3: the device manager (manager.go) logs at V(3) each
+  # resource it allocates for a container, in order (run.sh's check 6 reads it).
   e2e_start kubelet "$E2E_BIN/kubelet" \
     --container-runtime remote \
     --container-runtime-endpoint "unix://$E2E_CONTAINERD_SOCK" \
@@ -234,7 +236,7 @@ start_kubelet() {
     --node-status-update-frequency 4s \
     --eviction-hard 'memory.available<1Mi,nodefs.available<1%,imagefs.available<1%' \
     --image-gc-high-threshold 100 --image-gc-low-threshold 99 \
-    --v=2
+    --v=2 --vmodule=manager=3
   e2e_wait_for 60 "the kubelet to serve $E2E_KUBELET_DIR/device-plugins/kubelet.sock" \
     test -S "$E2E_KUBELET_DIR/device-plugins/kubelet.sock" -a \
          "$E2E_KUBELET_DIR/device-plugins/kubelet.sock" -nt "$marker" \
@@ -249,7 +251,7 @@ record_if_absent() {
 up() {
   [ "$(id -u)" -eq 0 ] || e2e_die "must run as root"
   e2e_ensure_packages containerd runc containernetworking-plugins etcd-server iptables conntrack \
-    openssl busybox-static curl jq iproute2 build-essential
+    openssl busybox-static curl jq iproute2 build-essential procps util-linux mount
   "$here/build-kubernetes.sh" >/dev/null
   [ ! -e "$E2E_STATE" ] || e2e_die "$E2E_STATE exists: a cluster is up or was not torn down; run '$0 down'"
   [ ! -e "$E2E_KUBELET_DIR" ] \

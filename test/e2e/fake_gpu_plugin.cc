@@ -5,6 +5,11 @@
 // NVIDIA_VISIBLE_DEVICES (and NVIDIA_MOFED=enabled with --mofed, as the NVIDIA
 // plugin does when its MOFED option is on).
 //
+// Like the NVIDIA plugin on GPUs without NVLink information, it offers
+// GetPreferredAllocation and prefers the lowest PCI addresses (must-include
+// devices first). --no-preferred-allocation turns the option off: then the
+// kubelet picks the GPUs itself, in Go map order (random).
+//
 // With --proc-root it first writes <proc-root>/driver/nvidia/gpus/<bdf>/information
 // for every GPU, with the "GPU UUID:" and "Bus Location:" lines the NVIDIA
 // driver writes, so that the EFA plugin can map the UUIDs to PCI addresses.
@@ -21,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -56,8 +62,16 @@ constexpr char kDefaultGpus[] =
     "0000:53:00.0,0000:64:00.0,0000:75:00.0,0000:86:00.0,"
     "0000:97:00.0,0000:a8:00.0,0000:b9:00.0,0000:ca:00.0";
 
+// One line, stamped like the EFA plugin's log so that the two can be merged.
 void Log(const std::string& message) {
-  std::fprintf(stderr, "fake-gpu-plugin: %s\n", message.c_str());
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  tm local{};
+  localtime_r(&now.tv_sec, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &local);
+  std::fprintf(stderr, "[%s.%03ld] fake-gpu-plugin: %s\n", stamp, now.tv_nsec / 1000000,
+               message.c_str());
   std::fflush(stderr);
 }
 
@@ -142,10 +156,12 @@ absl::Status WriteProcTree(const fs::path& proc_root, const std::vector<Gpu>& gp
 
 class FakeGpuService final : public v1beta1::DevicePlugin::Service {
  public:
-  FakeGpuService(std::vector<Gpu> gpus, bool mofed) : gpus_(std::move(gpus)), mofed_(mofed) {}
+  FakeGpuService(std::vector<Gpu> gpus, bool mofed, bool preferred)
+      : gpus_(std::move(gpus)), mofed_(mofed), preferred_(preferred) {}
 
   grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
-                                      v1beta1::DevicePluginOptions*) override {
+                                      v1beta1::DevicePluginOptions* options) override {
+    options->set_get_preferred_allocation_available(preferred_);
     return grpc::Status::OK;
   }
 
@@ -169,9 +185,28 @@ class FakeGpuService final : public v1beta1::DevicePlugin::Service {
     return grpc::Status::OK;
   }
 
+  // The must-include devices, then the available ones by PCI address (the
+  // GPU list is in PCI order), up to the allocation size.
   grpc::Status GetPreferredAllocation(grpc::ServerContext*,
-                                      const v1beta1::PreferredAllocationRequest*,
-                                      v1beta1::PreferredAllocationResponse*) override {
+                                      const v1beta1::PreferredAllocationRequest* request,
+                                      v1beta1::PreferredAllocationResponse* response) override {
+    for (const auto& container : request->container_requests()) {
+      v1beta1::ContainerPreferredAllocationResponse* out = response->add_container_responses();
+      if (!preferred_) continue;
+      const auto& available = container.available_deviceids();
+      std::vector<std::string> chosen(container.must_include_deviceids().begin(),
+                                      container.must_include_deviceids().end());
+      for (const Gpu& gpu : gpus_) {
+        if (static_cast<int>(chosen.size()) >= container.allocation_size()) break;
+        if (std::find(available.begin(), available.end(), gpu.uuid) != available.end() &&
+            std::find(chosen.begin(), chosen.end(), gpu.uuid) == chosen.end()) {
+          chosen.push_back(gpu.uuid);
+        }
+      }
+      for (const std::string& id : chosen) out->add_deviceids(id);
+      Log(absl::StrFormat("GetPreferredAllocation %d of %d available: %s",
+                          container.allocation_size(), available.size(), Describe(chosen)));
+    }
     return grpc::Status::OK;
   }
 
@@ -190,7 +225,10 @@ class FakeGpuService final : public v1beta1::DevicePlugin::Service {
       v1beta1::ContainerAllocateResponse* out = response->add_container_responses();
       (*out->mutable_envs())["NVIDIA_VISIBLE_DEVICES"] = ids;
       if (mofed_) (*out->mutable_envs())["NVIDIA_MOFED"] = "enabled";
-      Log(absl::StrFormat("Allocate %s%s", ids, mofed_ ? " (NVIDIA_MOFED=enabled)" : ""));
+      Log(absl::StrFormat(
+          "Allocate %s%s",
+          Describe({container.devices_ids().begin(), container.devices_ids().end()}),
+          mofed_ ? " (NVIDIA_MOFED=enabled)" : ""));
     }
     return grpc::Status::OK;
   }
@@ -214,8 +252,22 @@ class FakeGpuService final : public v1beta1::DevicePlugin::Service {
     return false;
   }
 
+  // "GPU-... (0000:53:00.0),..." for the log.
+  std::string Describe(const std::vector<std::string>& ids) const {
+    std::vector<std::string> parts;
+    for (const std::string& id : ids) {
+      std::string part = id;
+      for (const Gpu& gpu : gpus_) {
+        if (gpu.uuid == id) part += " (" + gpu.bdf + ")";
+      }
+      parts.push_back(part);
+    }
+    return parts.empty() ? "none" : absl::StrJoin(parts, ",");
+  }
+
   const std::vector<Gpu> gpus_;
   const bool mofed_;
+  const bool preferred_;
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -233,12 +285,12 @@ struct Serving {
   }
 };
 
-absl::Status Serve(const fs::path& socket, const std::vector<Gpu>& gpus, bool mofed,
+absl::Status Serve(const fs::path& socket, const std::vector<Gpu>& gpus, bool mofed, bool preferred,
                    Serving* serving) {
   serving->Stop();
   std::error_code ec;
   fs::remove(socket, ec);  // A stale file from an earlier run.
-  serving->service = std::make_unique<FakeGpuService>(gpus, mofed);
+  serving->service = std::make_unique<FakeGpuService>(gpus, mofed, preferred);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix://" + socket.string(), grpc::InsecureServerCredentials());
   builder.RegisterService(serving->service.get());
@@ -250,7 +302,7 @@ absl::Status Serve(const fs::path& socket, const std::vector<Gpu>& gpus, bool mo
 }
 
 absl::Status Register(const fs::path& kubelet_socket, const std::string& endpoint,
-                      const std::string& resource) {
+                      const std::string& resource, bool preferred) {
   auto channel =
       grpc::CreateChannel("unix://" + kubelet_socket.string(), grpc::InsecureChannelCredentials());
   auto stub = v1beta1::Registration::NewStub(channel);
@@ -258,6 +310,8 @@ absl::Status Register(const fs::path& kubelet_socket, const std::string& endpoin
   request.set_version("v1beta1");
   request.set_endpoint(endpoint);
   request.set_resource_name(resource);
+  // Kubelet 1.20 takes the options from here, not from GetDevicePluginOptions.
+  request.mutable_options()->set_get_preferred_allocation_available(preferred);
   v1beta1::Empty empty;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
@@ -287,6 +341,7 @@ int main(int argc, char** argv) {
   std::string proc_root;
   std::string sysfs_root;
   bool mofed = false;
+  bool no_preferred = false;
   app.add_option("--kubelet-dir", kubelet_dir, "The kubelet's root directory")
       ->capture_default_str();
   app.add_option("--resource", resource, "The resource to register")->capture_default_str();
@@ -299,6 +354,8 @@ int main(int argc, char** argv) {
   app.add_option("--sysfs-root", sysfs_root,
                  "Check the GPUs exist there and advertise their NUMA nodes");
   app.add_flag("--mofed", mofed, "Answer Allocate with NVIDIA_MOFED=enabled");
+  app.add_flag("--no-preferred-allocation", no_preferred,
+               "Do not offer GetPreferredAllocation (the kubelet then picks GPUs at random)");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<std::vector<Gpu>> gpus = MakeGpus(gpu_list, sysfs_root);
@@ -345,14 +402,17 @@ int main(int argc, char** argv) {
     }
     if (!registered && std::chrono::steady_clock::now() >= next_try) {
       absl::Status status = absl::OkStatus();
-      if (!serving.server || !fs::exists(socket)) status = Serve(socket, *gpus, mofed, &serving);
-      if (status.ok()) status = Register(kubelet_socket, socket_name, resource);
+      if (!serving.server || !fs::exists(socket))
+        status = Serve(socket, *gpus, mofed, !no_preferred, &serving);
+      if (status.ok()) status = Register(kubelet_socket, socket_name, resource, !no_preferred);
       if (status.ok()) {
         registered = true;
         kubelet_ctime = ChangeTime(kubelet_socket);
         backoff_ms = 250;
-        Log(absl::StrFormat("registered %s (%d devices%s) at %s", resource, gpus->size(),
-                            mofed ? ", NVIDIA_MOFED=enabled" : "", kubelet_socket.string()));
+        Log(absl::StrFormat("registered %s (%d devices%s%s) at %s", resource, gpus->size(),
+                            mofed ? ", NVIDIA_MOFED=enabled" : "",
+                            no_preferred ? "" : ", preferring the lowest PCI addresses",
+                            kubelet_socket.string()));
       } else {
         Log(absl::StrFormat("%s; retrying in %d ms", status.message(), backoff_ms));
         next_try = std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_ms);

@@ -9,8 +9,12 @@
 # checks, tears everything down (also on failure or interruption) and ends
 # with a line "N passed, M failed". Exits non-zero if anything failed. A
 # prerequisite that cannot be had is a failure with its reason, never a skip.
-# Needs root. Environment: EFA_E2E_BUILD_DIR (default build/e2e),
-# EFA_E2E_JOBS (ninja jobs, default 1), EFA_E2E_CACHE, EFA_E2E_STATE;
+# Checks: 1-5 the EFA resource itself; 6 alignment of 20 pods of 1 GPU + 4 EFA
+# with a fake NVIDIA plugin (prints "alignment rate: X/20 = P%"); 7 the MOFED
+# guard. Also a CTest test (e2e_real_kubelet, label e2e), which sets
+# EFA_E2E_BUILD_DIR to its own build dir.
+# Needs root. Environment: EFA_E2E_BUILD_DIR (default build/e2e; a configured
+# dir is used as it is), EFA_E2E_JOBS (build jobs, default 1), EFA_E2E_CACHE, EFA_E2E_STATE;
 # EFA_E2E_KEEP=1 leaves the cluster and the daemon running for debugging
 # (end them with `test/e2e/cluster.sh down`).
 set -uo pipefail
@@ -25,6 +29,7 @@ readonly MACHINE="p5.48xlarge"
 readonly SIM="$E2E_STATE/node"          # the simulated node: $SIM/sys, $SIM/hwloc.xml
 readonly DEV_ROOT="$E2E_STATE/dev"      # real char devices: $DEV_ROOT/infiniband/uverbsN
 readonly FAKE_PROC="$E2E_STATE/proc"    # fake /proc/driver/nvidia for the GPU checks
+readonly CDI_DIR="$E2E_STATE/cdi"       # the daemon's CDI spec dir (empty: the host's is not ours)
 readonly EFA="vpc.amazonaws.com/efa"
 readonly EFA_TOTAL=32
 readonly CHECKPOINT="$E2E_KUBELET_DIR/device-plugins/kubelet_internal_checkpoint"
@@ -63,15 +68,13 @@ run_check() {
   fi
 }
 
-skip_check() { echo "SKIP check $1: $2 (waiting for issue $3)"; }
-
 # A prerequisite that cannot be had: every check counts as failed.
 setup_failed() {
   setup_reported=1
   echo "FAIL setup: $*"
   failed=$((failed + 1))
   local n
-  for n in 1 2 3 4 5; do
+  for n in 1 2 3 4 5 6 7; do
     echo "FAIL check $n: not run (setup failed)"
     failed=$((failed + 1))
   done
@@ -88,9 +91,14 @@ node_efa_is() { [ "$(node_field "$1")" = "$2" ]; }
 registrations() { grep -c "registered $EFA with the kubelet" "$E2E_LOGS/efa-plugin.log" 2>/dev/null || true; }
 registrations_above() { [ "$(registrations)" -gt "$1" ]; }
 
+# start_daemon [FLAG...]: the daemon on the simulated node; extra flags are
+# passed on. Its /proc is the fake one the fake GPU plugin writes (GPU UUIDs
+# to PCI addresses; no nvidia-device-plugin process), and its CDI spec dir is
+# an empty one of ours, so that nothing on the host feeds the MOFED guard.
 start_daemon() {
   e2e_start efa-plugin "$PLUGIN_BIN" --kubelet-dir "$E2E_KUBELET_DIR" \
-    --sysfs-root "$SIM/sys" --dev-root "$DEV_ROOT"
+    --sysfs-root "$SIM/sys" --dev-root "$DEV_ROOT" --proc-root "$FAKE_PROC" \
+    --cdi-spec-dirs "$CDI_DIR" --metrics-address 127.0.0.1:0 "$@"
 }
 
 # pod_manifest NAME EFA_COUNT [GPU_COUNT]: a busybox pod bound to the node.
@@ -113,7 +121,7 @@ spec:
     command: ["/bin/sleep", "86400"]
     resources:
       limits:
-        $EFA: $efa
+$( [ "$efa" -gt 0 ] && echo "        $EFA: $efa" )
 $( [ "$gpu" -gt 0 ] && echo "        nvidia.com/gpu: $gpu" )
 EOF
 }
@@ -331,30 +339,354 @@ check_5_daemon_restart() {
   delete_pod efa-rest || why "cannot delete pod efa-rest" || return 1
 }
 
-# TODO(issue 5): check 6, alignment rate with a fake GPU plugin. When the
-# daemon reports alignment (best-effort mode), wire it here:
-#   delete_pod efa-4; start_fake_gpu_plugin; restart the daemon with
-#   --proc-root "$FAKE_PROC" and its alignment flags; then 20 pods of
-#   "1 GPU + 4 EFA" in batches of at most 8 (8 GPUs, 32 EFAs), reading each
-#   pod's reported alignment; print "alignment: X/20 aligned (R%)".
-check_6_alignment() { skip_check 6 "alignment rate of 20 pods of 1 GPU + 4 EFA" "5/6"; }
+# --- checks 6 and 7: the fake NVIDIA plugin ----------------------------------
+readonly GPU="nvidia.com/gpu"
+readonly GPU_TOTAL=8
+readonly ALIGN_PODS=20          # pods of 1 GPU + 4 EFA
+readonly ALIGN_MIN_PERCENT=95   # issue 5: >= 95 % over random allocation orders
 
-# TODO(issue 6): check 7, the MOFED guard. start_fake_gpu_plugin --mofed, a
-# pod of 1 GPU + 1 EFA, and assert the guard trips (as issue 6 defines it).
-check_7_mofed_guard() { skip_check 7 "the MOFED guard trips on NVIDIA_MOFED=enabled" "5/6"; }
+# The p5.48xlarge's groups, from AWS's layout (one GPU and four EFAs behind
+# each Nitro switch): EFAs on buses 4f-52 belong with the GPU on 53, 60-63
+# with 64, 71-74 with 75, 82-85 with 86, 93-96 with 97, a4-a7 with a8, b5-b8
+# with b9, c6-c9 with ca. Written out, not derived from the daemon's model.
+declare -A P5_GPU_OF_EFA_BUS=(
+  [4f]=53 [50]=53 [51]=53 [52]=53  [60]=64 [61]=64 [62]=64 [63]=64
+  [71]=75 [72]=75 [73]=75 [74]=75  [82]=86 [83]=86 [84]=86 [85]=86
+  [93]=97 [94]=97 [95]=97 [96]=97  [a4]=a8 [a5]=a8 [a6]=a8 [a7]=a8
+  [b5]=b9 [b6]=b9 [b7]=b9 [b8]=b9  [c6]=ca [c7]=ca [c8]=ca [c9]=ca
+)
+bus_of() { local b="${1#*:}"; echo "${b%%:*}"; }   # 0000:4f:00.0 -> 4f
+
+# Whether EFA PCI addresses (comma-separated) all sit with the GPU at $2.
+efas_with_gpu() {
+  local -a pcis; local p gpu_bus
+  gpu_bus="$(bus_of "$2")"
+  IFS=, read -r -a pcis <<< "$1"
+  [ "${#pcis[@]}" -gt 0 ] || return 1
+  for p in "${pcis[@]}"; do
+    [ "${P5_GPU_OF_EFA_BUS[$(bus_of "$p")]:-}" = "$gpu_bus" ] || return 1
+  done
+}
+
+# The fake driver's GPU UUID -> PCI address table, from what the fake GPU
+# plugin wrote under $FAKE_PROC (as the NVIDIA driver's /proc files read).
+declare -A GPU_PCI_OF_UUID=()
+read_fake_gpus() {
+  GPU_PCI_OF_UUID=()
+  local f uuid bus
+  for f in "$FAKE_PROC"/driver/nvidia/gpus/*/information; do
+    [ -f "$f" ] || continue
+    uuid="$(awk -F'\t' '/^GPU UUID:/ { gsub(/ /, "", $NF); print $NF }' "$f")"
+    bus="$(awk -F'\t' '/^Bus Location:/ { gsub(/ /, "", $NF); print $NF }' "$f")"
+    [ -n "$uuid" ] && [ -n "$bus" ] && GPU_PCI_OF_UUID[$uuid]="$bus"
+  done
+  [ "${#GPU_PCI_OF_UUID[@]}" -eq "$GPU_TOTAL" ]
+}
+
+# The daemon's log from a mark on: mark=$(log_mark); log_since "$mark".
+log_mark() { wc -l < "$E2E_LOGS/efa-plugin.log"; }
+log_since() { tail -n "+$(($1 + 1))" "$E2E_LOGS/efa-plugin.log"; }
+# (Not grep -q: with pipefail, tail killed by SIGPIPE would fail the test.)
+log_since_has() { log_since "$1" | grep -F -- "$2" >/dev/null; }
+
+# Deletes every pod of the test namespace (what earlier checks left too).
+delete_all_pods() {
+  e2e_kubectl delete pods --all --grace-period=0 --force --wait=true --timeout=90s >/dev/null 2>&1
+  e2e_wait_for 60 "every pod to be gone" no_pods
+}
+no_pods() { [ -z "$(e2e_kubectl get pods -o name 2>/dev/null)" ]; }
+all_running() { local p; for p in "$@"; do pod_running "$p" || return 1; done; }
+
+# The resource the kubelet allocated first for a pod's container: its device
+# manager logs "Needs to allocate N "<resource>" for pod "<uid>" container ..."
+# (V(3) in pkg/kubelet/cm/devicemanager/manager.go; cluster.sh starts the
+# kubelet with --vmodule=manager=3) before it asks the plugin.
+first_allocated() {
+  grep -oE "Needs to allocate [0-9]+ \"[^\"]+\" for pod \"$1\"" "$E2E_LOGS/kubelet.log" \
+    | head -n1 | sed -E 's/^Needs to allocate [0-9]+ "([^"]+)".*/\1/'
+}
+
+# What a GPU pod's container was given, as "KEY=value" lines.
+gpu_pod_env() {
+  e2e_kubectl exec "$1" -- /bin/sh -c 'echo "GPU=$NVIDIA_VISIBLE_DEVICES"
+    echo "MOFED=$NVIDIA_MOFED"; echo "EFA=$EFA_DEVICES"; echo "EFA_PCI=$EFA_PCI_ADDRESSES"'
+}
+env_value() { sed -n "s/^$2=//p" <<< "$1"; }
+
+# The daemon's alignment report line for a container, once it is there.
+report_line() {
+  grep -E "alignment: default/$1/main (aligned|NOT aligned): " "$E2E_LOGS/efa-plugin.log" | tail -n1
+}
+has_report() { [ -n "$(report_line "$1")" ]; }
+
+# A running GPU-only pod must not attract another pod's EFAs: the kubelet's
+# checkpoint holds its GPU, so the daemon does not take it for the container
+# being admitted. Sets PROBE_SUMMARY.
+probe_gpu_only_pod() {
+  local mark; mark="$(log_mark)"
+  create_pod gpu-only 0 1 || why "cannot create pod gpu-only" || return 1
+  e2e_wait_for 90 "pod gpu-only to run" pod_running gpu-only \
+    || why "pod gpu-only (1 GPU) is '$(pod_phase gpu-only)': $(pod_json gpu-only | jq -c '.status | {reason, message}')" || return 1
+  create_pod efa-only 4 || why "cannot create pod efa-only" || return 1
+  e2e_wait_for 90 "pod efa-only to run" pod_running efa-only \
+    || why "pod efa-only (4 EFA) is '$(pod_phase efa-only)': $(pod_json efa-only | jq -c '.status | {reason, message}')" || return 1
+  local gpu_env efa_env gpu_pci
+  gpu_env="$(gpu_pod_env gpu-only 2>&1)" || why "kubectl exec gpu-only failed: $gpu_env" || return 1
+  efa_env="$(gpu_pod_env efa-only 2>&1)" || why "kubectl exec efa-only failed: $efa_env" || return 1
+  gpu_pci="${GPU_PCI_OF_UUID[$(env_value "$gpu_env" GPU)]:-?}"
+  local wrong
+  wrong="$(log_since "$mark" | grep -F "aligning with the accelerators of default/gpu-only/main" || true)"
+  [ -z "$wrong" ] || why "the daemon took the running GPU-only pod for the one being admitted: $wrong" || return 1
+  local said
+  said="$(log_since "$mark" | grep -F "GetPreferredAllocation:" | tail -n1 | sed 's/^\[[^]]*\] \[[a-z]*\] //')"
+  PROBE_SUMMARY="GPU-only pod on $gpu_pci; then a 4-EFA pod got $(env_value "$efa_env" EFA_PCI) (daemon: \"$said\")"
+  delete_all_pods || why "cannot delete pods gpu-only and efa-only" || return 1
+}
+
+check_6_alignment() {
+  # Every EFA and GPU free: efa-4 of check 2 (and whatever a failed check left) goes.
+  delete_all_pods || why "cannot delete the earlier checks' pods" || return 1
+  start_fake_gpu_plugin || return 1
+  read_fake_gpus || why "the fake GPU plugin wrote ${#GPU_PCI_OF_UUID[@]} GPUs under $FAKE_PROC/driver/nvidia/gpus, expected $GPU_TOTAL" || return 1
+
+  local mark; mark="$(log_mark)"
+  local -a names=() batch
+  local i
+  for i in $(seq 1 "$ALIGN_PODS"); do names+=("$(printf 'align-%02d' "$i")"); done
+  local aligned=0 gpu_first=0 gpu_first_aligned=0 efa_first=0 efa_first_aligned=0
+  local named=0 disagree="" unrecognised="" pod start stale
+  for ((start = 0; start < ALIGN_PODS; start += GPU_TOTAL)); do
+    batch=("${names[@]:start:GPU_TOTAL}")
+    # No pod runs now, yet the kubelet's checkpoint may still hold the
+    # deleted pods' devices: it is rewritten at the next allocation or
+    # device-list update, not when a pod goes. Their GPUs, "UUID PODUID":
+    stale="$(checkpoint_gpus)"
+    [ -z "$stale" ] || info "batch $((start / GPU_TOTAL + 1)) begins with $(grep -c . <<< "$stale") $GPU entries of deleted pods in the kubelet checkpoint"
+    for pod in "${batch[@]}"; do pod_manifest "$pod" 4 1; echo "---"; done \
+      | e2e_kubectl apply -f - >/dev/null || why "cannot create pods ${batch[*]}" || return 1
+    e2e_wait_for 180 "pods ${batch[*]} to run" all_running "${batch[@]}" || {
+      local stuck=""
+      for pod in "${batch[@]}"; do
+        pod_running "$pod" || stuck+="${stuck:+; }$pod is '$(pod_phase "$pod")': $(pod_json "$pod" | jq -c '.status | {reason, message}')"
+      done
+      why "not every pod of 1 GPU + 4 EFA runs: $stuck"
+      return 1
+    }
+    for pod in "${batch[@]}"; do
+      local env uuid gpu_pci efa_pci efas uid first verdict daemon line
+      env="$(gpu_pod_env "$pod" 2>&1)" || why "kubectl exec $pod failed: $env" || return 1
+      uuid="$(env_value "$env" GPU)"
+      efa_pci="$(env_value "$env" EFA_PCI)"
+      efas="$(env_value "$env" EFA)"
+      gpu_pci="${GPU_PCI_OF_UUID[$uuid]:-}"
+      [ -n "$gpu_pci" ] || why "$pod has NVIDIA_VISIBLE_DEVICES='$uuid', not one GPU of the fake driver" || return 1
+      [ "$(tr , '\n' <<< "$efa_pci" | grep -c .)" -eq 4 ] \
+        || why "$pod has EFA_PCI_ADDRESSES='$efa_pci', expected 4 addresses" || return 1
+
+      # The script's own verdict, from the p5 layout.
+      if efas_with_gpu "$efa_pci" "$gpu_pci"; then verdict=aligned; else verdict="NOT aligned"; fi
+      [ "$verdict" = aligned ] && aligned=$((aligned + 1))
+
+      # The kubelet's allocation order for this container.
+      uid="$(pod_uid "$pod")"
+      first="$(first_allocated "$uid")"
+      case "$first" in
+        "$GPU") gpu_first=$((gpu_first + 1)); [ "$verdict" = aligned ] && gpu_first_aligned=$((gpu_first_aligned + 1)) ;;
+        "$EFA") efa_first=$((efa_first + 1)); [ "$verdict" = aligned ] && efa_first_aligned=$((efa_first_aligned + 1)) ;;
+        *) why "the kubelet log has no allocation lines for $pod (uid $uid): is it started with --vmodule=manager=3?" || return 1 ;;
+      esac
+
+      # What the daemon said when the EFAs were chosen: it names the
+      # container only when it recognised it (GPU already allocated).
+      local said_of_pod
+      said_of_pod="$(log_since "$mark" | grep -F "aligning with the accelerators of default/$pod/main" || true)"
+      if [ -z "$said_of_pod" ] && [ "$first" = "$GPU" ]; then
+        local held_by; held_by="$(awk -v u="$uuid" '$1 == u { print $2; exit }' <<< "$stale")"
+        unrecognised+="${unrecognised:+; }$pod (GPU $gpu_pci"
+        if [ -n "$held_by" ]; then
+          unrecognised+=", which the checkpoint still gave deleted pod $held_by)"
+        else
+          unrecognised+=", not in the checkpoint when its batch began)"
+        fi
+      fi
+      if [ -n "$said_of_pod" ]; then
+        [ "$first" = "$GPU" ] \
+          || why "the daemon aligned $pod with known accelerators although the kubelet allocated its EFAs first: $said_of_pod" || return 1
+        [ "$(grep -c . <<< "$said_of_pod")" -eq 1 ] && grep -qF "($gpu_pci)" <<< "$said_of_pod" \
+          || why "the daemon's GetPreferredAllocation for $pod does not name its GPU $gpu_pci: $(flat "$said_of_pod")" || return 1
+        named=$((named + 1))
+      fi
+
+      # The daemon's report agrees with the script's verdict.
+      e2e_wait_for 30 "the daemon's alignment report of $pod" has_report "$pod" \
+        || why "the daemon logged no 'alignment: default/$pod/main ...' line" || return 1
+      line="$(report_line "$pod")"
+      if grep -qF "/main aligned: " <<< "$line"; then daemon=aligned; else daemon="NOT aligned"; fi
+      [ "$daemon" = "$verdict" ] \
+        || disagree+="${disagree:+; }$pod: daemon '$daemon', script '$verdict' (GPU $gpu_pci, EFAs $efa_pci)"
+      local reported_efas reported_gpu
+      reported_efas="$(sed -E 's/.*: EFAs ([^ ]*) with accelerators.*/\1/' <<< "$line" | tr , '\n' | sort | paste -sd,)"
+      reported_gpu="$(sed -E 's/.* with accelerators (.*)$/\1/' <<< "$line")"
+      [ "$reported_efas" = "$(tr , '\n' <<< "$efas" | sort | paste -sd,)" ] && [ "$reported_gpu" = "$gpu_pci" ] \
+        || why "the daemon's report of $pod names EFAs $reported_efas with $reported_gpu; the container has $efas with $gpu_pci" || return 1
+
+      info "$pod: GPU $gpu_pci, EFAs $efa_pci: $verdict ($( [ "$first" = "$GPU" ] && echo "GPU first" || echo "EFAs first"); daemon: $daemon)"
+    done
+    delete_all_pods || why "cannot delete pods ${batch[*]}" || return 1
+  done
+
+  local wrongly_named
+  wrongly_named="$(log_since "$mark" | grep -F "aligning with the accelerators of" | grep -vE "default/align-[0-9]+/main" || true)"
+  [ -z "$wrongly_named" ] || why "the daemon aligned with a container that was not being admitted: $(flat "$wrongly_named")" || return 1
+
+  # After the batches (before them, the probe's deleted GPU-only pod would
+  # stay in the checkpoint and could hide the first admitted container: see
+  # the note at checkpoint_gpus).
+  local probe_problem=""
+  if probe_gpu_only_pod; then info "$PROBE_SUMMARY"; else probe_problem="$reason"; fi
+
+  local percent; percent=$((100 * aligned / ALIGN_PODS))
+  info "kubelet order: GPU first for $gpu_first pods, EFAs first for $efa_first"
+  info "GPU first: $gpu_first_aligned/$gpu_first aligned; the daemon recognised the container being admitted" \
+       "$named/$gpu_first times (pod-resources listed its GPU, the checkpoint did not)"
+  [ -z "$unrecognised" ] || info "not recognised: $unrecognised"
+  info "EFAs first: $efa_first_aligned/$efa_first aligned by prediction (beside the lowest free GPU)"
+  echo "    alignment rate: $aligned/$ALIGN_PODS = $percent%"
+  # Every problem in one reason, the rate last.
+  local -a problems=()
+  [ -z "$probe_problem" ] || problems+=("$probe_problem")
+  [ -z "$disagree" ] || problems+=("the daemon's alignment report disagrees with the PCI layout: $disagree")
+  [ "$named" -eq "$gpu_first" ] \
+    || problems+=("the daemon took the container being admitted for a running one in $((gpu_first - named)) of $gpu_first GPU-first admissions ($unrecognised) and predicted instead")
+  [ "$gpu_first_aligned" -eq "$gpu_first" ] \
+    || problems+=("$gpu_first_aligned of $gpu_first GPU-first pods are aligned (expected all)")
+  [ "$percent" -ge "$ALIGN_MIN_PERCENT" ] \
+    || problems+=("alignment rate $aligned/$ALIGN_PODS = $percent% is below $ALIGN_MIN_PERCENT%")
+  [ ${#problems[@]} -eq 0 ] || { why "$(printf '%s; ' "${problems[@]}" | sed 's/; $//')"; return 1; }
+}
+
+# The $GPU entries of the kubelet checkpoint: "DEVICE-ID POD-UID" lines.
+#
+# Kubelet 1.20 writes the checkpoint at the end of each container's
+# allocation (after all its resources), on every device-list update of any
+# plugin, and when a resource is removed; never when a pod is deleted (its
+# devices are freed in memory only). So a deleted pod stays in the checkpoint
+# until the next write, and the first container admitted after it may get its
+# GPU while the checkpoint still gives that GPU to the deleted pod. If the
+# GPU is allocated before the EFAs, the daemon's rule ("the container whose
+# accelerators pod-resources lists and the checkpoint does not hold") then
+# takes the admitted container for a running one and predicts; the
+# prediction skips the GPUs pod-resources shows held, this container's own
+# included, so its EFAs go to the next group and the pod that gets that
+# group's GPU next is misaligned too. Check 6 runs its pods in batches, so
+# each batch after the first starts this way.
+checkpoint_gpus() {
+  [ -f "$CHECKPOINT" ] || return 0
+  jq -r --arg res "$GPU" '(.Data.PodDeviceEntries // [])[] | select(.ResourceName == $res)
+    | .PodUID as $uid | (.DeviceIDs // {})[] | .[] | "\(.) \($uid)"' "$CHECKPOINT"
+}
+
+# The MOFED guard against the kubelet's own checkpoint: the fake NVIDIA plugin
+# answers Allocate with NVIDIA_MOFED=enabled (--mofed).
+#   warn (the daemon as started): the conflict is logged, EFAs stay offered;
+#   protect (daemon restarted with it): every EFA Unhealthy, allocatable 0,
+#   until the conflict clears (the MOFED pod gone from the checkpoint), then
+#   offered again by the same daemon process.
+# Ends with the daemon restarted with its default flags.
+check_7_mofed_guard() {
+  delete_all_pods || why "cannot delete the earlier checks' pods" || return 1
+  restart_fake_gpu_plugin --mofed || return 1
+
+  # warn
+  local mark; mark="$(log_mark)"
+  create_pod mofed-gpu 1 1 || why "cannot create pod mofed-gpu" || return 1
+  e2e_wait_for 90 "pod mofed-gpu to run" pod_running mofed-gpu \
+    || why "pod mofed-gpu (1 GPU + 1 EFA) is '$(pod_phase mofed-gpu)': $(pod_json mofed-gpu | jq -c '.status | {reason, message}')" || return 1
+  local env uid
+  env="$(gpu_pod_env mofed-gpu 2>&1)" || why "kubectl exec mofed-gpu failed: $env" || return 1
+  [ "$(env_value "$env" MOFED)" = enabled ] \
+    || why "mofed-gpu has NVIDIA_MOFED='$(env_value "$env" MOFED)': the fake plugin's answer did not reach the container" || return 1
+  uid="$(pod_uid mofed-gpu)"
+  local evidence="pod $uid container \"main\" ($GPU) has env NVIDIA_MOFED=enabled"
+  e2e_wait_for 30 "the daemon to log the MOFED conflict" log_since_has "$mark" "$evidence" \
+    || why "the daemon (policy warn) did not log the MOFED conflict naming '$evidence'" || return 1
+  local line; line="$(log_since "$mark" | grep -F "MOFED conflict:" | head -n1)"
+  grep -qF "Policy warn" <<< "$line" || why "the conflict line does not say policy warn: $line" || return 1
+  info "warn: $(cut -c1-160 <<< "$line")..."
+  sleep 5   # a node status update (every 4 s) later
+  node_efa_is allocatable "$EFA_TOTAL" \
+    || why "under policy warn allocatable $EFA is '$(node_field allocatable)', expected $EFA_TOTAL" || return 1
+  info "warn: allocatable $EFA stays $EFA_TOTAL"
+
+  # protect
+  e2e_stop efa-plugin 10
+  mark="$(log_mark)"
+  local before; before="$(registrations)"
+  start_daemon --mofed-policy protect
+  local pid; pid="$(e2e_pid efa-plugin)" || why "the daemon (policy protect) is not running" || return 1
+  e2e_wait_for 60 "the daemon (protect) to register" registrations_above "$before" \
+    || why "the daemon with --mofed-policy protect did not register" || return 1
+  log_since_has "$mark" "Policy protect: every EFA is reported Unhealthy" \
+    || why "the daemon (policy protect) did not log the conflict with its policy: $(log_since "$mark" | grep -F MOFED | head -n1)" || return 1
+  e2e_wait_for 60 "allocatable $EFA to drop to 0" node_efa_is allocatable 0 \
+    || why "under policy protect allocatable $EFA is '$(node_field allocatable)', expected 0" || return 1
+  node_efa_is capacity "$EFA_TOTAL" \
+    || why "under policy protect capacity $EFA is '$(node_field capacity)', expected $EFA_TOTAL (kept)" || return 1
+  info "protect: registered, every EFA Unhealthy: allocatable 0, capacity $EFA_TOTAL"
+
+  # The conflict clears: the MOFED pod goes, the NVIDIA plugin is fixed, and
+  # the next GPU admission makes the kubelet rewrite its checkpoint without
+  # the MOFED entry (deleting a pod alone does not rewrite it).
+  mark="$(log_mark)"
+  delete_all_pods || why "cannot delete pod mofed-gpu" || return 1
+  restart_fake_gpu_plugin || return 1
+  create_pod gpu-after 0 1 || why "cannot create pod gpu-after" || return 1
+  e2e_wait_for 90 "pod gpu-after to run" pod_running gpu-after \
+    || why "pod gpu-after (1 GPU) is '$(pod_phase gpu-after)'" || return 1
+  e2e_wait_for 60 "the daemon to log that the conflict cleared" log_since_has "$mark" "MOFED conflict cleared" \
+    || why "the MOFED conflict did not clear after the MOFED pod went (checkpoint: $(jq -c '[.Data.PodDeviceEntries[] | {PodUID, ResourceName}]' "$CHECKPOINT" 2>&1))" || return 1
+  e2e_wait_for 60 "allocatable $EFA back to $EFA_TOTAL" node_efa_is allocatable "$EFA_TOTAL" \
+    || why "after the conflict cleared allocatable $EFA is '$(node_field allocatable)', expected $EFA_TOTAL" || return 1
+  [ "$(e2e_pid efa-plugin)" = "$pid" ] || why "the daemon (pid $pid) did not stay up through the conflict" || return 1
+  info "cleared: $(log_since "$mark" | grep -F "MOFED conflict cleared" | head -n1 | sed 's/^\[[^]]*\] //' | cut -c1-140)"
+  info "cleared: the same daemon (pid $pid) offers $EFA_TOTAL EFAs again"
+
+  # Back to the defaults.
+  delete_all_pods || why "cannot delete pod gpu-after" || return 1
+  stop_fake_gpu_plugin
+  e2e_stop efa-plugin 10
+  before="$(registrations)"
+  start_daemon
+  e2e_wait_for 60 "the daemon to register" registrations_above "$before" \
+    && e2e_wait_for 60 "allocatable $EFA back to $EFA_TOTAL" node_efa_is allocatable "$EFA_TOTAL" \
+    || why "the daemon restarted with its defaults does not offer $EFA_TOTAL EFAs" || return 1
+}
 
 # The fake NVIDIA plugin for checks 6 and 7: registers nvidia.com/gpu with 8
 # UUIDs and writes $FAKE_PROC/driver/nvidia/gpus/<bdf>/information mapping them
 # to the simulated GPUs' PCI addresses. Extra arguments (--mofed) are passed on.
 start_fake_gpu_plugin() {
-  e2e_start fake-gpu-plugin "$FAKE_GPU_BIN" --kubelet-dir "$E2E_KUBELET_DIR" \
-    --sysfs-root "$SIM/sys" --proc-root "$FAKE_PROC" "$@"
-  e2e_wait_for 60 "node allocatable nvidia.com/gpu to be 8" gpu_allocatable_is 8
+  # In a subshell: a plugin that cannot start fails the check, not the run.
+  ( e2e_start fake-gpu-plugin "$FAKE_GPU_BIN" --kubelet-dir "$E2E_KUBELET_DIR" \
+      --sysfs-root "$SIM/sys" --proc-root "$FAKE_PROC" "$@" ) \
+    || why "the fake GPU plugin did not start (see $E2E_LOGS/fake-gpu-plugin.log)" || return 1
+  e2e_wait_for 60 "node allocatable $GPU to be $GPU_TOTAL" gpu_allocatable_is "$GPU_TOTAL" \
+    || why "with the fake GPU plugin registered, allocatable $GPU is '$(gpu_field allocatable)', expected $GPU_TOTAL" || return 1
 }
 stop_fake_gpu_plugin() { e2e_stop fake-gpu-plugin 10; }
-gpu_allocatable_is() {
-  [ "$(e2e_kubectl get node "$E2E_NODE" -o 'jsonpath={.status.allocatable.nvidia\.com/gpu}')" = "$1" ]
+# A fresh fake plugin with other flags: the old one's GPUs must be seen gone
+# first (unhealthy: allocatable 0), or the wait for 8 would see the old ones.
+restart_fake_gpu_plugin() {
+  stop_fake_gpu_plugin
+  e2e_wait_for 60 "allocatable $GPU to drop to 0" gpu_gone \
+    || why "with the fake GPU plugin stopped, allocatable $GPU is '$(gpu_field allocatable)', expected 0" || return 1
+  start_fake_gpu_plugin "$@"
 }
+gpu_field() {  # gpu_field capacity|allocatable
+  e2e_kubectl get node "$E2E_NODE" -o "jsonpath={.status.$1.nvidia\.com/gpu}" 2>/dev/null
+}
+gpu_allocatable_is() { [ "$(gpu_field allocatable)" = "$1" ]; }
+gpu_gone() { local a; a="$(gpu_field allocatable)"; [ -z "$a" ] || [ "$a" = 0 ]; }
 
 # --- setup and teardown -----------------------------------------------------
 build_all() {
@@ -362,20 +694,29 @@ build_all() {
   "$here/build-kubernetes.sh" >/dev/null || return 1
   times[kubernetes_build]=$((SECONDS - t))
   t=$SECONDS
-  e2e_ensure_packages cmake ninja-build || return 1
+  # What the checks use besides the cluster's own packages (cluster.sh).
+  e2e_ensure_packages cmake ninja-build jq procps iproute2 binutils || return 1
   "$repo/scripts/install-deps.sh" || return 1
-  if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  # A build dir configured already (a preset's, e.g. build/ci under CTest) is
+  # used as it is: its generator, type and flags; then this step builds
+  # nothing when those binaries are up to date.
+  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
     cmake -S "$repo" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || return 1
   fi
-  ninja -C "$BUILD_DIR" -j "$JOBS" efa-k8s-device-plugin efa-simnode fake-gpu-plugin > "$E2E_CACHE/ninja.log" 2>&1 \
-    || { tail -n 30 "$E2E_CACHE/ninja.log"; return 1; }
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target efa-k8s-device-plugin efa-simnode fake-gpu-plugin \
+    > "$E2E_CACHE/daemon-build.log" 2>&1 \
+    || { tail -n 30 "$E2E_CACHE/daemon-build.log"; return 1; }
+  local bin
+  for bin in "$PLUGIN_BIN" "$SIMNODE_BIN" "$FAKE_GPU_BIN"; do
+    [ -x "$bin" ] || { echo "build_all: $bin was not built (the build dir's layout?)"; return 1; }
+  done
   times[daemon_build]=$((SECONDS - t))
 }
 
 make_node() {
   "$SIMNODE_BIN" "$MACHINE" "$SIM" >/dev/null || why "efa-simnode $MACHINE $SIM failed" || return 1
   # Real character devices with the numbers the simulated sysfs gives.
-  mkdir -p "$DEV_ROOT/infiniband"
+  mkdir -p "$DEV_ROOT/infiniband" "$FAKE_PROC" "$CDI_DIR"
   local d name maj min count=0
   for d in "$SIM"/sys/class/infiniband_verbs/uverbs*; do
     name="$(basename "$d")"
@@ -410,7 +751,7 @@ check_clean() {
   local left=()
   [ ! -e "$E2E_STATE" ] || left+=("$E2E_STATE")
   [ ! -e "$E2E_KUBELET_DIR" ] || left+=("$E2E_KUBELET_DIR")
-  findmnt -rn -o TARGET | grep -q -e "^$E2E_KUBELET_DIR" -e "^$E2E_STATE" && left+=("mounts")
+  findmnt -rn -o TARGET | grep -e "^$E2E_KUBELET_DIR" -e "^$E2E_STATE" >/dev/null && left+=("mounts")
   ! ip link show "$E2E_BRIDGE" >/dev/null 2>&1 || left+=("link $E2E_BRIDGE")
   compgen -G "/sys/fs/cgroup/*/kubepods" >/dev/null && left+=("kubepods cgroups")
   pgrep -f "containerd-shim-runc-v2 .*-address $E2E_CONTAINERD_SOCK" >/dev/null && left+=("shims")
@@ -482,8 +823,8 @@ main() {
   run_check 3 "a pod asking more than is free fails admission" check_3_too_many
   run_check 4 "kubelet restart: re-registration, running pod keeps its devices" check_4_kubelet_restart
   run_check 5 "daemon killed and restarted: unhealthy, healthy, no double allocation" check_5_daemon_restart
-  check_6_alignment
-  check_7_mofed_guard
+  run_check 6 "alignment of $ALIGN_PODS pods of 1 GPU + 4 EFA with a fake NVIDIA plugin" check_6_alignment
+  run_check 7 "the MOFED guard trips on NVIDIA_MOFED=enabled (warn, protect, cleared)" check_7_mofed_guard
   times[checks]=$((SECONDS - t))
   completed=1
   finish

@@ -57,20 +57,72 @@ TEST_CASE("FindAdmittedContainer picks the container whose GPUs are not checkpoi
 
   KubeletCheckpoint checkpoint;
   checkpoint.entries.push_back({"uid-1", "main", "nvidia.com/gpu", {"GPU-a"}, {}, {}});
+  // Devices of other plugins do not matter.
+  checkpoint.entries.push_back({"uid-1", "main", "example.com/fpga", {"fpga0"}, {}, {}});
   checkpoint.entries.push_back({"uid-2", "main", "nvidia.com/gpu", {"GPU-c"}, {}, {}});
+  checkpoint.entries.push_back({"uid-2", "main", kEfa, {"rdmap79s0"}, {}, {}});
+  auto checkpointed = [&] {
+    return CheckpointedContainers(checkpoint, AcceleratorResources{}, kEfa);
+  };
+  auto cp = checkpointed();
+  REQUIRE(cp.size() == 2);
+  CHECK(cp[0].pod_uid == "uid-1");
+  PodNames names;
   int candidates = -1;
-  auto found = FindAdmittedContainer(containers, &checkpoint, &candidates);
+  auto found = FindAdmittedContainer(containers, &cp, names, &candidates);
   REQUIRE(found.has_value());
   CHECK(candidates == 1);
   CHECK(found->Name() == "default/admitting/train");
 
   SECTION("a running GPU-only pod is never the one being admitted") {
     checkpoint.entries.push_back({"uid-3", "train", "nvidia.com/gpu", {"GPU-b"}, {}, {}});
-    CHECK_FALSE(FindAdmittedContainer(containers, &checkpoint, &candidates).has_value());
+    cp = checkpointed();
+    CHECK_FALSE(FindAdmittedContainer(containers, &cp, names, &candidates).has_value());
     CHECK(candidates == 0);
   }
+  SECTION("a deleted pod's stale entry holding the same GPU and EFAs does not hide it") {
+    // The kubelet keeps a deleted pod in the checkpoint until its next write.
+    checkpoint.entries.push_back({"uid-old", "train", "nvidia.com/gpu", {"GPU-b"}, {}, {}});
+    checkpoint.entries.push_back({"uid-old", "train", kEfa, {"rdmap80s0"}, {}, {}});
+    cp = checkpointed();
+    found = FindAdmittedContainer(containers, &cp, names, &candidates);
+    REQUIRE(found.has_value());
+    CHECK(found->Name() == "default/admitting/train");
+  }
+  SECTION("a stale GPU-only entry hides it unless its UID is known to be another pod's") {
+    checkpoint.entries.push_back({"uid-old", "train", "nvidia.com/gpu", {"GPU-b"}, {}, {}});
+    cp = checkpointed();
+    CHECK_FALSE(FindAdmittedContainer(containers, &cp, names, &candidates).has_value());
+
+    // Learned while the old pod ran: pod-resources listed it alone with GPU-b.
+    LearnPodNames(ContainersWithDevices(List({{"old", "train", {{"nvidia.com/gpu", {"GPU-b"}}}}}),
+                                        AcceleratorResources{}, kEfa),
+                  cp, names);
+    REQUIRE(names.size() == 1);
+    CHECK(names.at("uid-old") == "default/old");
+    found = FindAdmittedContainer(containers, &cp, names, &candidates);
+    REQUIRE(found.has_value());
+    CHECK(found->Name() == "default/admitting/train");
+
+    // The pod it was learned as is the one listed: still a running pod.
+    auto same = ContainersWithDevices(List({{"old", "train", {{"nvidia.com/gpu", {"GPU-b"}}}}}),
+                                      AcceleratorResources{}, kEfa);
+    CHECK_FALSE(FindAdmittedContainer(same, &cp, names, &candidates).has_value());
+    CHECK(candidates == 0);
+  }
+  SECTION("LearnPodNames learns only unique matches and forgets UIDs no longer checkpointed") {
+    names["uid-gone"] = "default/gone";
+    LearnPodNames(containers, cp, names);
+    CHECK(names == PodNames{{"uid-1", "default/running"}, {"uid-2", "default/both"}});
+    auto twice = ContainersWithDevices(List({{"x", "main", {{"nvidia.com/gpu", {"GPU-a"}}}},
+                                             {"y", "main", {{"nvidia.com/gpu", {"GPU-a"}}}}}),
+                                       AcceleratorResources{}, kEfa);
+    LearnPodNames(twice, cp, names);  // ambiguous or absent: keeps what it knew
+    CHECK(names.at("uid-1") == "default/running");
+    CHECK(names.at("uid-2") == "default/both");  // no match: a deleted pod still checkpointed
+  }
   SECTION("without a checkpoint two GPU-only containers are ambiguous") {
-    CHECK_FALSE(FindAdmittedContainer(containers, nullptr, &candidates).has_value());
+    CHECK_FALSE(FindAdmittedContainer(containers, nullptr, names, &candidates).has_value());
     CHECK(candidates == 2);
   }
 }

@@ -76,7 +76,8 @@ TEST_CASE(
   const auto start = std::chrono::steady_clock::now();
   DaemonProcess daemon({"--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
                         "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
-                        (sim.path() / "etc/cdi").string(), "--log-level", "warn"});
+                        (sim.path() / "etc/cdi").string(), "--log-level", "warn",
+                        "--metrics-address", "127.0.0.1:0"});
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   const auto registered = std::chrono::steady_clock::now();
   std::printf("start -> registered: %.1f ms\n",
@@ -109,7 +110,8 @@ TEST_CASE("The daemon binary removes a stale socket before serving", "[daemon][p
   REQUIRE(kubelet.Start().ok());
   DaemonProcess daemon({"--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
                         "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
-                        (sim.path() / "etc/cdi").string(), "--log-level", "warn"});
+                        (sim.path() / "etc/cdi").string(), "--log-level", "warn",
+                        "--metrics-address", "127.0.0.1:0"});
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   daemon.Signal(SIGINT);
   CHECK(daemon.Wait(10s) == 0);

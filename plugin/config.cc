@@ -1,0 +1,793 @@
+#include "plugin/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "plugin/http_server.h"
+#include "topology/sysfs.h"
+
+namespace efa::plugin {
+namespace {
+
+using std::chrono::milliseconds;
+using Strings = std::vector<std::string>;
+
+// What a value must look like beyond its type.
+enum class Check {
+  kNone,
+  kPath,          // non-empty
+  kInstanceType,  // empty, or letters, digits, '.', '-'
+  kAddress,       // "" or host:port
+  kResources,     // list of domain/name resource names
+  kDirs,          // list of non-empty paths
+};
+
+template <typename T>
+using Field = std::optional<T> Config::*;
+using AnyField = std::variant<Field<std::string>, Field<bool>, Field<milliseconds>, Field<int>,
+                              Field<Strings>, Field<LogLevel>, Field<LogFormat>,
+                              Field<AlignmentMode>, Field<MofedPolicy>, Field<DraPolicy>>;
+
+struct Option {
+  std::string key;  // YAML key; the flag and the variable follow from it
+  AnyField field;
+  std::string help = {};
+  std::string type_name = {};  // for --help
+  Check check = Check::kNone;
+  int max = 0;               // integers: 0..max
+  std::string example = {};  // resource lists: an example name
+  std::string flag() const;  // "rescan-interval"
+  std::string env() const;   // "EFA_RESCAN_INTERVAL"
+};
+
+std::string Option::flag() const {
+  std::string out;
+  for (char c : key) {
+    if (std::isupper(static_cast<unsigned char>(c))) {
+      out += '-';
+      out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string Option::env() const {
+  std::string out = "EFA_";
+  for (char c : flag()) {
+    out += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  return out;
+}
+
+constexpr milliseconds kMinRescan{100};
+constexpr milliseconds kMaxRescan{3600 * 1000};
+
+const std::vector<Option>& Options() {
+  static const std::vector<Option>* options = new std::vector<Option>{
+      {"sysfsRoot", &Config::sysfs_root, "Where the host's /sys is", "PATH", Check::kPath},
+      {"devRoot", &Config::dev_root, "Where the host's /dev is", "PATH", Check::kPath},
+      {"procRoot", &Config::proc_root, "Where the host's /proc is", "PATH", Check::kPath},
+      {"kubeletDir", &Config::kubelet_dir, "The kubelet's root directory", "PATH", Check::kPath},
+      {"topologyXml", &Config::topology_xml,
+       "Read the PCI tree from this hwloc XML file instead of the host", "PATH"},
+      {"instanceType", &Config::instance_type,
+       "The EC2 instance type (empty: the DMI product name)", "TYPE", Check::kInstanceType},
+      {"reportNuma", &Config::report_numa,
+       "Report each device's NUMA node to the kubelet (Topology Manager)", "BOOL"},
+      {"rescanInterval", &Config::rescan_interval,
+       "Period of the fallback rescan of devices and guards", "DURATION"},
+      {"logLevel", &Config::log_level,
+       "Least severe level logged: trace, debug, info, warn or error", "LEVEL"},
+      {"logFormat", &Config::log_format, "text, or json (one JSON object per line)", "FORMAT"},
+      {"metricsAddress", &Config::metrics_address,
+       "Address of the HTTP server for /metrics, /healthz and /readyz (\"\": none)", "ADDRESS",
+       Check::kAddress},
+      {"alignment", &Config::alignment,
+       "How EFAs are aligned with the container's accelerators: best-effort, late-binding or off",
+       "MODE"},
+      {"gpuResources", &Config::gpu_resources, "GPU resources to align EFAs with", "LIST",
+       Check::kResources, 0, "nvidia.com/gpu"},
+      {"neuronResources", &Config::neuron_resources, "Neuron device resources to align EFAs with",
+       "LIST", Check::kResources, 0, "aws.amazon.com/neuron"},
+      {"neuroncoreResources", &Config::neuroncore_resources,
+       "NeuronCore resources to align EFAs with", "LIST", Check::kResources, 0,
+       "aws.amazon.com/neuroncore"},
+      {"neuroncoresPerDevice", &Config::neuroncores_per_device,
+       "NeuronCores per Neuron device (0: by instance family)", "N", Check::kNone, 64},
+      {"cdiDir", &Config::cdi_dir, "Where late binding writes its CDI specs", "PATH", Check::kPath},
+      {"mofedPolicy", &Config::mofed_policy,
+       "When the NVIDIA device plugin has MOFED on: warn, protect (also report every EFA "
+       "Unhealthy) or off",
+       "POLICY"},
+      {"draPolicy", &Config::dra_policy,
+       "While the EFA DRA driver (dra.net) serves the node: yield (withdraw "
+       "vpc.amazonaws.com/efa) or ignore",
+       "POLICY"},
+      {"cdiSpecDirs", &Config::cdi_spec_dirs,
+       "Where the host's CDI specs are (the NVIDIA MOFED spec is looked for there)", "LIST",
+       Check::kDirs},
+      {"expectedEfaCount", &Config::expected_efa_count,
+       "EFAs this node should have (0: by instance type); fewer gives a warning", "N", Check::kNone,
+       1024},
+  };
+  return *options;
+}
+
+// Names of enum values, in declaration order.
+template <typename E>
+const std::vector<std::pair<E, std::string>>& EnumNames();
+template <>
+const std::vector<std::pair<LogLevel, std::string>>& EnumNames() {
+  static const auto* names =
+      new std::vector<std::pair<LogLevel, std::string>>{{LogLevel::kTrace, "trace"},
+                                                        {LogLevel::kDebug, "debug"},
+                                                        {LogLevel::kInfo, "info"},
+                                                        {LogLevel::kWarn, "warn"},
+                                                        {LogLevel::kError, "error"}};
+  return *names;
+}
+template <>
+const std::vector<std::pair<LogFormat, std::string>>& EnumNames() {
+  static const auto* names = new std::vector<std::pair<LogFormat, std::string>>{
+      {LogFormat::kText, "text"}, {LogFormat::kJson, "json"}};
+  return *names;
+}
+template <>
+const std::vector<std::pair<AlignmentMode, std::string>>& EnumNames() {
+  static const auto* names = new std::vector<std::pair<AlignmentMode, std::string>>{
+      {AlignmentMode::kBestEffort, "best-effort"},
+      {AlignmentMode::kLateBinding, "late-binding"},
+      {AlignmentMode::kOff, "off"}};
+  return *names;
+}
+template <>
+const std::vector<std::pair<MofedPolicy, std::string>>& EnumNames() {
+  static const auto* names = new std::vector<std::pair<MofedPolicy, std::string>>{
+      {MofedPolicy::kWarn, "warn"}, {MofedPolicy::kProtect, "protect"}, {MofedPolicy::kOff, "off"}};
+  return *names;
+}
+template <>
+const std::vector<std::pair<DraPolicy, std::string>>& EnumNames() {
+  static const auto* names = new std::vector<std::pair<DraPolicy, std::string>>{
+      {DraPolicy::kYield, "yield"}, {DraPolicy::kIgnore, "ignore"}};
+  return *names;
+}
+
+template <typename E>
+std::string EnumName(E value) {
+  for (const auto& [v, name] : EnumNames<E>()) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+// `"text"` with quotes, backslashes and control characters escaped, as in
+// a YAML (or JSON) double-quoted scalar.
+std::string Quote(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string FormatDuration(milliseconds d) {
+  return absl::FormatDuration(absl::Milliseconds(d.count()));
+}
+
+// What a value of option `o` must look like: "a duration like "10s"".
+template <typename T>
+std::string Expected(const Option& o) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    switch (o.check) {
+      case Check::kInstanceType:
+        return "an EC2 instance type like \"p5.48xlarge\"";
+      case Check::kAddress:
+        return "an address like \":8080\" or \"127.0.0.1:8080\", or \"\" for none";
+      default:
+        return "a path";
+    }
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return "true or false";
+  } else if constexpr (std::is_same_v<T, milliseconds>) {
+    return "a duration like \"10s\"";
+  } else if constexpr (std::is_same_v<T, int>) {
+    return absl::StrCat("an integer from 0 to ", o.max);
+  } else if constexpr (std::is_same_v<T, Strings>) {
+    return o.check == Check::kResources
+               ? absl::StrCat("a list of resource names like [", o.example, "]")
+               : std::string("a list of directory paths");
+  } else {
+    std::string out = "one of ";
+    for (const auto& [v, name] : EnumNames<T>()) {
+      if (out.size() > 7) out += ", ";
+      out += name;
+    }
+    return out;
+  }
+}
+
+absl::Status Mismatch(const std::string& expected, std::string_view got) {
+  return absl::InvalidArgumentError(absl::StrCat("expected ", expected, ", got ", Quote(got)));
+}
+
+// One element of a list option.
+absl::Status CheckElement(const Option& o, std::string_view text) {
+  if (o.check == Check::kResources) {
+    const size_t slash = text.find('/');
+    bool ok = slash != std::string_view::npos && slash > 0 && slash + 1 < text.size() &&
+              text.find('/', slash + 1) == std::string_view::npos;
+    for (char c : text) {
+      ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
+                  c == '/');
+    }
+    if (!ok) return Mismatch(absl::StrCat("a resource name like \"", o.example, "\""), text);
+  } else if (text.empty()) {
+    return Mismatch("a directory path", text);
+  }
+  return absl::OkStatus();
+}
+
+// Parses the text of a scalar option, from a flag, a variable or a YAML
+// scalar. The message says what was expected and what was found.
+template <typename T>
+absl::StatusOr<T> ParseText(const Option& o, std::string_view text) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    switch (o.check) {
+      case Check::kPath:
+        if (text.empty()) return Mismatch(Expected<T>(o), text);
+        break;
+      case Check::kInstanceType:
+        for (char c : text) {
+          if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') {
+            return Mismatch(Expected<T>(o), text);
+          }
+        }
+        break;
+      case Check::kAddress:
+        if (!text.empty() && !ParseListenAddress(text).ok()) return Mismatch(Expected<T>(o), text);
+        break;
+      default:
+        break;
+    }
+    return std::string(text);
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (text == "true" || text == "True" || text == "TRUE") return true;
+    if (text == "false" || text == "False" || text == "FALSE") return false;
+    return Mismatch(Expected<T>(o), text);
+  } else if constexpr (std::is_same_v<T, milliseconds>) {
+    absl::Duration d;
+    if (!absl::ParseDuration(std::string(text), &d)) return Mismatch(Expected<T>(o), text);
+    const milliseconds ms(absl::ToInt64Milliseconds(d));
+    if (ms < kMinRescan || ms > kMaxRescan) {
+      return Mismatch(absl::StrCat("a duration from ", FormatDuration(kMinRescan), " to ",
+                                   FormatDuration(kMaxRescan)),
+                      text);
+    }
+    return ms;
+  } else if constexpr (std::is_same_v<T, int>) {
+    int v = 0;
+    const bool digits = !text.empty() && std::all_of(text.begin(), text.end(),
+                                                     [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || !absl::SimpleAtoi(std::string(text), &v) || v > o.max) {
+      return Mismatch(Expected<T>(o), text);
+    }
+    return v;
+  } else if constexpr (std::is_same_v<T, Strings>) {
+    // Comma-separated (flags and variables); empty text is an empty list.
+    Strings out;
+    if (text.empty()) return out;
+    size_t start = 0;
+    while (true) {
+      const size_t end = text.find_first_of(",\n", start);
+      std::string_view item =
+          text.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
+      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+      if (absl::Status s = CheckElement(o, item); !s.ok()) return s;
+      out.emplace_back(item);
+      if (end == std::string_view::npos) break;
+      start = end + 1;
+    }
+    return out;
+  } else {
+    for (const auto& [v, name] : EnumNames<T>()) {
+      if (text == name) return v;
+    }
+    return Mismatch(Expected<T>(o), text);
+  }
+}
+
+// Sets option `o` in `config` from text; errors are prefixed with `subject`
+// ("--rescan-interval: ").
+absl::Status SetFromText(const Option& o, std::string_view text, const std::string& subject,
+                         Config& config) {
+  return std::visit(
+      [&](auto field) -> absl::Status {
+        using T = typename std::remove_reference_t<decltype(config.*field)>::value_type;
+        auto value = ParseText<T>(o, text);
+        if (!value.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(subject, value.status().message()));
+        }
+        config.*field = *std::move(value);
+        return absl::OkStatus();
+      },
+      o.field);
+}
+
+bool IsSet(const Option& o, const Config& config) {
+  return std::visit([&](auto field) { return (config.*field).has_value(); }, o.field);
+}
+
+void Copy(const Option& o, const Config& from, Config& to) {
+  std::visit(
+      [&](auto field) {
+        if ((from.*field).has_value()) to.*field = from.*field;
+      },
+      o.field);
+}
+
+// The value as it is written in a config file.
+std::string YamlValue(const Option& o, const Config& config) {
+  return std::visit(
+      [&](auto field) -> std::string {
+        const auto& value = config.*field;
+        using T = typename std::remove_reference_t<decltype(value)>::value_type;
+        if (!value) return "~";
+        if constexpr (std::is_same_v<T, std::string>) {
+          return Quote(*value);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return *value ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, milliseconds>) {
+          return FormatDuration(*value);
+        } else if constexpr (std::is_same_v<T, int>) {
+          return std::to_string(*value);
+        } else if constexpr (std::is_same_v<T, Strings>) {
+          std::string out = "[";
+          for (const std::string& s : *value) {
+            if (out.size() > 1) out += ", ";
+            out += Quote(s);
+          }
+          return out + "]";
+        } else {
+          return EnumName(*value);
+        }
+      },
+      o.field);
+}
+
+// The value for the one-line summary: unquoted unless empty.
+std::string PlainValue(const Option& o, const Config& config) {
+  return std::visit(
+      [&](auto field) -> std::string {
+        const auto& value = config.*field;
+        using T = typename std::remove_reference_t<decltype(value)>::value_type;
+        if (!value) return "unset";
+        if constexpr (std::is_same_v<T, std::string>) {
+          return value->empty() ? "\"\"" : *value;
+        } else if constexpr (std::is_same_v<T, Strings>) {
+          std::string out = "[";
+          for (const std::string& s : *value) {
+            if (out.size() > 1) out += ",";
+            out += s;
+          }
+          return out + "]";
+        } else {
+          return YamlValue(o, config);
+        }
+      },
+      o.field);
+}
+
+// ---- YAML ------------------------------------------------------------------
+
+std::string Where(const std::string& file, const YAML::Mark& mark) {
+  if (mark.is_null()) return absl::StrCat(file, ": ");
+  return absl::StrCat(file, ":", mark.line + 1, ":", mark.column + 1, ": ");
+}
+
+// How a node looks, for "got ...".
+std::string Found(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar:
+      return Quote(node.Scalar());
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    default:
+      return "nothing";
+  }
+}
+
+absl::Status NodeError(const std::string& file, const YAML::Node& node, const std::string& key,
+                       const std::string& expected) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(Where(file, node.Mark()), key, ": expected ", expected, ", got ", Found(node)));
+}
+
+// Sets option `o` from its YAML value (not null).
+absl::Status SetFromYaml(const Option& o, const YAML::Node& node, const std::string& file,
+                         Config& config) {
+  return std::visit(
+      [&](auto field) -> absl::Status {
+        using T = typename std::remove_reference_t<decltype(config.*field)>::value_type;
+        if constexpr (std::is_same_v<T, Strings>) {
+          if (!node.IsSequence()) return NodeError(file, node, o.key, Expected<T>(o));
+          Strings out;
+          for (size_t i = 0; i < node.size(); ++i) {
+            const YAML::Node item = node[i];
+            const std::string subject = absl::StrCat(o.key, "[", i, "]");
+            if (!item.IsScalar()) {
+              return NodeError(file, item, subject,
+                               o.check == Check::kResources
+                                   ? absl::StrCat("a resource name like \"", o.example, "\"")
+                                   : std::string("a directory path"));
+            }
+            if (absl::Status s = CheckElement(o, item.Scalar()); !s.ok()) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat(Where(file, item.Mark()), subject, ": ", s.message()));
+            }
+            out.push_back(item.Scalar());
+          }
+          config.*field = std::move(out);
+          return absl::OkStatus();
+        } else {
+          if (!node.IsScalar()) return NodeError(file, node, o.key, Expected<T>(o));
+          return SetFromText(o, node.Scalar(), absl::StrCat(Where(file, node.Mark()), o.key, ": "),
+                             config);
+        }
+      },
+      o.field);
+}
+
+std::string Normalize(std::string_view key) {
+  std::string out;
+  for (char c : key) {
+    if (c != '-' && c != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  return out;
+}
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The known key closest to `key` (ignoring case, '-' and '_'), if it is
+// close enough to be a likely typo.
+std::optional<std::string> Suggest(std::string_view key) {
+  const std::string norm = Normalize(key);
+  std::optional<std::string> best;
+  size_t best_distance = std::max<size_t>(2, norm.size() / 4) + 1;
+  std::vector<std::string> keys = {"version"};
+  for (const Option& o : Options()) keys.push_back(o.key);
+  for (const std::string& k : keys) {
+    const size_t d = EditDistance(norm, Normalize(k));
+    if (d < best_distance) {
+      best_distance = d;
+      best = k;
+    }
+  }
+  return best;
+}
+
+const Option* FindOption(std::string_view key) {
+  for (const Option& o : Options()) {
+    if (o.key == key) return &o;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<Config> ParseYamlRoot(const YAML::Node& root, const std::string& file) {
+  const std::string start = absl::StrCat(file, ":1:1: ");
+  if (root.IsNull()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(start,
+                     "expected a mapping of options starting with version: v1, got an "
+                     "empty file"));
+  }
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(file, root.Mark()), "expected a mapping of options, got ", Found(root)));
+  }
+  Config config;
+  std::map<std::string, YAML::Mark> seen;
+  bool versioned = false;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const YAML::Node& key_node = it->first;
+    const YAML::Node& value = it->second;
+    if (!key_node.IsScalar()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(file, key_node.Mark()), "expected an option name, got ", Found(key_node)));
+    }
+    const std::string key = key_node.Scalar();
+    auto [first, inserted] = seen.emplace(key, key_node.Mark());
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(file, key_node.Mark()), key,
+                                                     ": given twice (first at line ",
+                                                     first->second.line + 1, ")"));
+    }
+    if (key == "version") {
+      if (!value.IsScalar() || value.Scalar() != "v1") {
+        return NodeError(file, value, key, "v1");
+      }
+      versioned = true;
+      continue;
+    }
+    const Option* o = FindOption(key);
+    if (o == nullptr) {
+      std::optional<std::string> suggestion = Suggest(key);
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(file, key_node.Mark()), key, ": unknown key",
+                       suggestion ? absl::StrCat(" (did you mean ", *suggestion, "?)") : ""));
+    }
+    if (value.IsNull()) continue;  // "key:" or "key: ~": not given
+    if (absl::Status s = SetFromYaml(*o, value, file, config); !s.ok()) return s;
+  }
+  if (!versioned) {
+    return absl::InvalidArgumentError(absl::StrCat(start, "version: expected v1, got nothing"));
+  }
+  return config;
+}
+
+}  // namespace
+
+std::string_view LogLevelName(LogLevel level) {
+  for (const auto& [v, name] : EnumNames<LogLevel>()) {
+    if (v == level) return name;
+  }
+  return "?";
+}
+std::string_view LogFormatName(LogFormat format) {
+  for (const auto& [v, name] : EnumNames<LogFormat>()) {
+    if (v == format) return name;
+  }
+  return "?";
+}
+std::string_view AlignmentModeName(AlignmentMode mode) {
+  for (const auto& [v, name] : EnumNames<AlignmentMode>()) {
+    if (v == mode) return name;
+  }
+  return "?";
+}
+
+Config DefaultConfig() {
+  Config c;
+  c.sysfs_root = "/sys";
+  c.dev_root = "/dev";
+  c.proc_root = "/proc";
+  c.kubelet_dir = "/var/lib/kubelet";
+  c.topology_xml = "";
+  c.instance_type = "";
+  c.report_numa = true;
+  c.rescan_interval = milliseconds(10000);
+  c.log_level = LogLevel::kInfo;
+  c.log_format = LogFormat::kText;
+  c.metrics_address = ":8080";
+  c.alignment = AlignmentMode::kBestEffort;
+  c.gpu_resources = Strings{"nvidia.com/gpu"};
+  c.neuron_resources = Strings{"aws.amazon.com/neuron"};
+  c.neuroncore_resources = Strings{"aws.amazon.com/neuroncore"};
+  c.neuroncores_per_device = 0;
+  c.cdi_dir = "/var/run/cdi";
+  c.mofed_policy = MofedPolicy::kWarn;
+  c.dra_policy = DraPolicy::kYield;
+  c.cdi_spec_dirs = Strings{"/etc/cdi", "/var/run/cdi"};
+  c.expected_efa_count = 0;
+  return c;
+}
+
+Config MergeConfig(Config base, const Config& over) {
+  for (const Option& o : Options()) Copy(o, over, base);
+  return base;
+}
+
+EnvLookup ProcessEnvironment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+absl::StatusOr<Config> ParseConfigYaml(std::string_view text, const std::string& file_name) {
+  // yaml-cpp reports through exceptions; none leaves this function.
+  try {
+    return ParseYamlRoot(YAML::Load(std::string(text)), file_name);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(file_name, e.mark), "invalid YAML: ", e.msg));
+  }
+}
+
+absl::StatusOr<Config> ReadConfigFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return topology::PathError(path, errno);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return topology::PathError(path, errno);
+  return ParseConfigYaml(text.str(), path.string());
+}
+
+absl::StatusOr<Config> ConfigFromEnvironment(const EnvLookup& env) {
+  Config config;
+  for (const Option& o : Options()) {
+    const std::string name = o.env();
+    std::optional<std::string> value = env(name);
+    if (!value) continue;
+    if (absl::Status s = SetFromText(o, *value, name + ": ", config); !s.ok()) return s;
+  }
+  return config;
+}
+
+struct ConfigFlags::Flag {
+  const Option* option = nullptr;
+  std::string value;
+  CLI::Option* cli = nullptr;
+};
+
+ConfigFlags::ConfigFlags(CLI::App& app) {
+  config_option_ = app.add_option("--config", config_file_,
+                                  "A YAML configuration file (version: v1) [env: EFA_CONFIG]")
+                       ->type_name("FILE")
+                       ->expected(0, 1);
+  app.add_flag("--print-config", print_config_,
+               "Print the effective configuration as YAML and exit");
+  const Config defaults = DefaultConfig();
+  for (const Option& o : Options()) {
+    auto flag = std::make_unique<Flag>();
+    flag->option = &o;
+    std::string help = absl::StrCat(o.help, " [env: ", o.env(), ", key: ", o.key,
+                                    ", default: ", YamlValue(o, defaults), "]");
+    // An empty value (--metrics-address=) is a value, judged like any other;
+    // a bare boolean flag (--report-numa) means true.
+    flag->cli =
+        app.add_option("--" + o.flag(), flag->value, help)->type_name(o.type_name)->expected(0, 1);
+    // A list may be given as "a,b" or as repeated flags; a scalar takes the
+    // last value given.
+    flag->cli->multi_option_policy(std::holds_alternative<Field<Strings>>(o.field)
+                                       ? CLI::MultiOptionPolicy::Join
+                                       : CLI::MultiOptionPolicy::TakeLast);
+    flags_.push_back(std::move(flag));
+  }
+}
+
+ConfigFlags::~ConfigFlags() = default;
+
+absl::StatusOr<Config> ConfigFlags::Parsed() const {
+  Config config;
+  for (const auto& flag : flags_) {
+    if (flag->cli->count() == 0) continue;
+    const bool bare_bool =
+        flag->value.empty() && std::holds_alternative<Field<bool>>(flag->option->field);
+    if (absl::Status s = SetFromText(*flag->option, bare_bool ? "true" : flag->value,
+                                     "--" + flag->option->flag() + ": ", config);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return config;
+}
+
+std::optional<std::string> ConfigFlags::config_file() const {
+  if (config_option_->count() == 0) return std::nullopt;
+  return config_file_;
+}
+
+absl::StatusOr<EffectiveConfig> ResolveConfig(const Config& flags,
+                                              const std::optional<std::string>& config_file,
+                                              const EnvLookup& env) {
+  std::optional<std::string> file = config_file ? config_file : env("EFA_CONFIG");
+  if (file && file->empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_file ? "--config" : "EFA_CONFIG", ": expected a file, got \"\""));
+  }
+  Config from_file;
+  if (file) {
+    auto parsed = ReadConfigFile(*file);
+    if (!parsed.ok()) return parsed.status();
+    from_file = *std::move(parsed);
+  }
+  auto from_env = ConfigFromEnvironment(env);
+  if (!from_env.ok()) return from_env.status();
+
+  EffectiveConfig out;
+  out.config = DefaultConfig();
+  const std::pair<const Config*, int> layers[] = {{&from_file, 0}, {&*from_env, 1}, {&flags, 2}};
+  for (const auto& [layer, rank] : layers) {
+    for (const Option& o : Options()) {
+      if (!IsSet(o, *layer)) continue;
+      Copy(o, *layer, out.config);
+      out.origin[o.key] = rank == 0 ? *file : rank == 1 ? o.env() : "--" + o.flag();
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<EffectiveConfig> ResolveConfig(const ConfigFlags& flags, const EnvLookup& env) {
+  auto given = flags.Parsed();
+  if (!given.ok()) return given.status();
+  return ResolveConfig(*given, flags.config_file(), env);
+}
+
+std::string EffectiveConfig::ToYaml() const {
+  std::string out = "version: v1\n";
+  for (const Option& o : Options()) {
+    absl::StrAppend(&out, o.key, ": ", YamlValue(o, config));
+    auto it = origin.find(o.key);
+    if (it != origin.end()) absl::StrAppend(&out, "  # from ", it->second);
+    out += "\n";
+  }
+  return out;
+}
+
+std::string EffectiveConfig::Summary() const {
+  std::string out;
+  for (const Option& o : Options()) {
+    if (!out.empty()) out += ' ';
+    absl::StrAppend(&out, o.key, "=", PlainValue(o, config));
+    auto it = origin.find(o.key);
+    if (it != origin.end()) absl::StrAppend(&out, " (", it->second, ")");
+  }
+  return out;
+}
+
+DaemonOptions ToDaemonOptions(const Config& c) {
+  const Config d = MergeConfig(DefaultConfig(), c);
+  DaemonOptions o;
+  o.roots = {*d.sysfs_root, *d.dev_root, *d.proc_root};
+  o.kubelet_dir = *d.kubelet_dir;
+  o.report_numa = *d.report_numa;
+  o.rescan_interval = *d.rescan_interval;
+  o.topology_xml = *d.topology_xml;
+  o.instance_type = *d.instance_type;
+  o.alignment = *d.alignment;
+  o.accelerator_resources.gpu = *d.gpu_resources;
+  o.accelerator_resources.neuron = *d.neuron_resources;
+  o.accelerator_resources.neuroncore = *d.neuroncore_resources;
+  o.accelerator_resources.neuroncores_per_device = *d.neuroncores_per_device;
+  o.cdi_dir = *d.cdi_dir;
+  o.mofed_policy = *d.mofed_policy;
+  o.dra_policy = *d.dra_policy;
+  o.cdi_spec_dirs.assign(d.cdi_spec_dirs->begin(), d.cdi_spec_dirs->end());
+  return o;
+}
+
+}  // namespace efa::plugin

@@ -1,0 +1,115 @@
+// The daemon seen from outside: Prometheus metrics, the liveness and
+// readiness verdicts, and the HTTP routes that serve them. It reads the
+// daemon's thread-safe state when asked and receives RPC and inventory
+// events through the DaemonOptions hooks; it never drives the daemon.
+//
+//   DaemonMonitor monitor({rescan_interval, instance_type, sysfs_root, expected});
+//   DaemonOptions options = ...;
+//   monitor.Attach(options);          // before the daemon is built
+//   Daemon daemon(options);
+//   monitor.Watch(&daemon);           // before serving HTTP
+//   auto http = HttpServer::Start(":8080", monitor.Routes());
+//   daemon.Run();
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "plugin/daemon.h"
+#include "plugin/efa_count.h"
+#include "plugin/http_server.h"
+#include "plugin/metrics.h"
+#include "plugin/rpc_observer.h"
+
+namespace efa::plugin {
+
+struct MonitorOptions {
+  std::chrono::milliseconds rescan_interval{10000};
+  std::string instance_type;  // empty: the DMI product name under sysfs_root
+  std::filesystem::path sysfs_root = "/sys";
+  int expected_efa_count = 0;  // 0: from the instance type
+};
+
+// A probe's answer: OK or not, and why, in words.
+struct ProbeVerdict {
+  bool ok = false;
+  std::string reason;
+};
+
+// Alive while the owner loop's last pass is younger than 3 rescan intervals
+// plus 15 s (the loop waits up to one interval between passes, and a
+// registration may take 10 s). Pure.
+ProbeVerdict Liveness(std::optional<std::chrono::steady_clock::time_point> heartbeat,
+                      std::chrono::steady_clock::time_point now,
+                      std::chrono::milliseconds rescan_interval);
+
+// Ready when no guard conflict is active (MOFED on; the EFA DRA driver
+// present, whatever the policy) and the resource is registered with the
+// kubelet, or there is no EFA to register (a node without EFA is in its
+// steady state: not ready there would stall every rolling update). Pure.
+ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards);
+
+class DaemonMonitor final : public RpcObserver {
+ public:
+  explicit DaemonMonitor(MonitorOptions options);
+
+  // Points the daemon's observability hooks (rpc_observer, on_inventory)
+  // at this monitor, which must outlive the daemon.
+  void Attach(DaemonOptions& options);
+  // Reads `daemon`'s state from now on (null: none). Call before serving
+  // the routes; `daemon` must outlive the serving.
+  void Watch(const Daemon* daemon) { daemon_.store(daemon); }
+
+  // GET /metrics, /healthz, /readyz. Thread-safe.
+  HttpResponse Metrics() const;
+  HttpResponse Healthz() const;
+  HttpResponse Readyz() const;
+  std::map<std::string, HttpHandler> Routes() const;
+
+  MetricsRegistry& registry() { return registry_; }
+  const EfaCountMonitor& efa_count() const { return efa_count_; }
+
+  void RpcHandled(RpcMethod method, grpc::StatusCode code,
+                  std::chrono::nanoseconds elapsed) override;
+  void ContainerAllocated(size_t devices) override;
+
+ private:
+  void Collect();
+
+  const MonitorOptions options_;
+  std::atomic<const Daemon*> daemon_{nullptr};
+  EfaCountMonitor efa_count_;
+  MetricsRegistry registry_;
+
+  // Updated on gRPC threads: looked up once.
+  std::array<Histogram*, kRpcMethodCount> rpc_duration_{};
+  Family<Counter>* allocations_ = nullptr;
+  Counter* allocations_ok_ = nullptr;
+  Histogram* allocation_size_ = nullptr;
+
+  // Set by Collect() from the daemon's state.
+  Family<Gauge>* devices_ = nullptr;
+  Gauge* registered_ = nullptr;
+  Counter* registrations_ = nullptr;
+  Counter* kubelet_restarts_ = nullptr;
+  Gauge* heartbeat_age_ = nullptr;
+  Family<Counter>* decisions_ = nullptr;
+  Family<Counter>* judgments_ = nullptr;
+  Family<Gauge>* mofed_state_ = nullptr;
+  Gauge* dra_present_ = nullptr;
+  Gauge* held_unhealthy_ = nullptr;
+  Gauge* withdrawn_ = nullptr;
+  Counter* guard_checks_ = nullptr;
+  Gauge* efas_found_ = nullptr;
+  Family<Gauge>* efas_expected_ = nullptr;
+};
+
+// gRPC's name of a status code ("OK", "INVALID_ARGUMENT").
+std::string_view GrpcCodeName(grpc::StatusCode code);
+
+}  // namespace efa::plugin

@@ -1,0 +1,62 @@
+// The expected-EFA-count check: a node launched with fewer EFA interfaces
+// than its instance type supports (a launch template or Karpenter
+// EC2NodeClass whose network interfaces lack interfaceType efa or efa-only)
+// looks healthy and simply offers fewer vpc.amazonaws.com/efa. The check
+// compares the EFAs found with the instance type's EFA count.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace efa::plugin {
+
+// The number of EFAs an instance type supports (EC2's
+// MaximumEfaInterfaces), from a built-in table; nullopt for a type it does
+// not list. A HyperPod "ml." prefix is ignored.
+std::optional<int> SupportedEfaCount(std::string_view instance_type);
+
+// The node's instance type: `configured` when not empty, else the DMI
+// product name under `sysfs_root`, else empty (unknown). Reads the host.
+std::string ResolveInstanceType(const std::string& configured,
+                                const std::filesystem::path& sysfs_root);
+
+struct EfaCountCheck {
+  std::string instance_type;    // empty when unknown
+  std::optional<int> expected;  // nullopt: nothing to compare with
+  bool configured = false;      // `expected` is expectedEfaCount, not the table's
+  int found = 0;
+
+  bool short_of_expected() const { return expected && found < *expected; }
+  bool as_expected() const { return expected && found == *expected; }
+  // One line saying what was found against what was expected, and for a
+  // shortfall the likely cause, e.g. "found 31 EFAs, but a p5.48xlarge
+  // supports 32: ...".
+  std::string Describe() const;
+};
+
+// `expected_efa_count` > 0 wins over the table.
+EfaCountCheck CheckEfaCount(const std::string& instance_type, int expected_efa_count, int found);
+
+// The check across the daemon's rescans: logs when the outcome changes
+// (never once per rescan) and keeps the latest for metrics. Thread-safe.
+class EfaCountMonitor {
+ public:
+  EfaCountMonitor(std::string instance_type, int expected_efa_count);
+  // A rescan found `found` EFAs.
+  void Observe(int found);
+  // The latest check, or nullopt before the first Observe().
+  std::optional<EfaCountCheck> latest() const;
+
+ private:
+  const std::string instance_type_;
+  const int expected_efa_count_;
+  mutable absl::Mutex mu_;
+  std::optional<EfaCountCheck> latest_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace efa::plugin

@@ -1,0 +1,175 @@
+// `efa-k8s-device-plugin topology` on every simulated machine, compared with
+// the expected output in test/plugin/testdata/topology/. To regenerate
+// after a deliberate change (then review the diff):
+//   EFA_UPDATE_TESTDATA=1 build/dev/test/efa_tests "[topology-report]"
+#include "plugin/topology_report.h"
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "test/sim/sim_root.h"
+
+namespace fs = std::filesystem;
+using namespace efa::plugin;
+using efa::sim::SimRoot;
+
+namespace {
+
+const fs::path kTestdata = fs::path(__FILE__).parent_path() / "testdata/topology";
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Compares `actual` with the expected file, or writes it when asked to.
+void CheckExpected(const std::string& name, const std::string& actual) {
+  const fs::path path = kTestdata / name;
+  if (std::getenv("EFA_UPDATE_TESTDATA") != nullptr) {
+    fs::create_directories(kTestdata);
+    std::ofstream(path) << actual;
+  }
+  INFO("expected output: " << path.string());
+  REQUIRE(fs::exists(path));
+  CHECK(actual == ReadFile(path));
+}
+
+TopologyReport Report(const SimRoot& sim, int expected_efa_count = 0) {
+  return BuildTopologyReport({sim.roots(), "", "", expected_efa_count});
+}
+
+}  // namespace
+
+TEST_CASE("The topology command's output on every simulated machine is as expected",
+          "[topology-report]") {
+  for (const char* machine :
+       {"p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge", "trn1.32xlarge",
+        "trn1n.32xlarge", "trn2.48xlarge", "g5.48xlarge", "no-efa"}) {
+    INFO(machine);
+    SimRoot sim(machine);
+    const TopologyReport report = Report(sim);
+    CHECK(report.topology_error.empty());
+    CheckExpected(std::string(machine) + ".txt", FormatTopologyTable(report));
+    CheckExpected(std::string(machine) + ".dot", FormatTopologyDot(report));
+    // JSON says what the table says: kept for a few machines, checked for
+    // shape on every one.
+    const std::string json = FormatTopologyJson(report);
+    const std::string name = machine;
+    if (name == "p4d.24xlarge" || name == "trn2.48xlarge" || name == "g5.48xlarge" ||
+        name == "no-efa") {
+      CheckExpected(name + ".json", json);
+    }
+    REQUIRE(nlohmann::json::accept(json));
+    auto parsed = nlohmann::json::parse(json);
+    CHECK(parsed["efas"].size() == report.model->efas().size());
+    for (const auto& efa : parsed["efas"]) {
+      CHECK(efa["relations"].size() == report.model->accelerators().size());
+    }
+  }
+}
+
+TEST_CASE("The hwloc XML gives the same topology as the simulated sysfs", "[topology-report]") {
+  for (const char* machine : {"p5.48xlarge", "trn2.48xlarge"}) {
+    INFO(machine);
+    SimRoot sim(machine);
+    const TopologyReport from_xml = BuildTopologyReport({sim.roots(), sim.xml().string(), "", 0});
+    CHECK(FormatTopologyTable(from_xml) == FormatTopologyTable(Report(sim)));
+  }
+}
+
+TEST_CASE("A p5.48xlarge with 31 EFAs gets the count warning naming the likely cause",
+          "[topology-report]") {
+  SimRoot sim("p5.48xlarge");
+  // The last EFA was never attached: no verbs device, no uverbs node.
+  fs::remove(sim.sys() / "class/infiniband/rdmap201s0");
+  fs::remove_all(sim.sys() / "class/infiniband_verbs/uverbs31");
+  fs::remove(sim.path() / "dev/infiniband/uverbs31");
+  const TopologyReport report = Report(sim);
+  CHECK(report.count.found == 31);
+  CHECK(report.count.expected == 32);
+  CHECK(report.count.short_of_expected());
+  const std::string warning =
+      "found 31 EFAs, but a p5.48xlarge supports 32: the node was likely launched with fewer EFA "
+      "interfaces than it supports. Check the launch template or the Karpenter EC2NodeClass: "
+      "every network card needs a network interface with interfaceType efa or efa-only";
+  CHECK(report.count.Describe() == warning);
+  const std::string table = FormatTopologyTable(report);
+  CHECK(table.find("\nEFA count: " + warning + "\n") != std::string::npos);
+  CHECK(table.find("rdmap201s0") == std::string::npos);
+  auto json = nlohmann::json::parse(FormatTopologyJson(report));
+  CHECK(json["efaCount"]["found"] == 31);
+  CHECK(json["efaCount"]["expected"] == 32);
+  CHECK(json["efaCount"]["ok"] == false);
+}
+
+TEST_CASE("The EFA count check", "[topology-report]") {
+  CHECK(SupportedEfaCount("p5.48xlarge") == 32);
+  CHECK(SupportedEfaCount("ml.p5.48xlarge") == 32);
+  CHECK(SupportedEfaCount("p5en.48xlarge") == 16);
+  CHECK(SupportedEfaCount("trn1.32xlarge") == 8);
+  CHECK(SupportedEfaCount("m5.8xlarge") == std::nullopt);
+  CHECK(SupportedEfaCount("") == std::nullopt);
+
+  CHECK(CheckEfaCount("p4d.24xlarge", 0, 4).Describe() ==
+        "found 4 EFAs, as many as a p4d.24xlarge supports");
+  CHECK(CheckEfaCount("p4d.24xlarge", 2, 2).Describe() == "found 2 EFAs, as expectedEfaCount says");
+  CHECK(CheckEfaCount("m5.8xlarge", 0, 0).Describe() ==
+        "found 0 EFAs; no EFA count is known for m5.8xlarge (set expectedEfaCount to check it)");
+  CHECK(CheckEfaCount("", 0, 1).Describe() ==
+        "found 1 EFA; the instance type is unknown (set instanceType or expectedEfaCount to "
+        "check the count)");
+  CHECK(CheckEfaCount("g5.48xlarge", 0, 2).Describe() ==
+        "found 2 EFAs, more than expected: a g5.48xlarge supports 1 (set expectedEfaCount if "
+        "the table is out of date)");
+  CHECK(CheckEfaCount("trn2.48xlarge", 0, 0).Describe() ==
+        "found 0 EFAs, but a trn2.48xlarge supports 16: the node was likely launched with fewer "
+        "EFA interfaces than it supports. Check the launch template or the Karpenter "
+        "EC2NodeClass: every network card needs a network interface with interfaceType efa or "
+        "efa-only, and the efa kernel module must be loaded");
+  const EfaCountCheck configured = CheckEfaCount("m5.8xlarge", 4, 3);
+  CHECK(configured.short_of_expected());
+  CHECK(configured.Describe().rfind("found 3 EFAs, but expectedEfaCount is 4: ", 0) == 0);
+}
+
+#ifdef EFA_PLUGIN_BINARY
+TEST_CASE("The binary prints the topology and the effective configuration",
+          "[topology-report][process]") {
+  SimRoot sim("p6-b200.48xlarge");
+  auto run = [](const std::string& command) {
+    std::string out;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+    const int status = ::pclose(pipe);
+    return std::make_pair(status, out);
+  };
+  const std::string bin = EFA_PLUGIN_BINARY;
+  auto [status, out] = run("EFA_SYSFS_ROOT=" + sim.sys().string() +
+                           " EFA_DEV_ROOT=" + (sim.path() / "dev").string() + " " + bin +
+                           " topology --format dot 2>/dev/null");
+  CHECK(status == 0);
+  CHECK(out == FormatTopologyDot(Report(sim)));
+
+  std::tie(status, out) =
+      run("EFA_LOG_LEVEL=debug EFA_RESCAN_INTERVAL=3s " + bin +
+          " --print-config --rescan-interval=250ms 2>&1 | grep -E '^(logLevel|rescanInterval):'");
+  CHECK(status == 0);
+  CHECK(out ==
+        "rescanInterval: 250ms  # from --rescan-interval\n"
+        "logLevel: debug  # from EFA_LOG_LEVEL\n");
+
+  std::tie(status, out) = run("EFA_LOG_LEVEL=loud " + bin + " --print-config 2>&1");
+  CHECK(WEXITSTATUS(status) == 2);
+  CHECK(out == "EFA_LOG_LEVEL: expected one of trace, debug, info, warn, error, got \"loud\"\n");
+}
+#endif
