@@ -39,7 +39,8 @@ using Metrics = std::map<std::string, double>;
 class MonitoredNode {
  public:
   explicit MonitoredNode(const std::string& machine,
-                         const std::function<void(SimRoot&)>& prepare = nullptr)
+                         const std::function<void(SimRoot&)>& prepare = nullptr,
+                         MofedPolicy mofed_policy = MofedPolicy::kWarn)
       : sim_(machine), kubelet_(sim_.path() / "kubelet/device-plugins") {
     if (prepare) prepare(sim_);
     REQUIRE(kubelet_.Start().ok());
@@ -50,6 +51,7 @@ class MonitoredNode {
     options.roots = sim_.roots();
     options.kubelet_dir = sim_.path() / "kubelet";
     options.cdi_spec_dirs = {cdi_dir()};
+    options.mofed_policy = mofed_policy;
     monitor_ = std::make_unique<DaemonMonitor>(
         MonitorOptions{options.rescan_interval, "", options.roots.sysfs, 0});
     monitor_->Attach(options);
@@ -227,6 +229,35 @@ TEST_CASE("Readiness and the guard metrics follow the MOFED conflict and the DRA
   CHECK(node.WaitMetrics(Has(
       {{"efa_device_plugin_withdrawn", 0}, {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
   CHECK(node.Scrape().at("efa_device_plugin_guard_checks_total") >= 4);
+}
+
+TEST_CASE("Under policy protect the MOFED metrics and health go on, off and on again",
+          "[monitor][daemon]") {
+  MonitoredNode node("p4d.24xlarge", nullptr, MofedPolicy::kProtect);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  const fs::path spec = node.cdi_dir() / "k8s.device-plugin.nvidia.com-mofed.json";
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
+                                {"efa_device_plugin_efas_held_unhealthy", 0},
+                                {"efa_device_plugin_devices{health=\"healthy\"}", 4},
+                                {"efa_device_plugin_devices{health=\"unhealthy\"}", 0}})));
+    WriteFileAtomically(spec,
+                        R"({"cdiVersion":"0.5.0","kind":"k8s.device-plugin.nvidia.com/mofed"})");
+    CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"on\"}", 1},
+                                {"efa_device_plugin_efas_held_unhealthy", 1},
+                                {"efa_device_plugin_devices{health=\"healthy\"}", 0},
+                                {"efa_device_plugin_devices{health=\"unhealthy\"}", 4}})));
+    // What the kubelet is told agrees with the metric.
+    const auto list = node.daemon().advertised();
+    for (const auto& d : list.devices()) CHECK(d.health() == "Unhealthy");
+    fs::remove(spec);
+  }
+  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
+                              {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
+  const auto list = node.daemon().advertised();
+  CHECK(list.devices_size() == 4);
+  for (const auto& d : list.devices()) CHECK(d.health() == "Healthy");
 }
 
 TEST_CASE("A node without EFA is ready with nothing to register", "[monitor][daemon]") {
