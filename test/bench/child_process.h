@@ -1,0 +1,81 @@
+// A program run as a child process for the benchmarks, its output in a log
+// file; killed when the object goes away or the benchmark dies.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace efa::bench {
+
+class ChildProcess {
+ public:
+  // Starts argv[0] with `argv`, stdout and stderr appended to `log`.
+  // Throws std::runtime_error (naming the program) when it cannot start.
+  ChildProcess(std::vector<std::string> argv, const std::filesystem::path& log) {
+    const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) throw std::runtime_error(log.string() + ": " + std::strerror(errno));
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::dup2(log_fd, STDOUT_FILENO);
+      ::dup2(log_fd, STDERR_FILENO);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(log_fd);
+    if (pid_ < 0) throw std::runtime_error(argv[0] + ": fork: " + std::strerror(errno));
+    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  }
+  ~ChildProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (pidfd_ >= 0) ::close(pidfd_);
+  }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void Signal(int sig) const {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+  // Waits for the process to end (through its pidfd); returns its exit
+  // status (128 + N when killed by signal N), or -1 when `timeout` passed.
+  int Wait(std::chrono::milliseconds timeout) {
+    pollfd p{pidfd_, POLLIN, 0};
+    if (pid_ <= 0 || ::poll(&p, 1, static_cast<int>(timeout.count())) != 1) return -1;
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  // SIGTERM, then waits as Wait does.
+  int Stop(std::chrono::milliseconds timeout) {
+    Signal(SIGTERM);
+    return Wait(timeout);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int pidfd_ = -1;
+};
+
+}  // namespace efa::bench

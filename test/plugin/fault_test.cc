@@ -1,0 +1,326 @@
+// The real daemon binary under what real nodes do to it: the kubelet
+// restarting over and over, many clients calling at once while devices come
+// and go, and SIGKILL in the middle of admissions. Each test prints its
+// figures (file descriptors, threads, resident memory, calls).
+#include <grpcpp/create_channel.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "deviceplugin/v1beta1/api.grpc.pb.h"
+#include "test/bench/child_process.h"
+#include "test/bench/proc_stats.h"
+#include "test/fake_kubelet/fake_kubelet.h"
+#include "test/sim/sim_root.h"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using efa::bench::ChildProcess;
+using efa::sim::SimRoot;
+using efa::testing::FakeKubelet;
+
+namespace {
+
+constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+constexpr auto kDeadline = 10s;
+
+// What the process holds: open files, threads, resident memory.
+struct Footprint {
+  long long fds = 0;
+  long long threads = 0;
+  long long rss_kib = 0;
+};
+
+Footprint Measure(pid_t pid) {
+  Footprint f;
+  const fs::path proc = "/proc/" + std::to_string(pid);
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(proc / "fd")) ++f.fds;
+  f.threads = efa::bench::StatusField(proc / "status", "Threads");
+  f.rss_kib = efa::bench::ResidentKiB(pid);
+  return f;
+}
+
+void Print(const char* when, const Footprint& f) {
+  std::printf("  %-28s fds %lld, threads %lld, RSS %lld KiB\n", when, f.fds, f.threads, f.rss_kib);
+}
+
+// The daemon binary on a simulated node with a fake kubelet (pod-resources
+// served too), its log in the node's directory.
+class DaemonNode {
+ public:
+  explicit DaemonNode(const std::string& machine)
+      : sim_(machine), kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")) {
+    REQUIRE(kubelet_.Start().ok());
+    StartDaemon();
+  }
+
+  void StartDaemon() {
+    daemon_.reset();  // a killed daemon leaves its socket: the new one removes it
+    daemon_ = std::make_unique<ChildProcess>(
+        std::vector<std::string>{
+            EFA_PLUGIN_BINARY, "--kubelet-dir", (sim_.path() / "kubelet").string(), "--sysfs-root",
+            sim_.sys().string(), "--dev-root", (sim_.path() / "dev").string(), "--proc-root",
+            (sim_.path() / "proc").string(), "--cdi-spec-dirs", (sim_.path() / "etc/cdi").string(),
+            "--log-level", "warn", "--metrics-address", "", "--rescan-interval", "1s"},
+        sim_.path() / "daemon.log");
+  }
+  // Whether the daemon died of it. Safe on any thread (no Catch2 macros).
+  bool KillDaemon() {
+    daemon_->Signal(SIGKILL);
+    return daemon_->Wait(kDeadline) == 128 + SIGKILL;
+  }
+
+  SimRoot& sim() { return sim_; }
+  FakeKubelet& kubelet() { return kubelet_; }
+  pid_t pid() const { return daemon_->pid(); }
+  fs::path socket() const {
+    return sim_.path() / "kubelet/device-plugins/aws-efa-device-plugin.sock";
+  }
+
+ private:
+  SimRoot sim_;
+  FakeKubelet kubelet_;
+  std::unique_ptr<ChildProcess> daemon_;
+};
+
+std::vector<std::string> DeviceIds(const std::vector<v1beta1::Device>& devices) {
+  std::vector<std::string> ids;
+  for (const auto& d : devices) ids.push_back(d.id());
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("100 kubelet restarts in a row: registered every time, nothing leaks",
+          "[fault][process]") {
+  DaemonNode node("p5.48xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
+  std::printf("100 kubelet restarts (p5.48xlarge, daemon pid %d):\n", node.pid());
+  Footprint after10;
+  for (int i = 1; i <= 100; ++i) {
+    REQUIRE(node.kubelet().Restart().ok());
+    INFO("restart " << i);
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, i + 1, kDeadline));
+    REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
+    if (i == 10) after10 = Measure(node.pid());
+  }
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return d.size() == 32; }, kDeadline));
+  const Footprint after100 = Measure(node.pid());
+  Print("after restart 10:", after10);
+  Print("after restart 100:", after100);
+  CHECK(node.kubelet().registrations(kEfa) == 101);
+  // Flat: what the first restarts set up (gRPC's thread pools, the channel
+  // to the kubelet) is reused, not piled up.
+  CHECK(after100.fds <= after10.fds);
+  CHECK(after100.threads <= after10.threads + 2);
+  CHECK(after100.rss_kib <= after10.rss_kib + 2048);
+}
+
+TEST_CASE("16 clients calling at once while devices come and go", "[fault][process]") {
+  DaemonNode node("p5.48xlarge");
+  FakeKubelet& kubelet = node.kubelet();
+  REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(kubelet.WaitForDevices(
+      kEfa, [](const auto& d) { return d.size() == 32; }, kDeadline));
+  const std::vector<std::string> ids = DeviceIds(kubelet.devices(kEfa));
+  const Footprint before = Measure(node.pid());
+
+  // A watcher of its own: every message is the whole node, each device once.
+  auto channel =
+      grpc::CreateChannel("unix:" + node.socket().string(), grpc::InsecureChannelCredentials());
+  auto watch_stub = v1beta1::DevicePlugin::NewStub(channel);
+  grpc::ClientContext watch_context;
+  auto reader = watch_stub->ListAndWatch(&watch_context, v1beta1::Empty());
+  std::atomic<int> messages{0}, bad_messages{0};
+  std::thread watcher([&] {
+    v1beta1::ListAndWatchResponse list;
+    while (reader->Read(&list)) {
+      ++messages;
+      std::set<std::string> seen;
+      for (const auto& d : list.devices()) {
+        if (!seen.insert(d.id()).second) ++bad_messages;
+        if (d.health() != "Healthy" && d.health() != "Unhealthy") ++bad_messages;
+      }
+      if (seen.size() != ids.size()) ++bad_messages;
+    }
+  });
+
+  // Devices disappear and come back (their uverbs nodes) all along.
+  std::atomic<bool> done{false};
+  std::atomic<int> flips{0};
+  std::thread mutator([&] {
+    std::mt19937 rng(7);
+    const fs::path dev = node.sim().path() / "dev/infiniband";
+    while (!done) {
+      const fs::path uverbs = dev / ("uverbs" + std::to_string(rng() % 32));
+      if (fs::exists(uverbs)) {
+        fs::remove(uverbs);
+      } else {
+        std::ofstream(uverbs.string()).put('\0');
+      }
+      ++flips;
+      std::this_thread::sleep_for(5ms);  // pacing the churn, not waiting for an event
+    }
+  });
+
+  constexpr int kClients = 16, kCalls = 10000;
+  std::map<std::string, std::atomic<int>> outcomes;
+  for (const char* o : {"ok", "unknown", "unhealthy", "other"}) outcomes[o] = 0;
+  std::atomic<int> other_logged{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      auto ch =
+          grpc::CreateChannel("unix:" + node.socket().string(), grpc::InsecureChannelCredentials());
+      auto stub = v1beta1::DevicePlugin::NewStub(ch);
+      std::mt19937 rng(c);
+      for (int i = 0; i < kCalls; ++i) {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + kDeadline);
+        grpc::Status status;
+        if (i % 2 == 0) {
+          v1beta1::AllocateRequest request;
+          auto* r = request.add_container_requests();
+          if (i % 50 == 0) r->add_devices_ids("rdmap999s0");  // never exists
+          const size_t first = rng() % 29;
+          for (size_t k = first; k < first + 1 + rng() % 4; ++k) r->add_devices_ids(ids[k]);
+          v1beta1::AllocateResponse response;
+          status = stub->Allocate(&context, request, &response);
+          if (status.ok() &&
+              response.container_responses(0).devices_size() != r->devices_ids_size()) {
+            status = grpc::Status(grpc::StatusCode::INTERNAL, "wrong number of device nodes");
+          }
+        } else {
+          v1beta1::PreferredAllocationRequest request;
+          auto* r = request.add_container_requests();
+          for (const auto& id : ids) {
+            if (rng() % 2) r->add_available_deviceids(id);
+          }
+          r->set_allocation_size(std::min(4, r->available_deviceids_size()));
+          v1beta1::PreferredAllocationResponse response;
+          status = stub->GetPreferredAllocation(&context, request, &response);
+        }
+        // The designed errors: an unknown ID, or a device gone unhealthy.
+        const char* outcome =
+            status.ok() ? "ok"
+            : status.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+                    status.error_message().find("unknown device") != std::string::npos
+                ? "unknown"
+            : status.error_code() == grpc::StatusCode::FAILED_PRECONDITION ? "unhealthy"
+                                                                           : "other";
+        ++outcomes[outcome];
+        if (outcome == std::string("other") && other_logged++ < 5) {
+          UNSCOPED_INFO("unexpected: " << status.error_code() << " " << status.error_message());
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  done = true;
+  mutator.join();
+
+  // Every device back: the kubelet and the watcher see the whole node healthy.
+  for (int n = 0; n < 32; ++n) {
+    const fs::path uverbs = node.sim().path() / "dev/infiniband" / ("uverbs" + std::to_string(n));
+    if (!fs::exists(uverbs)) std::ofstream(uverbs.string()).put('\0');
+  }
+  auto all_healthy = [](const std::vector<v1beta1::Device>& d) {
+    return d.size() == 32 &&
+           std::all_of(d.begin(), d.end(), [](const auto& x) { return x.health() == "Healthy"; });
+  };
+  CHECK(kubelet.WaitForDevices(kEfa, all_healthy, kDeadline));
+  watch_context.TryCancel();
+  watcher.join();
+  const Footprint after = Measure(node.pid());
+
+  std::printf("16 clients x 10000 calls (p5.48xlarge), %d device flips:\n", flips.load());
+  std::printf("  ok %d, unknown device %d, unhealthy device %d, other %d\n", outcomes["ok"].load(),
+              outcomes["unknown"].load(), outcomes["unhealthy"].load(), outcomes["other"].load());
+  std::printf("  ListAndWatch: %d messages, %d inconsistent\n", messages.load(),
+              bad_messages.load());
+  Print("before:", before);
+  Print("after:", after);
+  CHECK(outcomes["other"] == 0);
+  CHECK(outcomes["ok"] + outcomes["unknown"] + outcomes["unhealthy"] == kClients * kCalls);
+  CHECK(outcomes["unknown"] == kClients * kCalls / 50);  // exactly the "rdmap999s0" calls
+  CHECK(messages > 1);
+  CHECK(bad_messages == 0);
+  CHECK(flips > 0);
+}
+
+TEST_CASE("SIGKILL in an admission storm: no EFA is ever held by two live containers",
+          "[fault][process]") {
+  DaemonNode node("p5.48xlarge");
+  FakeKubelet& kubelet = node.kubelet();
+  REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(kubelet.WaitForStreaming(kEfa, true, kDeadline));
+
+  // Live containers: pod UID -> the host device nodes its answer mounts.
+  std::map<std::string, std::vector<std::string>> live;
+  auto check_disjoint = [&] {
+    std::map<std::string, std::string> holder;
+    for (const auto& [uid, nodes] : live) {
+      for (const auto& n : nodes) {
+        auto [it, fresh] = holder.emplace(n, uid);
+        INFO(n << " held by " << it->second << " and " << uid);
+        REQUIRE(fresh);
+      }
+    }
+  };
+  std::mt19937 rng(11);
+  int admitted = 0, refused = 0, next_pod = 0, kills = 0;
+  auto storm = [&](int rounds) {
+    for (int i = 0; i < rounds; ++i) {
+      if (!live.empty() && (live.size() >= 8 || rng() % 3 == 0)) {
+        auto victim = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+        REQUIRE(kubelet.RemovePod(victim->first).ok());
+        live.erase(victim);
+        continue;
+      }
+      const std::string uid = "pod-" + std::to_string(next_pod++);
+      auto c = kubelet.AdmitContainer(uid, "default", uid, "main",
+                                      {{kEfa, 1 + static_cast<int>(rng() % 4)}});
+      if (!c.ok()) {
+        ++refused;  // the daemon is down: refused at admission, nothing held
+        continue;
+      }
+      ++admitted;
+      std::vector<std::string> nodes;
+      for (const auto& d : c->allocations[0].response.devices()) nodes.push_back(d.host_path());
+      REQUIRE(nodes.size() == c->allocations[0].device_ids.size());
+      live[uid] = nodes;
+      check_disjoint();
+    }
+  };
+  for (int round = 0; round < 5; ++round) {
+    storm(40);
+    // Killed in the middle of admissions: the kubelet's view of the
+    // allocations survives in its checkpoint, the daemon keeps none.
+    bool killed = false;
+    std::thread killer([&] { killed = node.KillDaemon(); });
+    storm(10);
+    killer.join();
+    REQUIRE(killed);
+    ++kills;
+    node.StartDaemon();
+    REQUIRE(kubelet.WaitForRegistrations(kEfa, round + 2, kDeadline));
+    REQUIRE(kubelet.WaitForStreaming(kEfa, true, kDeadline));
+    storm(40);
+  }
+  std::printf("SIGKILL storm: %d kills, %d containers admitted, %d refused while down, %zu live\n",
+              kills, admitted, refused, live.size());
+  CHECK(admitted > 200);
+  check_disjoint();
+}
