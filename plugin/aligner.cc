@@ -123,7 +123,15 @@ bool Aligner::Report(const topology::HostModel& model) {
   bool gpus_read = false;
   for (const ContainerDevices& c : containers) {
     if (c.efas.empty() || c.accelerators.empty()) continue;
-    const std::string key = c.Name() + "\n" + absl::StrJoin(c.efas, ",");
+    std::vector<std::string> efas = c.efas;
+    if (options_.bound_efas) {
+      // Judge the EFAs the container really got; one not started yet is
+      // judged once it is bound.
+      auto bound = options_.bound_efas(c.efas);
+      if (!bound) continue;
+      efas = *std::move(bound);
+    }
+    const std::string key = c.Name() + "\n" + absl::StrJoin(efas, ",");
     present.insert(key);
     if (reported_.count(key)) continue;
     if (!gpus_read) {
@@ -131,11 +139,10 @@ bool Aligner::Report(const topology::HostModel& model) {
       gpus_read = true;
     }
     Targets targets = ResolveTargets(c.accelerators, options_.resources, gpus, model);
-    const bool aligned = !targets.empty() && IsAligned(model, c.efas, targets);
+    const bool aligned = !targets.empty() && IsAligned(model, efas, targets);
     stats_.Add(aligned ? &AlignmentStats::Counts::aligned : &AlignmentStats::Counts::unaligned);
     spdlog::info("alignment: {} {}: EFAs {} with accelerators {}", c.Name(),
-                 aligned ? "aligned" : "NOT aligned", absl::StrJoin(c.efas, ","),
-                 Describe(targets));
+                 aligned ? "aligned" : "NOT aligned", absl::StrJoin(efas, ","), Describe(targets));
   }
   // Forget containers that are gone, so the set does not grow.
   std::erase_if(reported_, [&](const std::string& k) { return !present.count(k); });

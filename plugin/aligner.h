@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -24,6 +25,10 @@ struct AlignerOptions {
   std::string efa_resource = "vpc.amazonaws.com/efa";
   AcceleratorResources resources;
   PodResourcesClient::Options pod_resources;
+  // Late binding: the physical EFAs bound for a container's kubelet device
+  // IDs, nullopt while not bound yet. Null: the IDs are the EFAs.
+  std::function<std::optional<std::vector<std::string>>(const std::vector<std::string>&)>
+      bound_efas;
 };
 
 // Counters since start. Thread-safe.

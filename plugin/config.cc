@@ -1,5 +1,7 @@
 #include "plugin/config.h"
 
+#include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -197,6 +199,16 @@ std::string Quote(std::string_view text) {
   return out + "\"";
 }
 
+// Quote() for messages: at most 64 bytes of `text`, then "...", so that a
+// megabyte-long bad value gives a readable line, not a megabyte.
+std::string QuoteShort(std::string_view text) {
+  constexpr size_t kMax = 64;
+  if (text.size() <= kMax) return Quote(text);
+  std::string out = Quote(text.substr(0, kMax));
+  out.insert(out.size() - 1, "...");
+  return out;
+}
+
 std::string FormatDuration(milliseconds d) {
   return absl::FormatDuration(absl::Milliseconds(d.count()));
 }
@@ -234,7 +246,7 @@ std::string Expected(const Option& o) {
 }
 
 absl::Status Mismatch(const std::string& expected, std::string_view got) {
-  return absl::InvalidArgumentError(absl::StrCat("expected ", expected, ", got ", Quote(got)));
+  return absl::InvalidArgumentError(absl::StrCat("expected ", expected, ", got ", QuoteShort(got)));
 }
 
 // One element of a list option.
@@ -416,7 +428,7 @@ std::string Where(const std::string& file, const YAML::Mark& mark) {
 std::string Found(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Scalar:
-      return Quote(node.Scalar());
+      return QuoteShort(node.Scalar());
     case YAML::NodeType::Sequence:
       return "a list";
     case YAML::NodeType::Map:
@@ -424,6 +436,54 @@ std::string Found(const YAML::Node& node) {
     default:
       return "nothing";
   }
+}
+
+// A yaml-cpp message with the input's bytes it may quote (control
+// characters, bytes of broken UTF-8) shown as \xNN.
+std::string EscapeBytes(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f) {
+      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Where a second YAML document in `text` starts, if there is one. Not
+// YAML::LoadAll: it loops forever on some inputs (",:").
+std::optional<YAML::Mark> SecondDocument(const std::string& text) {
+  class DocumentStarts : public YAML::EventHandler {
+   public:
+    void OnDocumentStart(const YAML::Mark& mark) override {
+      if (++documents_ == 2) second_ = mark;
+    }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+    const std::optional<YAML::Mark>& second() const { return second_; }
+
+   private:
+    int documents_ = 0;
+    std::optional<YAML::Mark> second_;
+  };
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts starts;
+  for (int i = 0; i < 2 && parser.HandleNextDocument(starts); ++i) {
+  }
+  return starts.second();
 }
 
 absl::Status NodeError(const std::string& file, const YAML::Node& node, const std::string& key,
@@ -531,8 +591,9 @@ absl::StatusOr<Config> ParseYamlRoot(const YAML::Node& root, const std::string& 
   std::map<std::string, YAML::Mark> seen;
   bool versioned = false;
   for (auto it = root.begin(); it != root.end(); ++it) {
-    const YAML::Node& key_node = it->first;
-    const YAML::Node& value = it->second;
+    // Copies: it-> is a temporary proxy, a reference into it would dangle.
+    const YAML::Node key_node = it->first;
+    const YAML::Node value = it->second;
     if (!key_node.IsScalar()) {
       return absl::InvalidArgumentError(absl::StrCat(
           Where(file, key_node.Mark()), "expected an option name, got ", Found(key_node)));
@@ -630,14 +691,31 @@ EnvLookup ProcessEnvironment() {
 absl::StatusOr<Config> ParseConfigYaml(std::string_view text, const std::string& file_name) {
   // yaml-cpp reports through exceptions; none leaves this function.
   try {
-    return ParseYamlRoot(YAML::Load(std::string(text)), file_name);
+    const std::string yaml(text);
+    absl::StatusOr<Config> config = ParseYamlRoot(YAML::Load(yaml), file_name);
+    if (!config.ok()) return config;
+    // YAML::Load reads the first document only: refuse a second rather
+    // than ignore it.
+    if (std::optional<YAML::Mark> second = SecondDocument(yaml)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(file_name, *second), "expected one YAML document, got a second"));
+    }
+    return config;
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp says "bad file" for this.
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(file_name, e.mark), "invalid YAML: nested too deeply"));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Where(file_name, e.mark), "invalid YAML: ", e.msg));
+        absl::StrCat(Where(file_name, e.mark), "invalid YAML: ", EscapeBytes(e.msg)));
   }
 }
 
 absl::StatusOr<Config> ReadConfigFile(const std::filesystem::path& path) {
+  // A directory opens as an empty stream.
+  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
+    return topology::PathError(path, EISDIR);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return topology::PathError(path, errno);
   std::ostringstream text;

@@ -94,14 +94,37 @@ Daemon::Daemon(DaemonOptions options)
       fds_(std::make_unique<Fds>()) {
   fds_->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   fds_->inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  AlignerOptions aligner_options;
+  aligner_options.kubelet_dir = options_.kubelet_dir;
+  aligner_options.proc_root = options_.roots.proc;
+  aligner_options.efa_resource = kResourceName;
+  aligner_options.resources = options_.accelerator_resources;
+  if (options_.alignment == AlignmentMode::kLateBinding) {
+    LateBinderOptions late;
+    late.cdi_dir = options_.cdi_dir;
+    late.kubelet_dir = options_.kubelet_dir;
+    late.proc_root = options_.roots.proc;
+    late.efa_resource = kResourceName;
+    late.resources = options_.accelerator_resources;
+    late.on_bound = [this] {
+      report_requested_ = true;  // judge the new binding now, not at the next rescan
+      Wake();
+    };
+    late_binder_ = std::make_unique<LateBinder>(std::move(late));
+    service_.SetLateBinding(
+        [this](const DeviceTable& table, const std::vector<std::string>& kubelet_ids) {
+          return late_binder_->PreStart(table, kubelet_ids);
+        });
+    aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {
+      return late_binder_->BoundEfas(kubelet_ids);
+    };
+  }
   if (options_.alignment != AlignmentMode::kOff) {
-    aligner_ = std::make_unique<Aligner>(AlignerOptions{options_.kubelet_dir,
-                                                        options_.roots.proc,
-                                                        kResourceName,
-                                                        options_.accelerator_resources,
-                                                        {}});
-    service_.SetTargetFinder(
-        [this](const topology::HostModel& model) { return aligner_->ForAdmission(model); });
+    aligner_ = std::make_unique<Aligner>(std::move(aligner_options));
+    if (!late_binder_) {
+      service_.SetTargetFinder(
+          [this](const topology::HostModel& model) { return aligner_->ForAdmission(model); });
+    }
   }
   service_.SetRpcObserver(options_.rpc_observer);
   service_.SetStreamEndCallback([this] {
@@ -176,6 +199,9 @@ void Daemon::Rescan() {
   for (auto& [id, d] : known_) {
     if (present.count(id)) continue;
     std::string problem = (options_.roots.sysfs / "class/infiniband" / id).string() + ": gone";
+    for (const auto& s : inv.skipped) {
+      if (s.ibdev == id) problem = s.reason;  // still there, but its sysfs is broken
+    }
     if (d.health_problem != problem) {
       spdlog::warn("EFA {} is unhealthy: {}", id, problem);
       d.health_problem = problem;
@@ -302,7 +328,7 @@ void Daemon::TryRegister() {
   request.set_version(kApiVersion);
   request.set_endpoint(kPluginSocket);
   request.set_resource_name(kResourceName);
-  *request.mutable_options() = DevicePluginService::PluginOptions();
+  *request.mutable_options() = service_.PluginOptions();
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kRegisterTimeout);
   v1beta1::Empty reply;
@@ -366,6 +392,7 @@ void Daemon::HandleInotify() {
 
 void Daemon::ReportAlignment() {
   next_report_ = Clock::time_point::max();
+  if (late_binder_) late_binder_->ReleaseGone();
   if (aligner_ && model_ && !aligner_->Report(*model_)) {
     next_report_ = Clock::now() + std::chrono::milliseconds(500);
   }
@@ -395,6 +422,11 @@ int Daemon::Run() {
   }
   CheckGuards();
   Rescan();
+  if (late_binder_) {
+    // Before serving: no PreStartContainer may bind an EFA a spec holds.
+    late_binder_->Recover();
+    late_binder_->ReleaseGone();
+  }
   if (!StartServer()) return 1;
   next_register_ = Clock::now();
   bool announced_idle = false;
@@ -452,7 +484,7 @@ int Daemon::Run() {
       }
     }
     if (Clock::now() >= next_guard_check_ && CheckGuards()) Rescan();
-    if (Clock::now() >= next_report_) ReportAlignment();
+    if (report_requested_.exchange(false) || Clock::now() >= next_report_) ReportAlignment();
     if (Clock::now() >= next_rescan_) {
       Rescan();
       ReportAlignment();  // also catches what a missed checkpoint event hid

@@ -17,6 +17,7 @@
 #include "plugin/aligner.h"
 #include "plugin/device_plugin_service.h"
 #include "plugin/dra_guard.h"
+#include "plugin/late_binder.h"
 #include "plugin/mofed_guard.h"
 #include "plugin/rpc_observer.h"
 #include "topology/sysfs.h"
@@ -49,8 +50,7 @@ struct DaemonOptions {
   // The instance type, e.g. "p5.48xlarge"; empty: the DMI product name.
   std::string instance_type;
   // How EFAs are aligned with the admitted container's accelerators
-  // (README, "Alignment"). kLateBinding is served as kBestEffort until late
-  // binding exists.
+  // (README, "Alignment").
   AlignmentMode alignment = AlignmentMode::kBestEffort;
   AcceleratorResources accelerator_resources;
   // Where late binding writes its CDI specs (a host path the runtime reads).
@@ -118,6 +118,8 @@ class Daemon {
   v1beta1::ListAndWatchResponse advertised() const { return service_.CurrentList(); }
   // Alignment counters, or null when alignment is off. Thread-safe.
   const AlignmentStats* alignment_stats() const { return aligner_ ? &aligner_->stats() : nullptr; }
+  // The late-binding state, or null in the other modes. Thread-safe.
+  const LateBinder* late_binder() const { return late_binder_.get(); }
   std::filesystem::path plugin_socket() const;
   std::filesystem::path kubelet_socket() const;
   // The guards' latest findings. Thread-safe.
@@ -149,7 +151,9 @@ class Daemon {
 
   const DaemonOptions options_;
   DevicePluginService service_;
-  std::unique_ptr<Aligner> aligner_;  // null when alignment is off
+  std::unique_ptr<Aligner> aligner_;         // null when alignment is off
+  std::unique_ptr<LateBinder> late_binder_;  // null unless late binding
+  std::atomic<bool> report_requested_{false};
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Fds> fds_;
   std::atomic<bool> stop_{false};

@@ -157,6 +157,12 @@ DaemonMonitor::DaemonMonitor(MonitorOptions options)
   judgments_ = &registry_.AddCounter(
       name("alignment_judgments_total"),
       "Containers holding EFAs and accelerators, judged once after admission.", {"result"});
+  late_binding_ = &registry_.AddCounter(
+      name("late_binding_total"),
+      "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "
+      "(kept), PreStartContainer failures (failed), bindings released (released) and recovered "
+      "from the CDI dir at start (recovered).",
+      {"event"});
 
   mofed_state_ = &registry_.AddGauge(
       name("mofed_state"),
@@ -231,6 +237,14 @@ void DaemonMonitor::Collect() {
     decisions_->WithLabels({"degraded"}).Set(c.degraded);
     judgments_->WithLabels({"aligned"}).Set(c.aligned);
     judgments_->WithLabels({"unaligned"}).Set(c.unaligned);
+  }
+  if (const LateBinder* late = daemon->late_binder()) {
+    const LateBindingCounts c = late->counts();
+    late_binding_->WithLabels({"bound"}).Set(c.bound);
+    late_binding_->WithLabels({"kept"}).Set(c.kept);
+    late_binding_->WithLabels({"failed"}).Set(c.failed);
+    late_binding_->WithLabels({"released"}).Set(c.released);
+    late_binding_->WithLabels({"recovered"}).Set(c.recovered);
   }
 
   const GuardStatus g = daemon->guard_status();

@@ -100,6 +100,7 @@ class DaemonMonitor final : public RpcObserver {
   Gauge* heartbeat_age_ = nullptr;
   Family<Counter>* decisions_ = nullptr;
   Family<Counter>* judgments_ = nullptr;
+  Family<Counter>* late_binding_ = nullptr;
   Family<Gauge>* mofed_state_ = nullptr;
   Gauge* dra_present_ = nullptr;
   Gauge* held_unhealthy_ = nullptr;

@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "plugin/cdi_spec.h"
 
 namespace efa::plugin {
 namespace {
@@ -105,6 +106,15 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
   }
   (*response.mutable_envs())[kEnvDevices] = absl::StrJoin(names, ",");
   (*response.mutable_envs())[kEnvPciAddresses] = absl::StrJoin(addresses, ",");
+  return response;
+}
+
+absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainerLate(
+    const DeviceTable& table, const v1beta1::ContainerAllocateRequest& request) {
+  if (auto checked = AllocateContainer(table, request); !checked.ok()) return checked.status();
+  v1beta1::ContainerAllocateResponse response;
+  std::vector<std::string> ids(request.devices_ids().begin(), request.devices_ids().end());
+  response.add_cdi_devices()->set_name(CdiDeviceName(ClaimName(std::move(ids))));
   return response;
 }
 
@@ -207,6 +217,8 @@ void DevicePluginService::SetTargetFinder(TargetFinder finder) {
   target_finder_ = std::move(finder);
 }
 
+void DevicePluginService::SetLateBinding(PreStartBinder binder) { binder_ = std::move(binder); }
+
 void DevicePluginService::SetStreamEndCallback(std::function<void()> callback) {
   on_stream_end_ = std::move(callback);
 }
@@ -226,9 +238,9 @@ void DevicePluginService::StreamDone(Stream* stream) {
   if (notify && on_stream_end_) on_stream_end_();
 }
 
-v1beta1::DevicePluginOptions DevicePluginService::PluginOptions() {
+v1beta1::DevicePluginOptions DevicePluginService::PluginOptions() const {
   v1beta1::DevicePluginOptions options;
-  options.set_pre_start_required(false);
+  options.set_pre_start_required(binder_ != nullptr);
   options.set_get_preferred_allocation_available(true);
   return options;
 }
@@ -263,7 +275,8 @@ grpc::ServerUnaryReactor* DevicePluginService::GetPreferredAllocation(
   // kubelet fills any shortfall itself).
   RpcTimer timer(rpc_observer_, RpcMethod::kGetPreferredAllocation);
   auto devices = table();
-  Targets targets = target_finder_ ? target_finder_(*devices->model) : Targets{};
+  // With late binding the IDs are only counted: no need to learn targets.
+  Targets targets = target_finder_ && !binder_ ? target_finder_(*devices->model) : Targets{};
   for (const auto& req : request->container_requests()) {
     auto* out = response->add_container_responses();
     for (std::string& id : PreferredDevices(*devices, req, targets)) {
@@ -283,7 +296,8 @@ grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerCont
   auto* reactor = context->DefaultReactor();
   v1beta1::AllocateResponse result;
   for (int i = 0; i < request->container_requests_size(); ++i) {
-    auto container = AllocateContainer(*devices, request->container_requests(i));
+    auto container = binder_ ? AllocateContainerLate(*devices, request->container_requests(i))
+                             : AllocateContainer(*devices, request->container_requests(i));
     if (!container.ok()) {
       grpc::Status status = ToGrpc(container.status());
       timer.set_code(status.error_code());
@@ -293,8 +307,8 @@ grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerCont
     *result.add_container_responses() = std::move(*container);
   }
   if (rpc_observer_) {
-    for (const auto& c : result.container_responses()) {
-      rpc_observer_->ContainerAllocated(static_cast<size_t>(c.devices_size()));
+    for (const auto& c : request->container_requests()) {
+      rpc_observer_->ContainerAllocated(static_cast<size_t>(c.devices_ids_size()));
     }
   }
   *response = std::move(result);
@@ -303,10 +317,19 @@ grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerCont
 }
 
 grpc::ServerUnaryReactor* DevicePluginService::PreStartContainer(
-    grpc::CallbackServerContext* context, const v1beta1::PreStartContainerRequest*,
+    grpc::CallbackServerContext* context, const v1beta1::PreStartContainerRequest* request,
     v1beta1::PreStartContainerResponse*) {
   RpcTimer timer(rpc_observer_, RpcMethod::kPreStartContainer);
   auto* reactor = context->DefaultReactor();
+  if (binder_) {
+    std::vector<std::string> ids(request->devices_ids().begin(), request->devices_ids().end());
+    if (absl::Status bound = binder_(*table(), ids); !bound.ok()) {
+      grpc::Status status = ToGrpc(bound);
+      timer.set_code(status.error_code());
+      reactor->Finish(std::move(status));
+      return reactor;
+    }
+  }
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

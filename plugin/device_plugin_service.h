@@ -51,6 +51,11 @@ struct DeviceTable {
 // predicts). Called on gRPC threads; must not block for long.
 using TargetFinder = std::function<Targets(const topology::HostModel& model)>;
 
+// Late binding: binds physical EFAs for the kubelet's device IDs at
+// PreStartContainer (plugin/late_binder.h). Called on gRPC threads.
+using PreStartBinder = std::function<absl::Status(const DeviceTable& table,
+                                                  const std::vector<std::string>& kubelet_ids)>;
+
 // The preferred EFAs for one container request: the policy's choice among
 // the available healthy devices, aligned with `targets`. Never fails. Pure.
 std::vector<std::string> PreferredDevices(
@@ -62,6 +67,13 @@ std::vector<std::string> PreferredDevices(
 // empty request, unknown or repeated IDs (INVALID_ARGUMENT) and unhealthy
 // devices (FAILED_PRECONDITION), naming the device ID. Pure.
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
+    const DeviceTable& table, const v1beta1::ContainerAllocateRequest& request);
+
+// The late-binding Allocate answer for one container: the request checked as
+// AllocateContainer does, answered with only the CDI device
+// vpc.amazonaws.com/efa=<claim> of its IDs (plugin/cdi_spec.h); the device
+// nodes and environment come from the claim's CDI spec. Pure.
+absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainerLate(
     const DeviceTable& table, const v1beta1::ContainerAllocateRequest& request);
 
 class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService {
@@ -80,6 +92,10 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   // Sets how GetPreferredAllocation learns the admitted container's
   // accelerators. Set before serving.
   void SetTargetFinder(TargetFinder finder);
+  // Turns late binding on: the options ask for PreStartContainer, Allocate
+  // answers with a CDI device and PreStartContainer calls `binder`. Set
+  // before serving.
+  void SetLateBinding(PreStartBinder binder);
   // The ListAndWatch message for the current devices. Thread-safe.
   v1beta1::ListAndWatchResponse CurrentList() const;
   // Ends every open ListAndWatch stream; later streams end at once.
@@ -99,7 +115,9 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   void BeginRegistration();
   int open_streams() const;
 
-  static v1beta1::DevicePluginOptions PluginOptions();
+  // get_preferred_allocation_available, and pre_start_required with late
+  // binding.
+  v1beta1::DevicePluginOptions PluginOptions() const;
 
   grpc::ServerUnaryReactor* GetDevicePluginOptions(grpc::CallbackServerContext* context,
                                                    const v1beta1::Empty* request,
@@ -131,6 +149,7 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   uint64_t registration_ ABSL_GUARDED_BY(mu_) = 0;
   std::function<void()> on_stream_end_;
   TargetFinder target_finder_;
+  PreStartBinder binder_;  // set: late binding
   RpcObserver* rpc_observer_ = nullptr;
 };
 

@@ -40,10 +40,23 @@ absl::Status JsonSyntaxError(const std::string& source, std::string_view json,
   const size_t last_newline = before.rfind('\n');
   const size_t column =
       last_newline == std::string_view::npos ? e.byte : e.byte - (last_newline + 1);
-  const bool truncated = absl::StrContains(detail, "unexpected end of input");
-  return absl::InvalidArgumentError(absl::StrCat(source, ":", line, ":", column, ": ",
-                                                 truncated ? "truncated" : "invalid",
-                                                 " JSON: ", detail));
+  // Also a string or literal cut off at the end of the input (nlohmann says
+  // "missing closing quote" there).
+  const bool truncated =
+      absl::StrContains(detail, "unexpected end of input") || e.byte > json.size();
+  // The detail quotes the input ("last read: '...'"): show its control
+  // characters and broken UTF-8 as \xNN.
+  std::string shown;
+  for (char c : detail) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f) {
+      absl::StrAppend(&shown, "\\x", absl::Hex(u, absl::kZeroPad2));
+    } else {
+      shown += c;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ":", line, ":", column, ": ", truncated ? "truncated" : "invalid", " JSON: ", shown));
 }
 
 absl::Status TypeError(const std::string& source, const std::string& where, const char* want,

@@ -45,7 +45,9 @@ std::optional<std::string> ReadProcFile(const fs::path& path) {
 
 bool ParseNumber(std::string_view text, int* out) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
-  return !text.empty() && ec == std::errc() && end == text.data() + text.size();
+  // from_chars takes a '-'; no pid or version part has one.
+  return !text.empty() && text.front() != '-' && ec == std::errc() &&
+         end == text.data() + text.size();
 }
 
 }  // namespace

@@ -71,7 +71,13 @@ std::string HealthProblem(const EfaDevice& dev, const fs::path& class_dir) {
   }
   fs::path driver_link = class_dir / "device/driver";
   auto driver = ResolvePath(driver_link);
-  if (!driver.ok()) return absl::StrCat(driver_link.string(), ": no driver bound");
+  if (!driver.ok()) {
+    // No link or a dangling one: unbound. Anything else (a loop) is named.
+    if (absl::IsNotFound(driver.status())) {
+      return absl::StrCat(driver_link.string(), ": no driver bound");
+    }
+    return std::string(driver.status().message());
+  }
   if (driver->filename() != "efa") {
     return absl::StrCat(driver_link.string(), ": bound to ", driver->filename().string(),
                         ", not efa");

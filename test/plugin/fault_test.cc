@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "plugin/cdi_spec.h"
 #include "test/bench/child_process.h"
 #include "test/bench/proc_stats.h"
 #include "test/fake_kubelet/fake_kubelet.h"
@@ -58,21 +60,40 @@ void Print(const char* when, const Footprint& f) {
 // served too), its log in the node's directory.
 class DaemonNode {
  public:
-  explicit DaemonNode(const std::string& machine)
-      : sim_(machine), kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")) {
+  // `late_binding`: the daemon binds EFAs at PreStartContainer and writes
+  // its CDI specs to cdi_dir().
+  explicit DaemonNode(const std::string& machine, bool late_binding = false)
+      : sim_(machine),
+        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
+        late_binding_(late_binding) {
     REQUIRE(kubelet_.Start().ok());
+    fs::create_directories(cdi_dir());
     StartDaemon();
   }
 
   void StartDaemon() {
     daemon_.reset();  // a killed daemon leaves its socket: the new one removes it
-    daemon_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{
-            EFA_PLUGIN_BINARY, "--kubelet-dir", (sim_.path() / "kubelet").string(), "--sysfs-root",
-            sim_.sys().string(), "--dev-root", (sim_.path() / "dev").string(), "--proc-root",
-            (sim_.path() / "proc").string(), "--cdi-spec-dirs", (sim_.path() / "etc/cdi").string(),
-            "--log-level", "warn", "--metrics-address", "", "--rescan-interval", "1s"},
-        sim_.path() / "daemon.log");
+    std::vector<std::string> args{EFA_PLUGIN_BINARY,
+                                  "--kubelet-dir",
+                                  (sim_.path() / "kubelet").string(),
+                                  "--sysfs-root",
+                                  sim_.sys().string(),
+                                  "--dev-root",
+                                  (sim_.path() / "dev").string(),
+                                  "--proc-root",
+                                  (sim_.path() / "proc").string(),
+                                  "--cdi-spec-dirs",
+                                  (sim_.path() / "etc/cdi").string(),
+                                  "--log-level",
+                                  "warn",
+                                  "--metrics-address",
+                                  "",
+                                  "--rescan-interval",
+                                  "1s"};
+    if (late_binding_) {
+      args.insert(args.end(), {"--alignment", "late-binding", "--cdi-dir", cdi_dir().string()});
+    }
+    daemon_ = std::make_unique<ChildProcess>(args, sim_.path() / "daemon.log");
   }
   // Whether the daemon died of it. Safe on any thread (no Catch2 macros).
   bool KillDaemon() {
@@ -86,12 +107,33 @@ class DaemonNode {
   fs::path socket() const {
     return sim_.path() / "kubelet/device-plugins/aws-efa-device-plugin.sock";
   }
+  fs::path cdi_dir() const { return sim_.path() / "var/run/cdi"; }
 
  private:
   SimRoot sim_;
   FakeKubelet kubelet_;
+  const bool late_binding_;
   std::unique_ptr<ChildProcess> daemon_;
 };
+
+// The host device nodes a container gets: from the Allocate answer
+// (best effort), or from the CDI spec its answer names (late binding);
+// empty when that spec is missing.
+std::vector<std::string> HostNodes(const v1beta1::ContainerAllocateResponse& response,
+                                   const fs::path& cdi_dir) {
+  std::vector<std::string> nodes;
+  for (const auto& d : response.devices()) nodes.push_back(d.host_path());
+  for (const auto& c : response.cdi_devices()) {
+    const std::string claim = c.name().substr(c.name().find('=') + 1);
+    std::ifstream in(cdi_dir / efa::plugin::CdiSpecFileName(claim));
+    if (!in) continue;
+    const auto spec = nlohmann::json::parse(in);
+    for (const auto& n : spec["devices"][0]["containerEdits"]["deviceNodes"]) {
+      nodes.push_back(n["hostPath"].get<std::string>());
+    }
+  }
+  return nodes;
+}
 
 std::vector<std::string> DeviceIds(const std::vector<v1beta1::Device>& devices) {
   std::vector<std::string> ids;
@@ -262,16 +304,27 @@ TEST_CASE("16 clients calling at once while devices come and go", "[fault][proce
 
 TEST_CASE("SIGKILL in an admission storm: no EFA is ever held by two live containers",
           "[fault][process]") {
-  DaemonNode node("p5.48xlarge");
+  const bool late = GENERATE(false, true);
+  CAPTURE(late);
+  DaemonNode node("p5.48xlarge", late);
   FakeKubelet& kubelet = node.kubelet();
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(kubelet.WaitForStreaming(kEfa, true, kDeadline));
 
-  // Live containers: pod UID -> the host device nodes its answer mounts.
-  std::map<std::string, std::vector<std::string>> live;
-  auto check_disjoint = [&] {
+  // Running containers: pod UID -> its Allocate answer and device count.
+  struct Running {
+    v1beta1::ContainerAllocateResponse response;
+    size_t count = 0;
+  };
+  std::map<std::string, Running> live;
+  // Every running container has its devices (late binding: its spec, also
+  // after a restart, recovered), and no host device node is held twice.
+  auto check = [&] {
     std::map<std::string, std::string> holder;
-    for (const auto& [uid, nodes] : live) {
+    for (const auto& [uid, r] : live) {
+      const auto nodes = HostNodes(r.response, node.cdi_dir());
+      INFO(uid);
+      REQUIRE(nodes.size() == r.count);
       for (const auto& n : nodes) {
         auto [it, fresh] = holder.emplace(n, uid);
         INFO(n << " held by " << it->second << " and " << uid);
@@ -280,7 +333,7 @@ TEST_CASE("SIGKILL in an admission storm: no EFA is ever held by two live contai
     }
   };
   std::mt19937 rng(11);
-  int admitted = 0, refused = 0, next_pod = 0, kills = 0;
+  int admitted = 0, refused = 0, not_started = 0, next_pod = 0, kills = 0;
   auto storm = [&](int rounds) {
     for (int i = 0; i < rounds; ++i) {
       if (!live.empty() && (live.size() >= 8 || rng() % 3 == 0)) {
@@ -296,18 +349,21 @@ TEST_CASE("SIGKILL in an admission storm: no EFA is ever held by two live contai
         ++refused;  // the daemon is down: refused at admission, nothing held
         continue;
       }
+      if (!c->start_status.ok()) {
+        // Killed between Allocate and PreStartContainer: never started.
+        ++not_started;
+        REQUIRE(kubelet.RemovePod(uid).ok());
+        continue;
+      }
       ++admitted;
-      std::vector<std::string> nodes;
-      for (const auto& d : c->allocations[0].response.devices()) nodes.push_back(d.host_path());
-      REQUIRE(nodes.size() == c->allocations[0].device_ids.size());
-      live[uid] = nodes;
-      check_disjoint();
+      live[uid] = {c->allocations[0].response, c->allocations[0].device_ids.size()};
+      check();
     }
   };
   for (int round = 0; round < 5; ++round) {
     storm(40);
     // Killed in the middle of admissions: the kubelet's view of the
-    // allocations survives in its checkpoint, the daemon keeps none.
+    // allocations survives in its checkpoint, late binding's in its specs.
     bool killed = false;
     std::thread killer([&] { killed = node.KillDaemon(); });
     storm(10);
@@ -317,10 +373,13 @@ TEST_CASE("SIGKILL in an admission storm: no EFA is ever held by two live contai
     node.StartDaemon();
     REQUIRE(kubelet.WaitForRegistrations(kEfa, round + 2, kDeadline));
     REQUIRE(kubelet.WaitForStreaming(kEfa, true, kDeadline));
+    check();
     storm(40);
   }
-  std::printf("SIGKILL storm: %d kills, %d containers admitted, %d refused while down, %zu live\n",
-              kills, admitted, refused, live.size());
+  std::printf(
+      "SIGKILL storm (%s): %d kills, %d containers admitted, %d refused while down, %d not "
+      "started, %zu live\n",
+      late ? "late binding" : "best effort", kills, admitted, refused, not_started, live.size());
   CHECK(admitted > 200);
-  check_disjoint();
+  check();
 }

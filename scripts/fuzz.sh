@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds the fuzz targets of test/fuzz with clang (libFuzzer, AddressSanitizer,
+# UndefinedBehaviorSanitizer; preset "fuzz", tree build/fuzz) and runs each.
+#   scripts/fuzz.sh                  10 seconds per target (the CI run)
+#   scripts/fuzz.sh 300              300 seconds per target
+#   scripts/fuzz.sh --runs 1000000   1,000,000 executions per target (the long run)
+#   scripts/fuzz.sh 60 kubelet_checkpoint config_yaml    only these targets
+# Each target starts from its seed corpus, test/fuzz/corpus/<name> (never
+# written), plus what earlier runs kept in build/fuzz/corpus/<name>, where new
+# inputs go; a crashing input is saved in build/fuzz/artifacts/<name>/.
+# Prints one line per target (executions, executions per second, corpus
+# size, crashes) and exits 1 when any target crashed, leaked, timed out or
+# ran out of memory. EFA_FUZZ_JOBS: build jobs (default: all cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+limit=(-max_total_time=10)
+if [ $# -gt 0 ]; then
+  case "$1" in
+    --runs)
+      [ $# -ge 2 ] && [[ "$2" =~ ^[0-9]+$ ]] || { echo "usage: $0 [SECONDS|--runs N] [TARGET...]" >&2; exit 2; }
+      limit=(-runs="$2")
+      shift 2
+      ;;
+    *[!0-9]*|"") ;;  # a target name: keep the default time
+    *)
+      limit=(-max_total_time="$1")
+      shift
+      ;;
+  esac
+fi
+
+scripts/install-deps.sh
+cmake --preset fuzz >/dev/null
+build=build/fuzz
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  for f in test/fuzz/*_fuzz.cc; do
+    name=$(basename "$f" _fuzz.cc)
+    targets+=("$name")
+  done
+fi
+cmake --build "$build" -j"${EFA_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]/%/_fuzz}"
+
+failed=0
+for name in "${targets[@]}"; do
+  corpus="$build/corpus/$name"
+  artifacts="$build/artifacts/$name"
+  log="$build/logs/$name.log"
+  mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
+  before=$(find "$artifacts" -type f | wc -l)
+  echo "fuzz: running $name (${limit[*]})" >&2
+  status=0
+  "$build/test/fuzz/${name}_fuzz" "${limit[@]}" -print_final_stats=1 -timeout=25 \
+    -rss_limit_mb=2048 -artifact_prefix="$artifacts/" "$corpus" "test/fuzz/corpus/$name" \
+    >"$log" 2>&1 || status=$?
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  size=$(find "$corpus" "test/fuzz/corpus/$name" -type f | wc -l)
+  crashes=$(($(find "$artifacts" -type f | wc -l) - before))
+  line="fuzz: $name: ${runs:-?} executions, ${speed:-?} exec/s, corpus $size files, $crashes new crash(es)"
+  if [ "$status" -ne 0 ]; then
+    failed=1
+    line="$line, FAILED (exit $status; see $log)"
+    grep -E '^(==[0-9]+==ERROR|SUMMARY|.*fuzz check failed|.*runtime error)' "$log" | head -5 >&2 || true
+  fi
+  echo "$line"
+done
+exit "$failed"

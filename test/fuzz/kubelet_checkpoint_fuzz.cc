@@ -1,0 +1,32 @@
+// Fuzzes ParseCheckpoint, the parser of the kubelet's device-manager
+// checkpoint (JSON with base64 protobuf inside), and the MOFED guard's
+// reading of what it parsed. Any bytes give a checkpoint or an
+// InvalidArgument that names the file, never an exception.
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/strings/match.h"
+#include "plugin/kubelet_checkpoint.h"
+#include "plugin/mofed_guard.h"
+#include "test/fuzz/fuzz_check.h"
+
+using namespace efa::plugin;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto checkpoint = ParseCheckpoint(efa::fuzz::AsText(data, size), "checkpoint");
+  if (!checkpoint.ok()) {
+    FUZZ_CHECK(checkpoint.status().code() == absl::StatusCode::kInvalidArgument);
+    FUZZ_CHECK_MSG(absl::StartsWith(checkpoint.status().message(), "checkpoint:"),
+                   checkpoint.status().message());
+  } else {
+    for (const CheckpointEntry& entry : checkpoint->entries) {
+      if (entry.device_ids_by_numa.empty()) continue;
+      size_t total = 0;
+      for (const auto& [numa, ids] : entry.device_ids_by_numa) total += ids.size();
+      FUZZ_CHECK(total == entry.device_ids.size());
+    }
+  }
+  const MofedEvidence evidence = MofedFromCheckpoint(checkpoint, "checkpoint");
+  FUZZ_CHECK(checkpoint.ok() || evidence.state == MofedState::kUnknown);
+  return 0;
+}
