@@ -9,8 +9,8 @@
 # written), plus what earlier runs kept in build/fuzz/corpus/<name>, where new
 # inputs go; a crashing input is saved in build/fuzz/artifacts/<name>/.
 # Prints one line per target (executions, executions per second, corpus
-# size, crashes) and exits 1 when any target crashed, leaked, timed out or
-# ran out of memory. EFA_FUZZ_JOBS: build jobs (default: all cores).
+# inputs/bytes, crashes) and exits 1 when any target crashed, leaked, timed
+# out or ran out of memory. EFA_FUZZ_JOBS: build jobs (default: all cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,9 +56,10 @@ for name in "${targets[@]}"; do
     >"$log" 2>&1 || status=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-  size=$(find "$corpus" "test/fuzz/corpus/$name" -type f | wc -l)
+  # libFuzzer's corpus at the end: "corp: 457/72Kb" (inputs/bytes).
+  size=$(grep -ao 'corp: [0-9]*/[0-9a-zA-Z]*' "$log" | tail -1 | cut -d' ' -f2)
   crashes=$(($(find "$artifacts" -type f | wc -l) - before))
-  line="fuzz: $name: ${runs:-?} executions, ${speed:-?} exec/s, corpus $size files, $crashes new crash(es)"
+  line="fuzz: $name: ${runs:-?} executions, ${speed:-?} exec/s, corpus ${size:-?}, $crashes new crash(es)"
   if [ "$status" -ne 0 ]; then
     failed=1
     line="$line, FAILED (exit $status; see $log)"
