@@ -29,9 +29,16 @@ void AlignmentStats::Add(int Counts::*field) {
 }
 
 bool AlignmentStats::WaitForJudgedForTest(int n, std::chrono::milliseconds timeout) const {
+  struct Arg {
+    const Counts* counts;
+    int n;
+  };
   absl::MutexLock lock(&mu_);
-  auto judged = [&] { return counts_.aligned + counts_.unaligned >= n; };
-  return mu_.AwaitWithTimeout(absl::Condition(&judged), absl::FromChrono(timeout));
+  Arg arg{&counts_, n};
+  return mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](Arg* a) { return a->counts->aligned + a->counts->unaligned >= a->n; }, &arg),
+      absl::FromChrono(timeout));
 }
 
 Aligner::Aligner(AlignerOptions options)

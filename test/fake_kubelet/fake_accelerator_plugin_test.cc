@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
+#include "test/temp_dir.h"
 
 namespace fs = std::filesystem;
 using efa::sim::FindMachine;
@@ -23,28 +24,13 @@ using efa::testing::FakeKubelet;
 using efa::topology::PciAddress;
 using namespace std::chrono_literals;
 
+using efa::testing::TempDir;
+
 namespace {
 
 constexpr char kGpu[] = "nvidia.com/gpu";
 constexpr char kNeuron[] = "aws.amazon.com/neuron";
 constexpr auto kWait = 5s;
-
-class TempDir {
- public:
-  TempDir() {
-    char name[] = "/tmp/efa-fa-XXXXXX";
-    REQUIRE(mkdtemp(name) != nullptr);
-    path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 MachineSpec Machine(const std::string& name) {
   auto spec = FindMachine(name);

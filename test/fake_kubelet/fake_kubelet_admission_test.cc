@@ -29,6 +29,7 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
+#include "test/temp_dir.h"
 
 namespace fs = std::filesystem;
 using efa::testing::AcceleratorKind;
@@ -38,28 +39,13 @@ using namespace std::chrono_literals;
 using Json = nlohmann::json;
 using Requests = std::vector<std::pair<std::string, int>>;
 
+using efa::testing::TempDir;
+
 namespace {
 
 constexpr char kEfa[] = "vpc.amazonaws.com/efa";
 constexpr char kGpu[] = "nvidia.com/gpu";
 constexpr auto kWait = 5s;
-
-class TempDir {
- public:
-  TempDir() {
-    char name[] = "/tmp/efa-fka-XXXXXX";
-    REQUIRE(mkdtemp(name) != nullptr);
-    path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // Calls pod-resources List on `socket`.
 grpc::Status ListPodResources(const fs::path& socket, v1::ListPodResourcesResponse* response,

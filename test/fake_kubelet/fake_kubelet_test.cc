@@ -18,35 +18,19 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
+#include "test/temp_dir.h"
 
 namespace fs = std::filesystem;
 using efa::testing::FakeKubelet;
 using namespace std::chrono_literals;
+
+using efa::testing::TempDir;
 
 namespace {
 
 constexpr char kResource[] = "example.com/widget";
 // Upper bound for events that normally take a few milliseconds.
 constexpr auto kWait = 5s;
-
-// A unique directory under /tmp (short, for unix socket paths), removed at
-// the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    char name[] = "/tmp/efa-fk-XXXXXX";
-    REQUIRE(mkdtemp(name) != nullptr);
-    path_ = name;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 v1beta1::Device MakeDevice(const std::string& id, const std::string& health, int numa) {
   v1beta1::Device device;

@@ -20,29 +20,9 @@
 #include "absl/strings/escaping.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 #include "nlohmann/json.hpp"
+#include "test/temp_dir.h"
 
 namespace efa::testing {
-
-// A temporary directory for one test, removed with the object.
-class TempDir {
- public:
-  TempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp ? tmp : "/tmp") + "/efa-guard-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 // Writes `bytes` to `path` as the kubelet does: a temporary file in the same
 // directory renamed over the target (inotify sees IN_MOVED_TO).
