@@ -125,6 +125,11 @@ class DevicePluginService::Stream : public grpc::ServerWriteReactor<v1beta1::Lis
   Stream(DevicePluginService* service, uint64_t registration)
       : service_(service), registration_(registration) {}
   uint64_t registration() const { return registration_; }
+  // For the service's loops over its streams, which hold mu_: clang's
+  // analysis cannot tell that service_ is the service itself.
+  void AssertServiceLocked() const ABSL_ASSERT_EXCLUSIVE_LOCK(service_->mu_) {
+    service_->mu_.AssertHeld();
+  }
 
   // Starts a write of the service's current list, or finishes if asked to.
   void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_->mu_) {
@@ -189,7 +194,10 @@ void DevicePluginService::SetDevices(std::vector<topology::EfaDevice> devices,
   table_ = std::move(table);
   if (google::protobuf::util::MessageDifferencer::Equals(*list, *list_)) return;
   list_ = std::move(list);
-  for (Stream* s : streams_) s->Pump();
+  for (Stream* s : streams_) {
+    s->AssertServiceLocked();
+    s->Pump();
+  }
 }
 
 v1beta1::ListAndWatchResponse DevicePluginService::CurrentList() const {
@@ -205,7 +213,10 @@ std::shared_ptr<const DeviceTable> DevicePluginService::table() const {
 void DevicePluginService::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
-  for (Stream* s : streams_) s->RequestFinish();
+  for (Stream* s : streams_) {
+    s->AssertServiceLocked();
+    s->RequestFinish();
+  }
 }
 
 void DevicePluginService::BeginRegistration() {
@@ -260,6 +271,7 @@ grpc::ServerWriteReactor<v1beta1::ListAndWatchResponse>* DevicePluginService::Li
   absl::MutexLock lock(&mu_);
   auto* stream = new Stream(this, registration_);
   streams_.insert(stream);
+  stream->AssertServiceLocked();
   if (shutdown_) {
     stream->RequestFinish();
   } else {

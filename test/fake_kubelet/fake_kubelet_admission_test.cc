@@ -360,7 +360,7 @@ class Seen {
 }  // namespace
 
 TEST_CASE("FakeKubelet serves the pod-resources socket beside the device-plugin dir",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   const FakeKubelet::Options options = FakeKubelet::ForKubeletDir("/var/lib/kubelet");
   CHECK(options.device_plugin_dir == "/var/lib/kubelet/device-plugins");
   CHECK(options.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock");
@@ -386,7 +386,7 @@ TEST_CASE("FakeKubelet serves the pod-resources socket beside the device-plugin 
 }
 
 TEST_CASE("FakeKubelet admits a container's resources one at a time in the given order",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   Node node;
   const std::vector<std::string> gpus = node.gpu_ids();
   // What List says of the container being admitted while the EFA plugin's
@@ -451,7 +451,7 @@ TEST_CASE("FakeKubelet admits a container's resources one at a time in the given
 }
 
 TEST_CASE("FakeKubelet asks the plugin's preference over the free devices and fills a shortfall",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   Node node;
   Seen seen;
   node.efa().SetHooks(
@@ -478,7 +478,7 @@ TEST_CASE("FakeKubelet asks the plugin's preference over the free devices and fi
 }
 
 TEST_CASE("FakeKubelet writes the checkpoint once all of a container's resources are allocated",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   Node node;
   const fs::path checkpoint = node.kubelet().checkpoint_path();
   CHECK(checkpoint == node.kubelet().dir() / "kubelet_internal_checkpoint");
@@ -529,7 +529,7 @@ TEST_CASE("FakeKubelet writes the checkpoint once all of a container's resources
 }
 
 TEST_CASE("A device list arriving during admission checkpoints the half-admitted container",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   // The kubelet rewrites the checkpoint on every ListAndWatch message
   // (genericDeviceUpdateCallback), whatever admission is in progress.
   Node node;
@@ -553,7 +553,7 @@ TEST_CASE("A device list arriving during admission checkpoints the half-admitted
 }
 
 TEST_CASE("FakeKubelet rejects a container it cannot satisfy and keeps nothing of it",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   Node node;
   const fs::path checkpoint = node.kubelet().checkpoint_path();
 
@@ -601,7 +601,7 @@ TEST_CASE("FakeKubelet rejects a container it cannot satisfy and keeps nothing o
   CHECK(all->allocations[0].device_ids == node.gpu_ids());
 }
 
-TEST_CASE("FakeKubelet checks its admission arguments", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet checks its admission arguments", "[fake_kubelet][concurrency]") {
   Node node;
   auto status = [&](const std::string& uid, const std::string& container, const Requests& r) {
     auto admitted = node.kubelet().AdmitContainer("p", "ns", uid, container, r);
@@ -626,7 +626,7 @@ TEST_CASE("FakeKubelet checks its admission arguments", "[fake_kubelet]") {
 }
 
 TEST_CASE("FakeKubelet calls PreStartContainer after all of the container's resources",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   Node node(/*efa_pre_start=*/true);
   Seen seen;
   node.efa().SetHooks(nullptr, nullptr, [&](const std::vector<std::string>&) {
@@ -661,7 +661,7 @@ TEST_CASE("FakeKubelet calls PreStartContainer after all of the container's reso
         "pod uid-2 container \"other\" is not admitted");
 }
 
-TEST_CASE("FakeKubelet frees a deleted pod's devices", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet frees a deleted pod's devices", "[fake_kubelet][concurrency]") {
   Node node;
   REQUIRE(node.kubelet().AdmitContainer("pod", "ns", "uid-1", "main", {{kGpu, 8}}).ok());
   auto refused = node.kubelet().AdmitContainer("next", "ns", "uid-2", "main", {{kGpu, 1}});
@@ -678,7 +678,7 @@ TEST_CASE("FakeKubelet frees a deleted pod's devices", "[fake_kubelet]") {
 }
 
 TEST_CASE("FakeKubelet restores the allocations from the checkpoint when it restarts",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   Node node;
   const std::vector<std::string> gpus = node.gpu_ids();
   REQUIRE(node.kubelet().AdmitContainer("pod", "ns", "uid-1", "main", {{kGpu, 2}, {kEfa, 1}}).ok());
@@ -713,7 +713,7 @@ TEST_CASE("FakeKubelet restores the allocations from the checkpoint when it rest
 }
 
 TEST_CASE("FakeKubelet's pod-resources server can be slow, rate limited or absent",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(FakeKubelet::ForKubeletDir(dir.path()));
   REQUIRE(kubelet.Start().ok());
@@ -766,7 +766,8 @@ TEST_CASE("FakeKubelet's pod-resources server can be slow, rate limited or absen
   }
 }
 
-TEST_CASE("FakeKubelet lists allocatable devices and leaves Get unimplemented", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet lists allocatable devices and leaves Get unimplemented",
+          "[fake_kubelet][concurrency]") {
   Node node;
   REQUIRE(node.kubelet().AdmitContainer("pod", "ns", "uid-1", "main", {{kEfa, 1}}).ok());
   auto stub = v1::PodResourcesLister::NewStub(
@@ -799,7 +800,7 @@ TEST_CASE("FakeKubelet lists allocatable devices and leaves Get unimplemented", 
 }
 
 TEST_CASE("FakeKubelet imitates kubelet 1.20's pod-resources and checkpoint shapes",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   Node node(/*efa_pre_start=*/false, /*kubelet_1_20=*/true);
   REQUIRE(node.kubelet().AdmitContainer("pod", "ns", "uid-1", "main", {{kEfa, 2}, {kGpu, 2}}).ok());
   v1::ListPodResourcesResponse response;
@@ -821,7 +822,7 @@ TEST_CASE("FakeKubelet imitates kubelet 1.20's pod-resources and checkpoint shap
 }
 
 TEST_CASE("FakeKubelet records devices without topology under -1, or 0 as kubelet 1.20",
-          "[fake_kubelet]") {
+          "[fake_kubelet][concurrency]") {
   const bool kubelet_1_20 = GENERATE(false, true);
   TempDir dir;
   FakeKubelet::Options options = FakeKubelet::ForKubeletDir(dir.path());

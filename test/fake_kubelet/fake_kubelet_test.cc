@@ -169,7 +169,8 @@ std::vector<std::string> Ids(const std::vector<v1beta1::Device>& devices) {
 
 }  // namespace
 
-TEST_CASE("FakeKubelet records a registration with its request and options", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet records a registration with its request and options",
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path() / "device-plugins");
   REQUIRE(kubelet.Start().ok());
@@ -198,7 +199,8 @@ TEST_CASE("FakeKubelet records a registration with its request and options", "[f
   CHECK(kubelet.registrations("other.com/thing") == 0);
 }
 
-TEST_CASE("FakeKubelet rejects what the kubelet rejects, naming the bad field", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet rejects what the kubelet rejects, naming the bad field",
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -219,7 +221,7 @@ TEST_CASE("FakeKubelet rejects what the kubelet rejects, naming the bad field", 
   CHECK_FALSE(kubelet.streaming(kResource));
 }
 
-TEST_CASE("FakeKubelet rejects an endpoint outside its directory", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet rejects an endpoint outside its directory", "[fake_kubelet][concurrency]") {
   TempDir dir;
   fs::create_directories(dir.path() / "sub");
   FakeKubelet kubelet(dir.path());
@@ -243,7 +245,8 @@ TEST_CASE("FakeKubelet rejects an endpoint outside its directory", "[fake_kubele
   CHECK(kubelet.registrations(kResource) == 0);
 }
 
-TEST_CASE("FakeKubelet rejects a registration whose endpoint does not answer", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet rejects a registration whose endpoint does not answer",
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   kubelet.SetDialTimeoutForTest(100ms);
@@ -262,7 +265,7 @@ TEST_CASE("FakeKubelet rejects a registration whose endpoint does not answer", "
   CHECK_FALSE(kubelet.streaming(kResource));
 }
 
-TEST_CASE("FakeKubelet keeps the latest ListAndWatch device list", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet keeps the latest ListAndWatch device list", "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -297,7 +300,8 @@ TEST_CASE("FakeKubelet keeps the latest ListAndWatch device list", "[fake_kubele
   REQUIRE(kubelet.last_stream_status(kResource).has_value());
 }
 
-TEST_CASE("FakeKubelet restart deletes every socket and keeps the checkpoint", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet restart deletes every socket and keeps the checkpoint",
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -339,7 +343,8 @@ TEST_CASE("FakeKubelet restart deletes every socket and keeps the checkpoint", "
       kResource, [](const auto& d) { return d.size() == 2; }, kWait));
 }
 
-TEST_CASE("FakeKubelet EndStream ends the stream without restarting", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet EndStream ends the stream without restarting",
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -360,7 +365,8 @@ TEST_CASE("FakeKubelet EndStream ends the stream without restarting", "[fake_kub
   CHECK(kubelet.WaitForStreaming(kResource, true, kWait));
 }
 
-TEST_CASE("FakeKubelet forwards allocation calls to the registered plugin", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet forwards allocation calls to the registered plugin",
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -402,7 +408,7 @@ TEST_CASE("FakeKubelet forwards allocation calls to the registered plugin", "[fa
   CHECK(kubelet.PreStartContainer(kResource, {}, &started).ok());
 }
 
-TEST_CASE("FakeKubelet re-registration replaces the endpoint", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet re-registration replaces the endpoint", "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());
@@ -429,7 +435,8 @@ TEST_CASE("FakeKubelet re-registration replaces the endpoint", "[fake_kubelet]")
   CHECK(allocated.container_responses(0).envs().at("PLUGIN") == "second.sock");
 }
 
-TEST_CASE("FakeKubelet Stop ends the streams and removes kubelet.sock", "[fake_kubelet]") {
+TEST_CASE("FakeKubelet Stop ends the streams and removes kubelet.sock",
+          "[fake_kubelet][concurrency]") {
   TempDir dir;
   FakeKubelet kubelet(dir.path());
   REQUIRE(kubelet.Start().ok());

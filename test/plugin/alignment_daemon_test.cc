@@ -122,7 +122,8 @@ void Report(const char* what, std::pair<int, int> result) {
 
 }  // namespace
 
-TEST_CASE("Best effort aligns every container whose GPUs come first (p5)", "[alignment][daemon]") {
+TEST_CASE("Best effort aligns every container whose GPUs come first (p5)",
+          "[alignment][daemon][concurrency]") {
   AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   auto one = node.Run(1, 4, Order::kAcceleratorFirst, 3, 1);
   Report("p5 1 GPU + 4 EFA, GPU first", one);
@@ -140,7 +141,8 @@ TEST_CASE("Best effort aligns every container whose GPUs come first (p5)", "[ali
   CHECK(counts.targeted == 36);
 }
 
-TEST_CASE("Best effort aligns at least 95% over random orders (p5)", "[alignment][daemon]") {
+TEST_CASE("Best effort aligns at least 95% over random orders (p5)",
+          "[alignment][daemon][concurrency]") {
   AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   auto efa_first = node.Run(1, 4, Order::kEfaFirst, 3, 7);
   Report("p5 1 GPU + 4 EFA, EFA first", efa_first);
@@ -154,7 +156,8 @@ TEST_CASE("Best effort aligns at least 95% over random orders (p5)", "[alignment
   CHECK(random2.first * 100 >= random2.second * 95);
 }
 
-TEST_CASE("Best effort aligns Neuron devices through the AWS table (trn2)", "[alignment][daemon]") {
+TEST_CASE("Best effort aligns Neuron devices through the AWS table (trn2)",
+          "[alignment][daemon][concurrency]") {
   AlignedNode node("trn2.48xlarge", AcceleratorKind::kNeuron);
   auto first = node.Run(1, 1, Order::kAcceleratorFirst, 2, 1);
   Report("trn2 1 Neuron + 1 EFA, Neuron first", first);
@@ -164,7 +167,8 @@ TEST_CASE("Best effort aligns Neuron devices through the AWS table (trn2)", "[al
   Report("trn2 1 Neuron + 1 EFA, random order", random);
 }
 
-TEST_CASE("A running GPU-only pod never attracts another pod's EFAs", "[alignment][daemon]") {
+TEST_CASE("A running GPU-only pod never attracts another pod's EFAs",
+          "[alignment][daemon][concurrency]") {
   AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   // GPU 53 (the lowest) goes to a running GPU-only pod.
   REQUIRE(node.kubelet()
@@ -184,7 +188,7 @@ TEST_CASE("A running GPU-only pod never attracts another pod's EFAs", "[alignmen
 }
 
 TEST_CASE("With pod-resources down or rate-limited, allocations succeed and are reported",
-          "[alignment][daemon]") {
+          "[alignment][daemon][concurrency]") {
   AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   SECTION("down") { node.kubelet().StopPodResources(); }
   SECTION("rate-limited") { node.kubelet().SetPodResourcesExhausted(true); }

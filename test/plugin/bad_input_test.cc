@@ -355,7 +355,7 @@ TEST_CASE("Environment variables with odd bytes are refused naming the variable"
 // =============================================================================
 
 TEST_CASE("Allocate of an unknown device is refused naming it, and changes nothing",
-          "[bad-input]") {
+          "[bad-input][concurrency]") {
   ServedNode node;
   CheckRefused(node, {{"rdmap0s0"}}, grpc::StatusCode::INVALID_ARGUMENT,
                "unknown device \"rdmap0s0\": not an EFA of this node");
@@ -366,19 +366,21 @@ TEST_CASE("Allocate of an unknown device is refused naming it, and changes nothi
                "unknown device \"0000:90:1b.0\": not an EFA of this node");
 }
 
-TEST_CASE("Allocate of a device named twice in one container is refused", "[bad-input]") {
+TEST_CASE("Allocate of a device named twice in one container is refused",
+          "[bad-input][concurrency]") {
   ServedNode node;
   CheckRefused(node, {{"rdmap16s27", "rdmap32s27", "rdmap16s27"}},
                grpc::StatusCode::INVALID_ARGUMENT, "device \"rdmap16s27\" requested twice");
 }
 
-TEST_CASE("Allocate of an empty container request is refused", "[bad-input]") {
+TEST_CASE("Allocate of an empty container request is refused", "[bad-input][concurrency]") {
   ServedNode node;
   CheckRefused(node, {{"rdmap16s27"}, {}}, grpc::StatusCode::INVALID_ARGUMENT,
                "the container request names no devices");
 }
 
-TEST_CASE("Allocate with no container requests answers nothing, successfully", "[bad-input]") {
+TEST_CASE("Allocate with no container requests answers nothing, successfully",
+          "[bad-input][concurrency]") {
   ServedNode node;
   const std::string before = node.State();
   v1beta1::AllocateResponse response;
@@ -389,7 +391,7 @@ TEST_CASE("Allocate with no container requests answers nothing, successfully", "
 }
 
 TEST_CASE("Allocate of the same device for two containers of one request answers both",
-          "[bad-input]") {
+          "[bad-input][concurrency]") {
   // The kubelet sends one container per request and keeps the allocations
   // itself; the plugin holds no allocation state to refuse a reuse with.
   ServedNode node;
@@ -401,7 +403,8 @@ TEST_CASE("Allocate of the same device for two containers of one request answers
   CHECK(node.State() == before);
 }
 
-TEST_CASE("Allocate of thousands of IDs is refused at the first bad one", "[bad-input]") {
+TEST_CASE("Allocate of thousands of IDs is refused at the first bad one",
+          "[bad-input][concurrency]") {
   ServedNode node;
   std::vector<std::string> unknown = {"rdmap16s27", "rdmap32s27"};
   for (int i = 0; i < 5000; ++i) unknown.push_back(absl::StrCat("efa", i));
@@ -416,7 +419,8 @@ TEST_CASE("Allocate of thousands of IDs is refused at the first bad one", "[bad-
                "unknown device \"nope\": not an EFA of this node");
 }
 
-TEST_CASE("Allocate shows NUL, newline, escape and UTF-8 bytes of an ID escaped", "[bad-input]") {
+TEST_CASE("Allocate shows NUL, newline, escape and UTF-8 bytes of an ID escaped",
+          "[bad-input][concurrency]") {
   ServedNode node;
   CheckRefused(node, {{std::string("rdmap16s27\0x", 12)}}, grpc::StatusCode::INVALID_ARGUMENT,
                "unknown device \"rdmap16s27\\x00x\": not an EFA of this node");
@@ -430,14 +434,14 @@ TEST_CASE("Allocate shows NUL, newline, escape and UTF-8 bytes of an ID escaped"
                "unknown device \"\\\"rdmap16s27\\\"\": not an EFA of this node");
 }
 
-TEST_CASE("Allocate shows only the start of a very long ID", "[bad-input]") {
+TEST_CASE("Allocate shows only the start of a very long ID", "[bad-input][concurrency]") {
   ServedNode node;
   CheckRefused(node, {{std::string(100000, 'r')}}, grpc::StatusCode::INVALID_ARGUMENT,
                "unknown device \"" + std::string(64, 'r') + "...\": not an EFA of this node");
 }
 
 TEST_CASE("An Allocate request over gRPC's size limit is refused by gRPC, the daemon unharmed",
-          "[bad-input]") {
+          "[bad-input][concurrency]") {
   ServedNode node;
   const std::string before = node.State();
   v1beta1::AllocateRequest request;
@@ -451,7 +455,8 @@ TEST_CASE("An Allocate request over gRPC's size limit is refused by gRPC, the da
   node.CheckStillAllocates();
 }
 
-TEST_CASE("GetPreferredAllocation ignores unknown and odd IDs and never fails", "[bad-input]") {
+TEST_CASE("GetPreferredAllocation ignores unknown and odd IDs and never fails",
+          "[bad-input][concurrency]") {
   ServedNode node;
   const std::string before = node.State();
   CHECK(
@@ -464,7 +469,7 @@ TEST_CASE("GetPreferredAllocation ignores unknown and odd IDs and never fails", 
 }
 
 TEST_CASE("An ID that is not UTF-8 is refused by protobuf before the daemon sees it",
-          "[bad-input]") {
+          "[bad-input][concurrency]") {
   // proto3 strings are UTF-8: the kubelet (Go) cannot even send this one.
   ServedNode node;
   const std::string before = node.State();
@@ -478,7 +483,8 @@ TEST_CASE("An ID that is not UTF-8 is refused by protobuf before the daemon sees
   node.CheckStillAllocates();
 }
 
-TEST_CASE("GetPreferredAllocation keeps must-include IDs even when unknown", "[bad-input]") {
+TEST_CASE("GetPreferredAllocation keeps must-include IDs even when unknown",
+          "[bad-input][concurrency]") {
   // The kubelet's must-include IDs are a subset of its available ones and
   // it intersects the answer with them; the policy returns them as given.
   ServedNode node;
@@ -488,7 +494,8 @@ TEST_CASE("GetPreferredAllocation keeps must-include IDs even when unknown", "[b
   CHECK(node.State() == before);
 }
 
-TEST_CASE("GetPreferredAllocation of a negative, zero or huge size never fails", "[bad-input]") {
+TEST_CASE("GetPreferredAllocation of a negative, zero or huge size never fails",
+          "[bad-input][concurrency]") {
   ServedNode node;
   const std::string before = node.State();
   const std::vector<std::string> all = {"rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"};
@@ -501,7 +508,7 @@ TEST_CASE("GetPreferredAllocation of a negative, zero or huge size never fails",
 }
 
 TEST_CASE("GetPreferredAllocation of thousands of available IDs answers from the known ones",
-          "[bad-input]") {
+          "[bad-input][concurrency]") {
   ServedNode node;
   const std::string before = node.State();
   std::vector<std::string> available;
@@ -512,7 +519,8 @@ TEST_CASE("GetPreferredAllocation of thousands of available IDs answers from the
   CHECK(node.State() == before);
 }
 
-TEST_CASE("GetPreferredAllocation with no container requests answers none", "[bad-input]") {
+TEST_CASE("GetPreferredAllocation with no container requests answers none",
+          "[bad-input][concurrency]") {
   ServedNode node;
   v1beta1::PreferredAllocationRequest request;
   v1beta1::PreferredAllocationResponse response;
@@ -520,7 +528,8 @@ TEST_CASE("GetPreferredAllocation with no container requests answers none", "[ba
   CHECK(response.container_responses_size() == 0);
 }
 
-TEST_CASE("PreStartContainer answers OK whatever the IDs, changing nothing", "[bad-input]") {
+TEST_CASE("PreStartContainer answers OK whatever the IDs, changing nothing",
+          "[bad-input][concurrency]") {
   ServedNode node;
   const std::string before = node.State();
   CHECK(node.PreStart({}).ok());
@@ -632,7 +641,7 @@ TEST_CASE("Bad uverbs device numbers skip that device only", "[bad-input]") {
 }
 
 TEST_CASE("A device broken while the daemon runs turns Unhealthy naming why, the rest unchanged",
-          "[bad-input]") {
+          "[bad-input][concurrency]") {
   ServedNode node(200ms);
   const fs::path numa = node.sim().sys() / "class/infiniband/rdmap32s27/device/numa_node";
   WriteFile(numa, "garbage\n");

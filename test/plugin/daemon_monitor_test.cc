@@ -129,7 +129,7 @@ grpc::Status Allocate(FakeKubelet& kubelet, std::initializer_list<const char*> i
 }  // namespace
 
 TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts",
-          "[monitor][daemon]") {
+          "[monitor][daemon][concurrency]") {
   MonitoredNode node("p4d.24xlarge");
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitMetrics(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 4},
@@ -182,7 +182,7 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
 }
 
 TEST_CASE("Readiness and the guard metrics follow the MOFED conflict and the DRA driver",
-          "[monitor][daemon]") {
+          "[monitor][daemon][concurrency]") {
   MonitoredNode node("p4d.24xlarge");
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(
@@ -232,7 +232,7 @@ TEST_CASE("Readiness and the guard metrics follow the MOFED conflict and the DRA
 }
 
 TEST_CASE("Under policy protect the MOFED metrics and health go on, off and on again",
-          "[monitor][daemon]") {
+          "[monitor][daemon][concurrency]") {
   MonitoredNode node("p4d.24xlarge", nullptr, MofedPolicy::kProtect);
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   const fs::path spec = node.cdi_dir() / "k8s.device-plugin.nvidia.com-mofed.json";
@@ -260,7 +260,8 @@ TEST_CASE("Under policy protect the MOFED metrics and health go on, off and on a
   for (const auto& d : list.devices()) CHECK(d.health() == "Healthy");
 }
 
-TEST_CASE("A node without EFA is ready with nothing to register", "[monitor][daemon]") {
+TEST_CASE("A node without EFA is ready with nothing to register",
+          "[monitor][daemon][concurrency]") {
   MonitoredNode node("no-efa");
   CHECK(node.WaitReply("/readyz", 200, "ok: no EFA on this node, nothing to register\n"));
   CHECK(node.WaitMetrics(Has({{"efa_device_plugin_registered", 0},
@@ -270,7 +271,8 @@ TEST_CASE("A node without EFA is ready with nothing to register", "[monitor][dae
   CHECK(node.Scrape().count("efa_device_plugin_efas_expected") == 0);
 }
 
-TEST_CASE("A p5.48xlarge with 31 EFAs reports the shortfall in its metrics", "[monitor][daemon]") {
+TEST_CASE("A p5.48xlarge with 31 EFAs reports the shortfall in its metrics",
+          "[monitor][daemon][concurrency]") {
   MonitoredNode node("p5.48xlarge", [](SimRoot& sim) {
     fs::remove(sim.sys() / "class/infiniband/rdmap201s0");
     fs::remove_all(sim.sys() / "class/infiniband_verbs/uverbs31");
@@ -298,7 +300,7 @@ TEST_CASE("Liveness allows three rescan intervals and some slack between loop pa
   CHECK_FALSE(Liveness(t0, t0 + 16s, 100ms).ok);
 }
 
-TEST_CASE("Readiness puts guard conflicts before registration", "[monitor]") {
+TEST_CASE("Readiness puts guard conflicts before registration", "[monitor][concurrency]") {
   GuardStatus clear;
   CHECK(Readiness(true, 4, clear).ok);
   CHECK(Readiness(false, 0, clear).ok);

@@ -26,7 +26,7 @@ constexpr char kEfa[] = "vpc.amazonaws.com/efa";
 TEST_CASE(
     "The daemon binary registers on a p5 node, re-registers on SIGHUP and stops on "
     "SIGTERM",
-    "[daemon][process]") {
+    "[daemon][process][concurrency]") {
   SimRoot sim("p5.48xlarge");
   const fs::path kubelet_dir = sim.path() / "kubelet";
   FakeKubelet kubelet(kubelet_dir / "device-plugins");
@@ -56,7 +56,8 @@ TEST_CASE(
   CHECK(kubelet.WaitForStreaming(kEfa, false, 10s));
 }
 
-TEST_CASE("The daemon binary removes a stale socket before serving", "[daemon][process]") {
+TEST_CASE("The daemon binary removes a stale socket before serving",
+          "[daemon][process][concurrency]") {
   SimRoot sim("p4d.24xlarge");
   const fs::path kubelet_dir = sim.path() / "kubelet";
   fs::create_directories(kubelet_dir / "device-plugins");

@@ -88,7 +88,8 @@ bool AllHealthy(const std::vector<v1beta1::Device>& devices, size_t n) {
 
 }  // namespace
 
-TEST_CASE("The daemon registers as vpc.amazonaws.com/efa and lists the node's EFAs", "[daemon]") {
+TEST_CASE("The daemon registers as vpc.amazonaws.com/efa and lists the node's EFAs",
+          "[daemon][concurrency]") {
   Node node("p5.48xlarge");
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   auto request = node.kubelet().last_request(kEfa);
@@ -120,7 +121,7 @@ TEST_CASE("The daemon registers as vpc.amazonaws.com/efa and lists the node's EF
   CHECK_FALSE(fs::exists(node.daemon().plugin_socket()));
 }
 
-TEST_CASE("The daemon registers again after a kubelet restart", "[daemon]") {
+TEST_CASE("The daemon registers again after a kubelet restart", "[daemon][concurrency]") {
   Node node("p4d.24xlarge");
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   for (int i = 2; i <= 4; ++i) {
@@ -137,7 +138,8 @@ TEST_CASE("The daemon registers again after a kubelet restart", "[daemon]") {
   CHECK(node.daemon().registrations() == 4);
 }
 
-TEST_CASE("The daemon registers again when the kubelet ends ListAndWatch", "[daemon]") {
+TEST_CASE("The daemon registers again when the kubelet ends ListAndWatch",
+          "[daemon][concurrency]") {
   Node node("p4d.24xlarge");
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.kubelet().WaitForListAndWatchMessages(kEfa, 1, kDeadline));
@@ -146,7 +148,7 @@ TEST_CASE("The daemon registers again when the kubelet ends ListAndWatch", "[dae
   CHECK(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
 }
 
-TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon]") {
+TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon][concurrency]") {
   Node node("p4d.24xlarge");
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
@@ -178,7 +180,8 @@ TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon]")
         grpc::StatusCode::FAILED_PRECONDITION);
 }
 
-TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear", "[daemon]") {
+TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear",
+          "[daemon][concurrency]") {
   SimRoot p4d("p4d.24xlarge");
   Node node("no-efa", 50ms);
   // Wait for several rescans: the daemon must neither exit nor register.

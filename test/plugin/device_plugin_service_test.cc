@@ -66,7 +66,7 @@ struct ServedPlugin {
 }  // namespace
 
 TEST_CASE("Allocate gives exactly the requested uverbs nodes and names them in the env",
-          "[plugin]") {
+          "[plugin][concurrency]") {
   SimRoot sim("p5.48xlarge");
   ServedPlugin plugin(sim);
   v1beta1::AllocateResponse response;
@@ -87,7 +87,7 @@ TEST_CASE("Allocate gives exactly the requested uverbs nodes and names them in t
   CHECK(c.cdi_devices_size() == 0);
 }
 
-TEST_CASE("Allocate answers every container of a request", "[plugin]") {
+TEST_CASE("Allocate answers every container of a request", "[plugin][concurrency]") {
   SimRoot sim("p4d.24xlarge");
   ServedPlugin plugin(sim);
   v1beta1::AllocateResponse response;
@@ -97,7 +97,7 @@ TEST_CASE("Allocate answers every container of a request", "[plugin]") {
   CHECK(response.container_responses(1).devices(0).container_path() == "/dev/infiniband/uverbs3");
 }
 
-TEST_CASE("Allocate rejects bad IDs naming them, and keeps serving", "[plugin]") {
+TEST_CASE("Allocate rejects bad IDs naming them, and keeps serving", "[plugin][concurrency]") {
   SimRoot sim("p4d.24xlarge");
   fs::remove(sim.path() / "dev/infiniband/uverbs1");  // rdmap32s27 unhealthy
   ServedPlugin plugin(sim);
@@ -138,7 +138,7 @@ TEST_CASE("Allocate rejects bad IDs naming them, and keeps serving", "[plugin]")
   CHECK(plugin.Allocate({{"rdmap16s27"}}, &ok).ok());
 }
 
-TEST_CASE("GetPreferredAllocation never fails and honours must-include", "[plugin]") {
+TEST_CASE("GetPreferredAllocation never fails and honours must-include", "[plugin][concurrency]") {
   SimRoot sim("p4d.24xlarge");
   ServedPlugin plugin(sim);
   // Must-include first, then the nearest free one; answered in PCI order.
@@ -149,7 +149,8 @@ TEST_CASE("GetPreferredAllocation never fails and honours must-include", "[plugi
   CHECK(plugin.Preferred({}, {}, 0).empty());
 }
 
-TEST_CASE("ListAndWatch reports IDs, health and NUMA nodes, and each change", "[plugin]") {
+TEST_CASE("ListAndWatch reports IDs, health and NUMA nodes, and each change",
+          "[plugin][concurrency]") {
   SimRoot sim("g5.48xlarge");
   SECTION("with NUMA reporting") {
     SimRoot p4d("p4d.24xlarge");
@@ -186,7 +187,7 @@ TEST_CASE("ListAndWatch reports IDs, health and NUMA nodes, and each change", "[
 }
 
 TEST_CASE("GetPreferredAllocation aligns with the accelerators the target finder reports",
-          "[plugin]") {
+          "[plugin][concurrency]") {
   SimRoot sim("p5.48xlarge");
   ServedPlugin plugin(sim);
   auto inv = efa::topology::DiscoverEfaDevices(sim.roots());

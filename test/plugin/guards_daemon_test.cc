@@ -138,7 +138,7 @@ grpc::Status AllocateOne(FakeKubelet& kubelet, const std::string& id) {
 }  // namespace
 
 TEST_CASE("Under MOFED policy protect every EFA turns Unhealthy while the conflict lasts",
-          "[guards][daemon]") {
+          "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
   node.RestartKubeletWithCheckpoint(NoMofed());
   node.Start();
@@ -183,7 +183,7 @@ TEST_CASE("Under MOFED policy protect every EFA turns Unhealthy while the confli
 TEST_CASE(
     "A GPU pod admitted from an NVIDIA plugin with MOFED on turns EFAs Unhealthy under "
     "protect until it is removed",
-    "[guards][daemon]") {
+    "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
   FakeAcceleratorPluginOptions options;
   options.kind = AcceleratorKind::kNvidiaGpu;
@@ -213,7 +213,7 @@ TEST_CASE(
 }
 
 TEST_CASE("Under MOFED policy warn the conflict is reported and EFAs stay Healthy",
-          "[guards][daemon]") {
+          "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kWarn);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
@@ -236,7 +236,7 @@ TEST_CASE("Under MOFED policy warn the conflict is reported and EFAs stay Health
   }
 }
 
-TEST_CASE("Under MOFED policy off the guard does not look", "[guards][daemon]") {
+TEST_CASE("Under MOFED policy off the guard does not look", "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kOff);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
@@ -254,7 +254,7 @@ TEST_CASE("Under MOFED policy off the guard does not look", "[guards][daemon]") 
 }
 
 TEST_CASE("A corrupt checkpoint makes the MOFED state unknown and the daemon keeps serving",
-          "[guards][daemon]") {
+          "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
@@ -293,7 +293,7 @@ TEST_CASE("A corrupt checkpoint makes the MOFED state unknown and the daemon kee
 }
 
 TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy under protect",
-          "[guards][daemon]") {
+          "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
@@ -309,7 +309,7 @@ TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy 
 }
 
 TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the periodic check",
-          "[guards][daemon]") {
+          "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 100ms);
   node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin"}, {"PATH=/bin"}, "v0.19.3");
   node.Start();
@@ -331,7 +331,7 @@ TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the 
 }
 
 TEST_CASE("A dra.net registration socket withdraws the resource, and its going registers it again",
-          "[guards][daemon]") {
+          "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kWarn);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
@@ -361,7 +361,7 @@ TEST_CASE("A dra.net registration socket withdraws the resource, and its going r
 }
 
 TEST_CASE("With the DRA driver present at start the daemon registers only once it goes",
-          "[guards][daemon]") {
+          "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kWarn);
   FakeDraDriver driver(node.registry());
   driver.Start();
@@ -374,7 +374,8 @@ TEST_CASE("With the DRA driver present at start the daemon registers only once i
   CHECK(node.WaitAll("Healthy"));
 }
 
-TEST_CASE("A stale dra.net socket does not keep the daemon from registering", "[guards][daemon]") {
+TEST_CASE("A stale dra.net socket does not keep the daemon from registering",
+          "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kWarn);
   FakeDraDriver driver(node.registry());
   driver.Start();
@@ -388,7 +389,8 @@ TEST_CASE("A stale dra.net socket does not keep the daemon from registering", "[
         driver.socket_path().string() + ": refuses connections (stale: Connection refused)");
 }
 
-TEST_CASE("Under DRA policy ignore the daemon serves next to the DRA driver", "[guards][daemon]") {
+TEST_CASE("Under DRA policy ignore the daemon serves next to the DRA driver",
+          "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kWarn, DraPolicy::kIgnore);
   FakeDraDriver driver(node.registry());
   driver.Start();

@@ -33,7 +33,8 @@ std::unique_ptr<HttpServer> StartServer(HttpServerOptions options = {}) {
 
 }  // namespace
 
-TEST_CASE("The HTTP server answers GET on its routes and closes the connection", "[http]") {
+TEST_CASE("The HTTP server answers GET on its routes and closes the connection",
+          "[http][concurrency]") {
   auto server = StartServer();
   auto reply = HttpGet(server->port(), "/hello");
   CHECK(reply.status == 200);
@@ -49,7 +50,7 @@ TEST_CASE("The HTTP server answers GET on its routes and closes the connection",
   CHECK(reply.body == "not ok: down\n");
 }
 
-TEST_CASE("The HTTP server answers HEAD without a body", "[http]") {
+TEST_CASE("The HTTP server answers HEAD without a body", "[http][concurrency]") {
   auto server = StartServer();
   auto reply = HttpExchange(server->port(), "HEAD /hello HTTP/1.1\r\nHost: x\r\n\r\n");
   CHECK(reply.status == 200);
@@ -57,7 +58,8 @@ TEST_CASE("The HTTP server answers HEAD without a body", "[http]") {
   CHECK(reply.body.empty());
 }
 
-TEST_CASE("The HTTP server refuses unknown paths, other methods and malformed requests", "[http]") {
+TEST_CASE("The HTTP server refuses unknown paths, other methods and malformed requests",
+          "[http][concurrency]") {
   auto server = StartServer();
   CHECK(HttpGet(server->port(), "/nope").status == 404);
   CHECK(HttpGet(server->port(), "/hello/").status == 404);
@@ -68,7 +70,8 @@ TEST_CASE("The HTTP server refuses unknown paths, other methods and malformed re
   CHECK(HttpExchange(server->port(), "GET /hello SPDY/3\r\n\r\n").status == 400);
 }
 
-TEST_CASE("The HTTP server bounds the request size and the time a client may take", "[http]") {
+TEST_CASE("The HTTP server bounds the request size and the time a client may take",
+          "[http][concurrency]") {
   HttpServerOptions options;
   options.max_request_bytes = 256;
   options.timeout = 200ms;
@@ -101,7 +104,7 @@ TEST_CASE("Listen addresses are parsed and checked", "[http]") {
   }
 }
 
-TEST_CASE("A port already in use is an error naming the address", "[http]") {
+TEST_CASE("A port already in use is an error naming the address", "[http][concurrency]") {
   auto first = StartServer();
   const std::string address = "127.0.0.1:" + std::to_string(first->port());
   auto second = HttpServer::Start(address, {});

@@ -86,7 +86,7 @@ class Node {
 }  // namespace
 
 TEST_CASE("Concurrent PreStartContainer calls bind each container beside its GPU, apart",
-          "[late-binding]") {
+          "[late-binding][concurrency]") {
   Node node;
   // Container i holds GPU i, and the kubelet's tokens of group 7 - i.
   std::vector<FakeCheckpointEntry> entries;
@@ -117,7 +117,7 @@ TEST_CASE("Concurrent PreStartContainer calls bind each container beside its GPU
 }
 
 TEST_CASE("IDs the kubelet gives a new pod are bound afresh, the old pod's spec replaced",
-          "[late-binding]") {
+          "[late-binding][concurrency]") {
   Node node;
   const auto tokens = node.Group(0);
   node.WriteCheckpoint({Entry("old", kGpu, {Uuid(kGpus[2])}), Entry("old", kEfa, tokens)});
@@ -141,7 +141,7 @@ TEST_CASE("IDs the kubelet gives a new pod are bound afresh, the old pod's spec 
 }
 
 TEST_CASE("Without a checkpoint or pod-resources, PreStartContainer binds by the policy alone",
-          "[late-binding]") {
+          "[late-binding][concurrency]") {
   Node node;
   LateBinder binder(node.Options());
   const std::vector<std::string> tokens = {node.Group(3)[0], node.Group(6)[1]};
@@ -152,7 +152,8 @@ TEST_CASE("Without a checkpoint or pod-resources, PreStartContainer binds by the
   CHECK(binder.Bindings().size() == 1);
 }
 
-TEST_CASE("PreStartContainer fails naming the claim when too few EFAs are free", "[late-binding]") {
+TEST_CASE("PreStartContainer fails naming the claim when too few EFAs are free",
+          "[late-binding][concurrency]") {
   Node node;
   LateBinder binder(node.Options());
   std::vector<FakeCheckpointEntry> entries;
@@ -175,7 +176,8 @@ TEST_CASE("PreStartContainer fails naming the claim when too few EFAs are free",
   CHECK_FALSE(fs::exists(binder.SpecPath(ClaimName(small))));
 }
 
-TEST_CASE("Recovery keeps two specs that bind one EFA, and reports it", "[late-binding]") {
+TEST_CASE("Recovery keeps two specs that bind one EFA, and reports it",
+          "[late-binding][concurrency]") {
   Node node;
   fs::create_directories(node.cdi_dir());
   std::vector<efa::topology::EfaDevice> a = {node.table().devices[0], node.table().devices[1]};

@@ -231,7 +231,7 @@ void Report(const char* what, std::pair<int, int> result) {
 
 }  // namespace
 
-TEST_CASE("Late binding asks for PreStartContainer", "[late-binding][daemon]") {
+TEST_CASE("Late binding asks for PreStartContainer", "[late-binding][daemon][concurrency]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   auto options = node.kubelet().options(kEfa);
   REQUIRE(options.has_value());
@@ -241,7 +241,7 @@ TEST_CASE("Late binding asks for PreStartContainer", "[late-binding][daemon]") {
 }
 
 TEST_CASE("Late binding aligns every p5 1 GPU + 4 EFA container in every order",
-          "[late-binding][daemon]") {
+          "[late-binding][daemon][concurrency]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   auto gpu_first = node.Run(1, 4, Order::kAcceleratorFirst, 3, 1);
   Report("p5 1 GPU + 4 EFA, GPU first", gpu_first);
@@ -262,7 +262,7 @@ TEST_CASE("Late binding aligns every p5 1 GPU + 4 EFA container in every order",
 }
 
 TEST_CASE("Late binding aligns every p5 2 GPU + 8 EFA container in every order",
-          "[late-binding][daemon]") {
+          "[late-binding][daemon][concurrency]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   auto gpu_first = node.Run(2, 8, Order::kAcceleratorFirst, 3, 1);
   Report("p5 2 GPU + 8 EFA, GPU first", gpu_first);
@@ -278,7 +278,7 @@ TEST_CASE("Late binding aligns every p5 2 GPU + 8 EFA container in every order",
 }
 
 TEST_CASE("Late binding aligns every trn2 1 Neuron + 1 EFA container in every order",
-          "[late-binding][daemon]") {
+          "[late-binding][daemon][concurrency]") {
   LateNode node("trn2.48xlarge", AcceleratorKind::kNeuron);
   auto neuron_first = node.Run(1, 1, Order::kAcceleratorFirst, 2, 1);
   Report("trn2 1 Neuron + 1 EFA, Neuron first", neuron_first);
@@ -294,7 +294,7 @@ TEST_CASE("Late binding aligns every trn2 1 Neuron + 1 EFA container in every or
 }
 
 TEST_CASE("Late binding writes the spec whole, once, and keeps it for a restarted container",
-          "[late-binding][daemon]") {
+          "[late-binding][daemon][concurrency]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   // EFAs first: the kubelet's tokens are the first free ones, whatever the GPU.
   REQUIRE(node.kubelet()
@@ -339,7 +339,7 @@ TEST_CASE("Late binding writes the spec whole, once, and keeps it for a restarte
 }
 
 TEST_CASE("Late binding releases a binding when its pod leaves the checkpoint",
-          "[late-binding][daemon]") {
+          "[late-binding][daemon][concurrency]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   REQUIRE(node.Admit("u1", 1, 4, true).ok());
   REQUIRE(node.Admit("u2", 1, 4, false).ok());
@@ -367,7 +367,7 @@ TEST_CASE("Late binding releases a binding when its pod leaves the checkpoint",
 }
 
 TEST_CASE("Late bindings survive a daemon restart and are never given twice",
-          "[late-binding][daemon]") {
+          "[late-binding][daemon][concurrency]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   std::vector<std::string> live;
   for (int i = 0; i < 4; ++i) {
@@ -413,7 +413,7 @@ TEST_CASE("Late bindings survive a daemon restart and are never given twice",
 }
 
 TEST_CASE("Late binding in an unwritable CDI dir fails PreStartContainer naming the path",
-          "[late-binding][daemon]") {
+          "[late-binding][daemon][concurrency]") {
   // A file where the directory should be: refused even to root.
   SimRoot scratch("no-efa");
   const fs::path not_a_dir = scratch.path() / "cdi";
@@ -487,7 +487,7 @@ ChurnResult Churn(LateNode& node) {
 }  // namespace
 
 TEST_CASE("Late binding never binds one EFA to two live containers through pod churn",
-          "[late-binding][daemon]") {
+          "[late-binding][daemon][concurrency]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   const ChurnResult r = Churn(node);
   Report("p5 churn (1-2 GPUs, GPU-only pods)", {r.aligned, r.total});
@@ -499,7 +499,8 @@ TEST_CASE("Late binding never binds one EFA to two live containers through pod c
   CHECK(node.binder().counts().failed == 0);
 }
 
-TEST_CASE("Best effort through the same churn, for comparison", "[alignment][daemon]") {
+TEST_CASE("Best effort through the same churn, for comparison",
+          "[alignment][daemon][concurrency]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, {}, AlignmentMode::kBestEffort);
   const ChurnResult r = Churn(node);
   std::printf("alignment best effort %-35s %3d/%3d = %5.1f%%\n",

@@ -65,7 +65,7 @@ struct LatePlugin {
 }  // namespace
 
 TEST_CASE("Late binding asks for PreStartContainer and answers Allocate with a CDI device only",
-          "[late-binding]") {
+          "[late-binding][concurrency]") {
   efa::sim::SimRoot sim("p4d.24xlarge");
   LatePlugin plugin(sim);
   CHECK(plugin.service.PluginOptions().pre_start_required());
@@ -87,7 +87,8 @@ TEST_CASE("Late binding asks for PreStartContainer and answers Allocate with a C
   CHECK(plugin.calls.empty());  // nothing is bound before PreStartContainer
 }
 
-TEST_CASE("Late-binding Allocate refuses bad IDs as best effort does", "[late-binding]") {
+TEST_CASE("Late-binding Allocate refuses bad IDs as best effort does",
+          "[late-binding][concurrency]") {
   efa::sim::SimRoot sim("p4d.24xlarge");
   fs::remove(sim.path() / "dev/infiniband/uverbs1");  // rdmap32s27 unhealthy
   LatePlugin plugin(sim);
@@ -120,7 +121,7 @@ TEST_CASE("Late-binding Allocate refuses bad IDs as best effort does", "[late-bi
 }
 
 TEST_CASE("Late-binding PreStartContainer hands the IDs to the binder and returns its error",
-          "[late-binding]") {
+          "[late-binding][concurrency]") {
   efa::sim::SimRoot sim("p4d.24xlarge");
   LatePlugin plugin(sim);
   CHECK(plugin.PreStart({"rdmap16s27", "rdmap32s27"}).ok());

@@ -71,7 +71,7 @@ TEST_CASE("Histogram buckets are cumulative and a value on a bound counts in it"
 }
 
 TEST_CASE("Collectors run before every render, and updates from many threads all count",
-          "[metrics]") {
+          "[metrics][concurrency]") {
   MetricsRegistry registry;
   auto& c = registry.AddCounter("demo_total", "Total.").Get();
   auto& g = registry.AddGauge("demo_collected", "Collected.").Get();

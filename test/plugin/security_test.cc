@@ -67,7 +67,7 @@ std::vector<std::string> Listeners(const std::set<std::string>& inodes) {
 TEST_CASE(
     "The daemon listens only on its plugin socket and the metrics address, and writes "
     "nothing others may change",
-    "[security][process]") {
+    "[security][process][concurrency]") {
   SimRoot sim("p4d.24xlarge");
   FakeKubelet kubelet(FakeKubelet::ForKubeletDir(sim.path() / "kubelet"));
   REQUIRE(kubelet.Start().ok());

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The sanitizer stage of the test suite (scripts/test.sh runs it after the
+# ci preset; EFA_SANITIZERS=0 skips it there):
+#   asan  the whole suite but e2e, packaging and bench, built with GCC's
+#         AddressSanitizer + UndefinedBehaviorSanitizer (preset asan)
+#   tsan  the concurrency tests (Catch2 tag [concurrency]: every test with
+#         threads or a daemon process) under clang's ThreadSanitizer (preset
+#         tsan), with abseil rebuilt with TSan (scripts/tsan-abseil.sh) so
+#         absl::Mutex is seen in our code and in gRPC
+#   fuzz  every libFuzzer target for EFA_FUZZ_SECONDS (default 10) seconds
+#         (scripts/fuzz.sh)
+#   scripts/sanitizers.sh [asan|tsan|fuzz]...   (default: all three)
+# Every process the tests start (the daemon binary too) writes its reports
+# to build/<preset>/sanitizer-reports/; a report fails the stage even when
+# the process that wrote it was not watched. EFA_FAULT_CALLS (default 1000)
+# lowers the calls per client of the 16-client fault test, which the ci
+# preset runs at 10,000.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(asan tsan fuzz)
+export EFA_FAULT_CALLS="${EFA_FAULT_CALLS:-1000}"
+say() { echo "sanitizers: $*" >&2; }
+
+# run_preset PRESET "TARGET..." VAR=VALUE...: builds the targets (all when
+# empty), runs the preset's CTest with the variables set and the reports
+# going to a fresh directory, then fails if any process wrote one.
+run_preset() {
+  local preset=$1 targets=$2
+  shift 2
+  local reports="$PWD/build/$preset/sanitizer-reports"
+  cmake --preset "$preset" >/dev/null
+  # shellcheck disable=SC2086 # the target list is split on purpose
+  cmake --build --preset "$preset" -j2 ${targets:+--target $targets}
+  rm -rf "$reports" && mkdir -p "$reports"
+  local status=0
+  env "$@" ctest --preset "$preset" || status=$?
+  if compgen -G "$reports/*" >/dev/null; then
+    say "$preset: sanitizer reports in $reports:"
+    for f in "$reports"/*; do
+      echo "---- $f"
+      head -60 "$f"
+    done
+    return 1
+  fi
+  [ "$status" -eq 0 ] || { say "$preset: tests failed"; return "$status"; }
+  say "$preset: passed, no sanitizer report"
+}
+
+for stage in "${stages[@]}"; do
+  case "$stage" in
+    asan)
+      run_preset asan "" \
+        ASAN_OPTIONS="log_path=$PWD/build/asan/sanitizer-reports/asan:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1" \
+        UBSAN_OPTIONS="log_path=$PWD/build/asan/sanitizer-reports/ubsan:print_stacktrace=1:halt_on_error=1"
+      ;;
+    tsan)
+      absl_lib=$(scripts/tsan-abseil.sh)
+      # Only what the [concurrency] tests and verbs_crosscheck run.
+      run_preset tsan "efa_tests efa-simnode efa-k8s-device-plugin" \
+        LD_LIBRARY_PATH="$absl_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        TSAN_OPTIONS="log_path=$PWD/build/tsan/sanitizer-reports/tsan:halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$PWD/test/tsan.supp"
+      ;;
+    fuzz)
+      scripts/fuzz.sh "${EFA_FUZZ_SECONDS:-10}"
+      ;;
+    *)
+      say "unknown stage '$stage' (asan, tsan or fuzz)"
+      exit 2
+      ;;
+  esac
+done
