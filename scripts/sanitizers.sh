@@ -48,6 +48,7 @@ run_preset() {
 }
 
 for stage in "${stages[@]}"; do
+  started=$SECONDS
   case "$stage" in
     asan)
       run_preset asan "" \
@@ -69,4 +70,5 @@ for stage in "${stages[@]}"; do
       exit 2
       ;;
   esac
+  say "$stage: $((SECONDS - started)) s"
 done
