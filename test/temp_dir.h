@@ -1,13 +1,17 @@
 // A temporary directory for one test under /tmp (short, for unix socket
-// paths), removed with the object.
+// paths), removed with the object; and the small file helpers the tests share.
 #pragma once
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace efa::testing {
 
@@ -29,5 +33,24 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// The whole file (empty when it cannot be read).
+inline std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The names in `dir`, sorted (none when it cannot be listed).
+inline std::vector<std::string> DirEntries(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 }  // namespace efa::testing

@@ -9,10 +9,13 @@
 
 #include "plugin/device_plugin_service.h"
 #include "test/sim/sim_root.h"
+#include "test/temp_dir.h"
 #include "topology/efa_discovery.h"
 
 namespace fs = std::filesystem;
 using namespace efa::plugin;
+using efa::testing::DirEntries;
+using efa::testing::ReadFile;
 
 namespace {
 
@@ -23,20 +26,6 @@ efa::topology::EfaDevice Efa(const std::string& ibdev, int uverbs, const std::st
   d.uverbs_path = "/host/dev/infiniband/" + d.uverbs;
   d.pci = *efa::topology::PciAddress::Parse(pci);
   return d;
-}
-
-std::string Read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::vector<std::string> DirEntries(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 }  // namespace
@@ -108,7 +97,7 @@ TEST_CASE("WriteFileAtomically replaces the file whole, mode 0644, leaving no te
   const fs::path path = dir / "vpc.amazonaws.com-efa_claim-1.json";
   REQUIRE(WriteFileAtomically(path, "old\n", 0644).ok());
   REQUIRE(WriteFileAtomically(path, "new\n", 0644).ok());
-  CHECK(Read(path) == "new\n");
+  CHECK(ReadFile(path) == "new\n");
   CHECK((fs::status(path).permissions() & fs::perms::all) ==
         (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
          fs::perms::others_read));
@@ -119,7 +108,7 @@ TEST_CASE("WriteFileAtomically replaces the file whole, mode 0644, leaving no te
     std::ofstream(file) << "x";
     absl::Status status = WriteFileAtomically(file / "spec.json", "x", 0644);
     CHECK(status.message() == file.string() + ": Not a directory");
-    CHECK(Read(file) == "x");
+    CHECK(ReadFile(file) == "x");
   }
   SECTION("a missing directory") {
     absl::Status status = WriteFileAtomically(dir / "gone" / "spec.json", "x", 0644);
@@ -131,7 +120,7 @@ TEST_CASE("WriteFileAtomically replaces the file whole, mode 0644, leaving no te
       absl::Status status = WriteFileAtomically(path, "newer\n", 0644);
       fs::permissions(dir, fs::perms::owner_all);
       CHECK(status.message() == dir.string() + ": Permission denied");
-      CHECK(Read(path) == "new\n");
+      CHECK(ReadFile(path) == "new\n");
       CHECK(DirEntries(dir) == std::vector<std::string>{"vpc.amazonaws.com-efa_claim-1.json"});
     }
   }

@@ -23,6 +23,7 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
+#include "test/temp_dir.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 
@@ -34,8 +35,10 @@ using efa::plugin::DaemonOptions;
 using efa::plugin::LateBindingCounts;
 using efa::sim::SimRoot;
 using efa::testing::AcceleratorKind;
+using efa::testing::DirEntries;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeKubelet;
+using efa::testing::ReadFile;
 
 namespace {
 
@@ -44,23 +47,6 @@ constexpr char kMain[] = "main";
 constexpr auto kDeadline = 10s;
 
 enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
-
-std::string Read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::vector<std::string> DirEntries(const fs::path& dir) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    names.push_back(it->path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 class LateNode {
  public:
@@ -138,7 +124,7 @@ class LateNode {
   std::vector<std::string> PhysicalEfas(const std::string& uid) const {
     if (!late()) return Tokens(uid);  // best effort: the IDs are the EFAs
     const std::string claim = efa::plugin::ClaimName(Tokens(uid));
-    auto efas = efa::plugin::ParseCdiSpec(Read(SpecOf(uid)), claim, SpecOf(uid).string());
+    auto efas = efa::plugin::ParseCdiSpec(ReadFile(SpecOf(uid)), claim, SpecOf(uid).string());
     REQUIRE(efas.ok());
     return *efas;
   }
@@ -317,7 +303,7 @@ TEST_CASE("Late binding writes the spec whole, once, and keeps it for a restarte
   }
   const std::string claim = efa::plugin::ClaimName(node.Tokens("u1"));
   const std::string spec = efa::plugin::CdiSpecJson(claim, devices);
-  CHECK(Read(node.SpecOf("u1")) == spec);
+  CHECK(ReadFile(node.SpecOf("u1")) == spec);
   CHECK(spec.find("\"hostPath\":\"" + (node.sim().path() / "dev/infiniband/").string()) !=
         std::string::npos);
   CHECK(DirEntries(node.cdi_dir()) ==
@@ -330,11 +316,11 @@ TEST_CASE("Late binding writes the spec whole, once, and keeps it for a restarte
   REQUIRE(node.kubelet().StartContainer("u1", kMain).ok());
   CHECK(node.binder().counts().kept == 1);
   CHECK(node.binder().counts().bound == 1);
-  CHECK(Read(node.SpecOf("u1")) == spec);
+  CHECK(ReadFile(node.SpecOf("u1")) == spec);
   // A spec deleted behind its back is written again.
   fs::remove(node.SpecOf("u1"));
   REQUIRE(node.kubelet().StartContainer("u1", kMain).ok());
-  CHECK(Read(node.SpecOf("u1")) == spec);
+  CHECK(ReadFile(node.SpecOf("u1")) == spec);
   CHECK(node.binder().counts().kept == 2);
 }
 
@@ -435,7 +421,7 @@ TEST_CASE("Late binding in an unwritable CDI dir fails PreStartContainer naming 
             ": Not a directory");
   // Nothing half-written, nothing bound.
   CHECK(DirEntries(scratch.path()) == entries);
-  CHECK(Read(not_a_dir) == "x");
+  CHECK(ReadFile(not_a_dir) == "x");
   CHECK(node.binder().Bindings().empty());
   CHECK(node.binder().counts().failed == 1);
 }

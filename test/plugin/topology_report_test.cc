@@ -14,21 +14,16 @@
 
 #include "nlohmann/json.hpp"
 #include "test/sim/sim_root.h"
+#include "test/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
+using efa::testing::ReadFile;
 
 namespace {
 
 const fs::path kTestdata = fs::path(__FILE__).parent_path() / "testdata/topology";
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Compares `actual` with the expected file, or writes it when asked to.
 void CheckExpected(const std::string& name, const std::string& actual) {
