@@ -313,6 +313,9 @@ void Daemon::TryRegister() {
   // replaces: their ending (ours, when the server restarts below, or the
   // kubelet's) must not start another one.
   service_.BeginRegistration();
+  // A stream that ended before this point (the restarted kubelet closing
+  // the old one) is answered by this very registration: not another one.
+  stream_ended_ = false;
   if (!IsSocket(plugin_socket())) {
     // The kubelet deleted our socket (it does so on start): serve afresh.
     spdlog::info("{} is gone; serving again", plugin_socket().string());
