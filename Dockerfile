@@ -6,13 +6,15 @@
 # The Helm chart (helm/aws-efa-k8s-device-plugin) runs it as uid 0 with every
 # capability dropped and a read-only root file system.
 
-# Build stage: the same dependency script and CMake preset as CI.
+# Build stage: the same dependency script and CMake preset (release) as the
+# README's demo and CI; scripts/image.sh builds this file with podman.
 FROM debian:12 AS build
+ARG REVISION=unknown
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/
-RUN scripts/install-deps.sh
+RUN scripts/install-deps.sh --daemon
 COPY . .
-RUN cmake --preset release -DEFA_BUILD_TESTS=OFF \
+RUN cmake --preset release -DEFA_BUILD_TESTS=OFF -DEFA_REVISION="${REVISION}" \
  && cmake --build --preset release -j"$(nproc)" --target efa-k8s-device-plugin \
  && strip build/release/plugin/efa-k8s-device-plugin
 

@@ -149,7 +149,7 @@ absl::StatusOr<std::vector<std::string>> ParseCdiSpec(std::string_view json,
 
 absl::Status WriteFileAtomically(const fs::path& path, std::string_view content, mode_t mode) {
   const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
-  std::string name = (dir / ("." + path.filename().string() + ".XXXXXX.tmp")).string();
+  std::string name = absl::StrCat(dir.string(), "/.", path.filename().string(), ".XXXXXX.tmp");
   const int fd = ::mkstemps(name.data(), 4);
   if (fd < 0) return PosixError(dir.string(), errno);
   TemporaryFile temporary(fd, name);

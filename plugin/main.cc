@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   CLI::App app{"EFA device plugin for Kubernetes"};
+  app.set_version_flag("--version",
+                       "efa-k8s-device-plugin " EFA_VERSION " (revision " EFA_REVISION ")");
   efa::plugin::ConfigFlags flags(app);
   auto* inventory = app.add_subcommand("inventory", "Print the node's EFA devices and exit");
   inventory->fallthrough();

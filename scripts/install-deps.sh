@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package the build, the tests and the demo need.
-# Idempotent: packages already present are left alone.
+# Installs the Debian 12 packages the build needs. Idempotent: packages
+# already present are left alone.
+#   scripts/install-deps.sh           everything: the daemon, the tests, the demo
+#   scripts/install-deps.sh --daemon  only what building the daemon alone needs
+#                                     (the image's build stage)
 set -euo pipefail
 
-packages=(
-  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+daemon=(
+  build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libibverbs-dev ibverbs-providers libhwloc-dev
-  libyaml-cpp-dev libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev
-  libbenchmark-dev util-linux python3-yaml unzip
+  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
 )
+tests=(
+  clang libclang-rt-14-dev catch2 libbenchmark-dev util-linux python3-yaml unzip
+)
+
+case "${1:-}" in
+  "") packages=("${daemon[@]}" "${tests[@]}") ;;
+  --daemon) packages=("${daemon[@]}") ;;
+  *) echo "install-deps: unknown argument '$1' (--daemon or nothing)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The sanitizer stage of the test suite (scripts/test.sh runs it after the
-# ci preset; EFA_SANITIZERS=0 skips it there):
+# The sanitizer stages of the test suite (`scripts/test.sh --all` runs them
+# after the ci preset):
 #   asan  the whole suite but e2e, packaging and bench, built with GCC's
 #         AddressSanitizer + UndefinedBehaviorSanitizer (preset asan)
 #   tsan  the concurrency tests (Catch2 tag [concurrency]: every test with

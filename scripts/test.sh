@@ -1,18 +1,44 @@
 #!/usr/bin/env bash
-# The whole test suite: installs dependencies, builds with warnings as errors
-# and runs every test through CTest (unit, integration, the real-kubelet e2e,
-# packaging, benchmark smoke, fuzz seeds); then, for the ci preset, the
-# sanitizer stage (scripts/sanitizers.sh: the suite under ASan+UBSan, the
-# concurrency tests under TSan, 10 s of each fuzzer). EFA_SANITIZERS=0 skips it.
-#   scripts/test.sh [preset]   (default: ci; dev and release too; asan and tsan
-#                              through scripts/sanitizers.sh)
+# The test suite, in two tiers (README: Tests):
+#   scripts/test.sh         the whole CTest suite on the ci preset (warnings are
+#                           errors): unit, integration, fault, the real-kubelet
+#                           e2e, packaging, benchmark smoke, fuzz seeds.
+#   scripts/test.sh --all   also builds the image from the Dockerfile with
+#                           podman (scripts/image.sh; the e2e then runs the
+#                           chart's pod from it on the real kubelet), and the
+#                           sanitizer stages (scripts/sanitizers.sh: the suite
+#                           under ASan+UBSan, the concurrency tests under TSan,
+#                           10 s of each fuzzer). CI runs this.
+# Installs the Debian packages it needs. Each stage prints its time; any
+# failure stops the run with a non-zero exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-preset="${1:-ci}"
+all=0
+for arg in "$@"; do
+  case "$arg" in
+    --all) all=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown argument '$arg' (--all or nothing)" >&2; exit 2 ;;
+  esac
+done
+
+started=$SECONDS
+stage_started=$SECONDS
+stage() { echo "test.sh: $1: $((SECONDS - stage_started)) s" >&2; stage_started=$SECONDS; }
+
 scripts/install-deps.sh
-cmake --preset "$preset" >/dev/null
-cmake --build --preset "$preset" -j2
-ctest --preset "$preset"
-if [ "$preset" = ci ] && [ "${EFA_SANITIZERS:-1}" != 0 ]; then
-  scripts/sanitizers.sh
+cmake --preset ci >/dev/null
+cmake --build --preset ci -j2
+stage "ci build"
+if [ "$all" = 1 ]; then
+  EFA_SIMNODE=build/ci/test/efa-simnode scripts/image.sh
+  export EFA_E2E_IMAGE_TAR="$PWD/build/image/efa-k8s-device-plugin.tar"
+  stage "image"
 fi
+ctest --preset ci
+stage "ctest (ci preset)"
+if [ "$all" = 1 ]; then
+  scripts/sanitizers.sh
+  stage "sanitizers"
+fi
+echo "test.sh: all stages passed in $((SECONDS - started)) s" >&2

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Builds the image from the Dockerfile for real, with podman, and proves it
+# runs: its binary prints --version and the inventory of a simulated p5 node
+# inside the image (so the runtime stage has every library the binary loads,
+# libibverbs' EFA provider included). Then saves it as an archive containerd
+# can import (`ctr -n k8s.io images import`).
+#
+#   scripts/image.sh [TAG]     (default efa-k8s-device-plugin:dev)
+#
+# No registry is needed: when podman has no debian:12 image, one is
+# bootstrapped from Debian's packages (mmdebstrap, minbase) and tagged
+# debian:12 and debian:12-slim. Needs root. Environment:
+#   EFA_IMAGE_TAR   where to save the archive (default build/image/efa-k8s-device-plugin.tar)
+#   EFA_SIMNODE     efa-simnode binary for the inventory check (default: built
+#                   with the release preset when missing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tag="${1:-efa-k8s-device-plugin:dev}"
+tar="${EFA_IMAGE_TAR:-$PWD/build/image/efa-k8s-device-plugin.tar}"
+say() { echo "image: $*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+started=$SECONDS
+
+for p in podman mmdebstrap; do
+  if ! command -v "$p" >/dev/null; then
+    say "installing $p"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$p" >/dev/null || die "apt-get install $p failed"
+  fi
+done
+
+# The sandbox may not raise RLIMIT_NOFILE: without this runc fails with
+# "error setting rlimit type 7: operation not permitted".
+conf="$(mktemp)"
+work="$(mktemp -d)"
+trap 'rm -rf "$conf" "$work"' EXIT
+printf '[containers]\ndefault_ulimits = []\n' > "$conf"
+export CONTAINERS_CONF="$conf"
+
+if ! podman image exists docker.io/library/debian:12; then
+  say "no debian:12 image: bootstrapping one from Debian's packages (mmdebstrap, minbase)"
+  mmdebstrap --quiet --variant=minbase bookworm "$work/deb12.tar" || die "mmdebstrap failed"
+  podman import -q "$work/deb12.tar" docker.io/library/debian:12 >/dev/null
+  rm -f "$work/deb12.tar"
+fi
+podman image exists docker.io/library/debian:12-slim ||
+  podman tag docker.io/library/debian:12 docker.io/library/debian:12-slim
+
+revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+say "building $tag from the Dockerfile (revision $revision)"
+podman build --pull=never --network host --build-arg REVISION="$revision" -t "$tag" . ||
+  die "podman build failed (its output is above)"
+
+say "checking the binary inside the image"
+version="$(podman run --rm --network none "$tag" --version)" || die "--version failed in the image"
+echo "$version"
+[[ "$version" == *"revision $revision"* ]] || die "--version does not name revision $revision: $version"
+simnode="${EFA_SIMNODE:-build/release/test/efa-simnode}"
+if [ ! -x "$simnode" ]; then
+  cmake --preset release >/dev/null
+  cmake --build --preset release -j2 --target efa-simnode >/dev/null
+fi
+"$simnode" p5.48xlarge "$work/node" >/dev/null
+inventory="$(podman run --rm --network none -v "$work/node:/node:ro" "$tag" \
+  inventory --sysfs-root /node/sys --dev-root /node/dev)" || die "inventory failed in the image"
+echo "$inventory" | head -3
+count="$(grep -c 'rdmap' <<< "$inventory" || true)"
+[ "$count" -eq 32 ] || die "the image's inventory of a simulated p5.48xlarge lists $count EFAs, not 32"
+[[ "$inventory" == *efa* ]] || die "no EFA provider in the image's inventory"
+
+mkdir -p "$(dirname "$tar")"
+rm -f "$tar"
+podman save -q --format docker-archive -o "$tar" "$tag"
+say "saved $tag to $tar ($(du -h "$tar" | cut -f1)); image $(podman image inspect "$tag" --format '{{.Size}}') bytes; $((SECONDS - started)) s"
