@@ -384,6 +384,14 @@ expect misc 'ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"]' '1
 expect misc 'str(pod["hostNetwork"]) + " " + pod["dnsPolicy"]' 'True ClusterFirstWithHostNet'
 checks misc
 
+# A simulated node's roots (test/e2e/run.sh): mounted at the same paths and
+# given to the daemon.
+expect_render simroots --set hostPaths.sysfs=/run/efa-e2e/node/sys --set hostPaths.dev=/run/efa-e2e/dev/
+expect simroots '[config["sysfsRoot"], config["devRoot"]]' '["/run/efa-e2e/node/sys", "/run/efa-e2e/dev"]'
+expect simroots 'sorted((m, h) for m, (h, ro) in host_mounts.items() if m.startswith("/run/") and ro)' '[["/run/efa-e2e/dev/infiniband", "/run/efa-e2e/dev/infiniband"], ["/run/efa-e2e/node/sys/bus", "/run/efa-e2e/node/sys/bus"], ["/run/efa-e2e/node/sys/class", "/run/efa-e2e/node/sys/class"], ["/run/efa-e2e/node/sys/devices", "/run/efa-e2e/node/sys/devices"]]'
+expect simroots '[p for p in host_mounts if p.startswith("/sys") or p.startswith("/dev")]' '[]'
+checks simroots
+
 expect_render ondelete --set updateStrategy.type=OnDelete
 expect ondelete 'ds["spec"]["updateStrategy"]' '{"type": "OnDelete"}'
 checks ondelete
@@ -472,7 +480,7 @@ if [ -z "$DAEMON" ]; then
 elif ! "$DAEMON" --help 2>&1 | grep -q -- '--print-config'; then
   echo "note - $DAEMON has no --print-config: rendered config files not checked by the daemon"
 else
-  for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor all; do
+  for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor simroots all; do
     q "$name" 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
     mapfile -t extra < <(q "$name" '"\n".join(c["args"][1:])' | sed '/^$/d')
     if out="$("$DAEMON" --config "$TMP/$name.config.yaml" "${extra[@]}" --print-config 2>&1)"; then

@@ -53,6 +53,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
 {{- end }}
 
+{{/* The host's sysfs and /dev, mounted at the same paths in the container. */}}
+{{- define "efa.sysfsRoot" -}}{{ .Values.hostPaths.sysfs | trimSuffix "/" | default "/" }}{{- end }}
+{{- define "efa.devRoot" -}}{{ .Values.hostPaths.dev | trimSuffix "/" | default "/" }}{{- end }}
+
 {{/* Where the rendered config file is mounted in the container. */}}
 {{- define "efa.configDir" -}}/etc/efa-k8s-device-plugin{{- end }}
 
@@ -123,6 +127,14 @@ defaults win; the options the chart's mounts depend on are always written.
 {{- end }}
 {{- with .Values.guards.dra.policy }}
 {{- $_ := set $cfg "draPolicy" . }}
+{{- end }}
+{{- $sysfs := include "efa.sysfsRoot" . }}
+{{- if ne $sysfs "/sys" }}
+{{- $_ := set $cfg "sysfsRoot" $sysfs }}
+{{- end }}
+{{- $dev := include "efa.devRoot" . }}
+{{- if ne $dev "/dev" }}
+{{- $_ := set $cfg "devRoot" $dev }}
 {{- end -}}
 version: v1
 {{ toYaml $cfg }}
