@@ -263,6 +263,10 @@ start_kubelet() {
     || e2e_die "the kubelet did not start (see $E2E_LOGS/kubelet.log)"
 }
 
+node_ready() {
+  [ "$(e2e_kubectl get node "$E2E_NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+
 # Records a system path that this cluster creates (if it does not exist yet).
 record_if_absent() {
   [ -e "$1" ] || echo "$1" >> "$RECORD"
@@ -314,6 +318,15 @@ up() {
   start_kubelet
   e2e_wait_for 60 "node $E2E_NODE to register" e2e_kubectl get node "$E2E_NODE" \
     || e2e_die "node $E2E_NODE did not register (see $E2E_LOGS/kubelet.log)"
+  # The kubelet registers its node with the taint node.kubernetes.io/not-ready
+  # (NoSchedule), which the node lifecycle controller lifts once the node is
+  # Ready; no DaemonSet pod is placed before. That controller does not run
+  # here (it would evict pods while a check stops the kubelet): lift the
+  # taint as it would.
+  e2e_wait_for 60 "node $E2E_NODE to be Ready" node_ready \
+    || e2e_die "node $E2E_NODE did not become Ready (see $E2E_LOGS/kubelet.log)"
+  e2e_kubectl taint node "$E2E_NODE" node.kubernetes.io/not-ready:NoSchedule- >/dev/null \
+    || e2e_die "cannot lift the not-ready taint of node $E2E_NODE"
   trap - EXIT
   e2e_log "cluster up in $((SECONDS - t0))s: node $E2E_NODE, KUBECONFIG=$E2E_KUBECONFIG, logs in $E2E_LOGS"
 }

@@ -833,6 +833,12 @@ chart_pod_ready() {
 }
 no_chart_ns_pods() { [ -z "$(e2e_kubectl get pods -n "$CHART_NS" -o name 2>/dev/null)" ]; }
 
+# A release left by a failed check goes first.
+no_release() {
+  ! e2e_helm status "$RELEASE" -n "$CHART_NS" >/dev/null 2>&1 || uninstall_release \
+    || why "cannot uninstall release $RELEASE left by an earlier check"
+}
+
 uninstall_release() {
   e2e_helm uninstall "$RELEASE" -n "$CHART_NS" >/dev/null 2>&1
   e2e_wait_for 60 "DaemonSet $DS_NAME to go" ds_gone \
@@ -902,6 +908,7 @@ Seccomp: 2"
 }
 
 check_8_upgrade_in_place() {
+  no_release || return 1
   install_aws_shaped_release || return 1
   # The node is no p5: the AWS-shaped DaemonSet places no pod here.
   local before after
@@ -930,6 +937,7 @@ check_8_upgrade_in_place() {
 }
 
 check_9_chart_on_kubelet() {
+  no_release || return 1
   import_plugin_image || return 1
   stop_host_daemon || return 1
   local values out
@@ -960,7 +968,9 @@ pod_uid_gone() {
 }
 
 check_10_upgrade_on_kubelet() {
+  no_release || return 1
   import_plugin_image || return 1
+  stop_host_daemon || return 1
   # The node is a p5 now: the AWS-shaped release runs its pod here.
   e2e_kubectl label node "$E2E_NODE" "$INSTANCE_LABEL=p5.48xlarge" --overwrite >/dev/null \
     || why "cannot label node $E2E_NODE" || return 1
