@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds kubelet, kube-apiserver and kubectl v1.20.2 from Debian 12's
-# `kubernetes` source package, for the end-to-end suite (test/e2e/run.sh).
+# Builds kubelet, kube-apiserver, kube-controller-manager, kube-scheduler and
+# kubectl v1.20.2 from Debian 12's `kubernetes` source package, for the
+# end-to-end suite (test/e2e/run.sh; the controller manager's DaemonSet
+# controller and the scheduler run the Helm chart's DaemonSet).
 #
 #   test/e2e/build-kubernetes.sh [--with-helm]
 #
@@ -9,7 +11,7 @@
 #   src/               the source package as apt-get downloaded it
 #   gopath/src/k8s.io/kubernetes   the unpacked tree (Debian patches applied)
 #   gocache/           Go's build cache (about 2 GB; makes rebuilds take seconds)
-#   bin/               kubelet, kube-apiserver, kubectl (and helm, kubectl-v1.34)
+#   bin/               the binaries above (and helm, kubectl-v1.34)
 # Each step is skipped when its result is already there, so a warm run only
 # checks stamps. Installs the Debian packages it needs. Ends with the binaries'
 # paths; exits non-zero with a message naming what failed.
@@ -110,14 +112,20 @@ gen_openapi() {
     || die "make gen_openapi left no pkg/generated/openapi/zz_generated.openapi.go"
 }
 
+readonly COMMANDS=(kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
 build_binaries() {
   local tree="$CACHE/gopath/src/k8s.io/kubernetes"
   local stamp="$CACHE/bin/.efa-e2e-built"
-  local want
+  local want cmd missing=()
   want="$K8S_VERSION $(cat "$tree/.efa-e2e-unpacked") $(go version)"
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
-     && [ -x "$CACHE/bin/kubelet" ] && [ -x "$CACHE/bin/kube-apiserver" ] && [ -x "$CACHE/bin/kubectl" ]; then
-    say "kubelet, kube-apiserver, kubectl $K8S_VERSION already built"
+  # A binary of another version or Go is rebuilt; one built already is kept.
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] || rm -f "$stamp"
+  for cmd in "${COMMANDS[@]}"; do
+    [ -f "$stamp" ] && [ -x "$CACHE/bin/$cmd" ] || missing+=("$cmd")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    say "${COMMANDS[*]} $K8S_VERSION already built"
     return 0
   fi
   go_env
@@ -133,8 +141,8 @@ build_binaries() {
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
   mkdir -p "$CACHE/bin"
-  local cmd cgo
-  for cmd in kubelet kube-apiserver kubectl; do
+  local cgo
+  for cmd in "${missing[@]}"; do
     cgo=0; [ "$cmd" = kubelet ] && cgo=1
     say "go build ./cmd/$cmd (CGO_ENABLED=$cgo)"
     (cd "$tree" && CGO_ENABLED=$cgo go build -p 2 -tags selinux,notest -ldflags "$ldflags" \

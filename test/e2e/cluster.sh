@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes v1.20.2 cluster on this machine, for the
-# end-to-end suite: containerd, etcd, kube-apiserver and a kubelet (no
-# scheduler, no controller-manager: test pods name their node).
+# end-to-end suite: containerd, etcd, kube-apiserver, a kubelet, and for
+# DaemonSets (the Helm chart's) kube-controller-manager with only the
+# DaemonSet and garbage collector controllers, and kube-scheduler. Test pods
+# name their node.
 #
 #   test/e2e/cluster.sh up               start it (builds Kubernetes first if needed)
 #   test/e2e/cluster.sh down             stop it and leave the machine clean
@@ -208,6 +210,24 @@ start_apiserver() {
     || e2e_die "kube-apiserver did not become ready (see $E2E_LOGS/kube-apiserver.log)"
 }
 
+# What places a DaemonSet's pods: the DaemonSet controller creates them (and
+# the garbage collector removes them with their DaemonSet), the scheduler
+# binds them. No other controller runs: the checks see only their own doing.
+start_controllers() {
+  e2e_start kube-controller-manager "$E2E_BIN/kube-controller-manager" \
+    --kubeconfig "$E2E_KUBECONFIG" --controllers daemonset,garbagecollector \
+    --leader-elect=false --use-service-account-credentials=false \
+    --bind-address 127.0.0.1 --port 0 --secure-port "$E2E_CONTROLLER_MANAGER_PORT" \
+    --profiling=false --v=1
+  e2e_start kube-scheduler "$E2E_BIN/kube-scheduler" \
+    --kubeconfig "$E2E_KUBECONFIG" --leader-elect=false \
+    --bind-address 127.0.0.1 --port 0 --secure-port "$E2E_SCHEDULER_PORT" \
+    --profiling=false --v=1
+  e2e_wait_for 60 "kube-controller-manager and kube-scheduler to be healthy" \
+    bash -c "curl -fsk https://127.0.0.1:$E2E_CONTROLLER_MANAGER_PORT/healthz && curl -fsk https://127.0.0.1:$E2E_SCHEDULER_PORT/healthz" \
+    || e2e_die "kube-controller-manager or kube-scheduler did not start (see $E2E_LOGS/kube-controller-manager.log, kube-scheduler.log)"
+}
+
 # The kubelet; also used by restart-kubelet, so its flags live in one place.
 start_kubelet() {
   # A stale kubelet.sock stays after a kill until the new kubelet replaces it:
@@ -243,6 +263,10 @@ start_kubelet() {
     || e2e_die "the kubelet did not start (see $E2E_LOGS/kubelet.log)"
 }
 
+node_ready() {
+  [ "$(e2e_kubectl get node "$E2E_NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+
 # Records a system path that this cluster creates (if it does not exist yet).
 record_if_absent() {
   [ -e "$1" ] || echo "$1" >> "$RECORD"
@@ -257,7 +281,8 @@ up() {
   [ ! -e "$E2E_KUBELET_DIR" ] \
     || e2e_die "$E2E_KUBELET_DIR exists: another kubelet uses this machine, or an earlier run was not torn down ('$0 down')"
   local port
-  for port in $E2E_ETCD_PORT $E2E_ETCD_PEER_PORT $E2E_APISERVER_PORT $E2E_KUBELET_PORT $E2E_KUBELET_HEALTHZ_PORT; do
+  for port in $E2E_ETCD_PORT $E2E_ETCD_PEER_PORT $E2E_APISERVER_PORT $E2E_KUBELET_PORT $E2E_KUBELET_HEALTHZ_PORT \
+              $E2E_CONTROLLER_MANAGER_PORT $E2E_SCHEDULER_PORT; do
     ! e2e_port_busy "$port" || e2e_die "TCP port $port is in use: another cluster or program holds it"
   done
   ! ip link show "$E2E_BRIDGE" >/dev/null 2>&1 || e2e_die "network interface $E2E_BRIDGE exists; run '$0 down'"
@@ -289,9 +314,19 @@ up() {
   import_images
   start_etcd
   start_apiserver
+  start_controllers
   start_kubelet
   e2e_wait_for 60 "node $E2E_NODE to register" e2e_kubectl get node "$E2E_NODE" \
     || e2e_die "node $E2E_NODE did not register (see $E2E_LOGS/kubelet.log)"
+  # The kubelet registers its node with the taint node.kubernetes.io/not-ready
+  # (NoSchedule), which the node lifecycle controller lifts once the node is
+  # Ready; no DaemonSet pod is placed before. That controller does not run
+  # here (it would evict pods while a check stops the kubelet): lift the
+  # taint as it would.
+  e2e_wait_for 60 "node $E2E_NODE to be Ready" node_ready \
+    || e2e_die "node $E2E_NODE did not become Ready (see $E2E_LOGS/kubelet.log)"
+  e2e_kubectl taint node "$E2E_NODE" node.kubernetes.io/not-ready:NoSchedule- >/dev/null \
+    || e2e_die "cannot lift the not-ready taint of node $E2E_NODE"
   trap - EXIT
   e2e_log "cluster up in $((SECONDS - t0))s: node $E2E_NODE, KUBECONFIG=$E2E_KUBECONFIG, logs in $E2E_LOGS"
 }
@@ -390,7 +425,8 @@ down() {
     e2e_log "no cluster state at $E2E_STATE: nothing to tear down"
     return 0
   fi
-  # Processes a test started (the device plugins) go first.
+  # Processes a test started (the device plugins) go first, and the
+  # controllers (or the DaemonSet controller would replace deleted pods).
   local record
   for record in "$E2E_STATE"/pids/*; do
     [ -f "$record" ] || continue

@@ -25,6 +25,8 @@ E2E_ETCD_PEER_PORT=2380
 E2E_APISERVER_PORT=6443
 E2E_KUBELET_PORT=10250
 E2E_KUBELET_HEALTHZ_PORT=10248
+E2E_CONTROLLER_MANAGER_PORT=10257
+E2E_SCHEDULER_PORT=10259
 
 e2e_log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 e2e_die() { e2e_log "ERROR: $*"; exit 1; }
@@ -46,6 +48,14 @@ e2e_ensure_packages() {
 # (Its discovery cache goes to the state dir, not ~/.kube.)
 e2e_kubectl() {
   "$E2E_BIN/kubectl" --kubeconfig "$E2E_KUBECONFIG" --cache-dir "$E2E_STATE/kubectl-cache" "$@"
+}
+
+# helm (v4, from build-kubernetes.sh --with-helm) against the test cluster,
+# its state in the state dir.
+e2e_helm() {
+  HELM_CACHE_HOME="$E2E_STATE/helm/cache" HELM_CONFIG_HOME="$E2E_STATE/helm/config" \
+  HELM_DATA_HOME="$E2E_STATE/helm/data" \
+    "$E2E_BIN/helm" --kubeconfig "$E2E_KUBECONFIG" "$@"
 }
 
 # Waits until the command succeeds: e2e_wait_for SECONDS DESCRIPTION CMD...

@@ -170,6 +170,7 @@ else fail "helm lint --strict -f values-all.yaml (every value set)" "$out"; fi
 
 # --- versions agree -------------------------------------------------------------
 app_version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$CHART/Chart.yaml")"
+chart_version="$(sed -n 's/^version: *//p' "$CHART/Chart.yaml")"
 cmake_version="$(sed -n 's/^project([^)]*VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")"
 docker_version="$(sed -n 's/^ARG VERSION=\(.*\)$/\1/p' "$ROOT/Dockerfile")"
 if [ -n "$app_version" ] && [ "$app_version" == "$cmake_version" ] && [ "$app_version" == "$docker_version" ]; then
@@ -185,8 +186,10 @@ expect default 'kinds()' '["ConfigMap/efa-aws-efa-k8s-device-plugin", "DaemonSet
 expect default 'ds["metadata"]["name"]' "$FULLNAME"
 expect default 'ds["metadata"]["namespace"]' 'kube-system'
 expect default 'sorted(ds["metadata"]["labels"])' '["app.kubernetes.io/component", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/name", "app.kubernetes.io/part-of", "app.kubernetes.io/version", "helm.sh/chart"]'
-expect default 'ds["spec"]["selector"]["matchLabels"]' '{"app.kubernetes.io/instance": "efa", "app.kubernetes.io/name": "aws-efa-k8s-device-plugin"}'
-expect default 'all(ds["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in ds["spec"]["selector"]["matchLabels"].items())' 'true'
+# AWS's chart's selector (immutable: `helm upgrade` of its release must keep
+# it), with the recommended labels as extra pod labels.
+expect default 'ds["spec"]["selector"]["matchLabels"]' '{"name": "efa-aws-efa-k8s-device-plugin"}'
+expect default 'sorted(ds["spec"]["template"]["metadata"]["labels"].items())' '[["app.kubernetes.io/component", "device-plugin"], ["app.kubernetes.io/instance", "efa"], ["app.kubernetes.io/managed-by", "Helm"], ["app.kubernetes.io/name", "aws-efa-k8s-device-plugin"], ["app.kubernetes.io/part-of", "aws-efa-k8s-device-plugin"], ["app.kubernetes.io/version", "'"$app_version"'"], ["helm.sh/chart", "aws-efa-k8s-device-plugin-'"$chart_version"'"], ["name", "efa-aws-efa-k8s-device-plugin"]]'
 expect default 'ds["metadata"]["labels"]["app.kubernetes.io/version"]' "$app_version"
 expect default 'c["image"]' "efa-k8s-device-plugin:$app_version"
 expect default 'c["imagePullPolicy"]' 'IfNotPresent'
@@ -208,10 +211,11 @@ expect default 'c["ports"]' '[{"containerPort": 8080, "name": "metrics", "protoc
 expect default 'c["livenessProbe"]["httpGet"]' '{"path": "/healthz", "port": "metrics"}'
 expect default 'c["readinessProbe"]["httpGet"]' '{"path": "/readyz", "port": "metrics"}'
 expect default 'len(ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"])' '64'
-# Scheduling: no instance-type list; Linux amd64/arm64, not Fargate or hybrid.
-expect default 'pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid"]}]}]'
+# Scheduling: no instance-type list; Linux nodes of the image's architecture
+# (amd64), not Fargate, hybrid or EKS Auto Mode (AWS's own EFA plugin runs there).
+expect default 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}]}]'
 expect default '"node.kubernetes.io/instance-type" in str(ds)' 'false'
-expect default 'sorted(t["key"] for t in pod["tolerations"])' '["CriticalAddonsOnly", "aws.amazon.com/efa", "aws.amazon.com/neuron", "nvidia.com/gpu"]'
+expect default '[t["key"] for t in pod["tolerations"]]' '["CriticalAddonsOnly", "nvidia.com/gpu", "aws.amazon.com/neuron", "aws.amazon.com/efa"]'
 expect default 'pod["priorityClassName"]' 'system-node-critical'
 expect default 'ds["spec"]["updateStrategy"]' '{"rollingUpdate": {"maxUnavailable": "10%"}, "type": "RollingUpdate"}'
 expect default 'c["resources"]["requests"]' '{"cpu": "10m", "memory": "32Mi"}'
@@ -219,9 +223,15 @@ expect default '"nodeSelector" in pod' 'false'
 checks default
 
 # --- overrides ---------------------------------------------------------------------
-expect_render tolerations --set-json 'tolerations=[{"key":"dedicated","operator":"Equal","value":"efa","effect":"NoSchedule"}]'
-expect tolerations 'pod["tolerations"]' '[{"effect": "NoSchedule", "key": "dedicated", "operator": "Equal", "value": "efa"}]'
+# tolerations are appended to CriticalAddonsOnly and defaultTolerations (AWS's
+# chart appends them to CriticalAddonsOnly); defaultTolerations=[] drops ours.
+expect_render tolerations --set-json 'tolerations=[{"key":"dedicated","operator":"Equal","value":"efa","effect":"NoSchedule"},{"key":"aws.amazon.com/efa","operator":"Exists","effect":"NoSchedule"}]'
+expect tolerations '[t["key"] for t in pod["tolerations"]]' '["CriticalAddonsOnly", "nvidia.com/gpu", "aws.amazon.com/neuron", "aws.amazon.com/efa", "dedicated"]'
+expect tolerations 'pod["tolerations"][-1]' '{"effect": "NoSchedule", "key": "dedicated", "operator": "Equal", "value": "efa"}'
 checks tolerations
+expect_render tolerations-nodefault --set-json 'defaultTolerations=[]' --set-json 'tolerations=[{"key":"dedicated","operator":"Exists"}]'
+expect tolerations-nodefault 'pod["tolerations"]' '[{"key": "CriticalAddonsOnly", "operator": "Exists"}, {"key": "dedicated", "operator": "Exists"}]'
+checks tolerations-nodefault
 
 expect_render args --set-json 'extraArgs=["--log-level=debug","--rescan-interval=5s"]' \
   --set-json 'extraEnv=[{"name":"EFA_LOG_FORMAT","value":"json"}]'
@@ -284,8 +294,79 @@ checks metrics-off
 expect_render placement --set-json 'nodeSelector={"vpc.amazonaws.com/efa.present":"true"}' \
   --set-json 'placement.matchExpressions=[{"key":"karpenter.sh/nodepool","operator":"In","values":["gpu-efa"]}]'
 expect placement 'pod["nodeSelector"]' '{"vpc.amazonaws.com/efa.present": "true"}'
-expect placement 'pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][-1]' '{"key": "karpenter.sh/nodepool", "operator": "In", "values": ["gpu-efa"]}'
+expect placement 'terms[0]["matchExpressions"][-1]' '{"key": "karpenter.sh/nodepool", "operator": "In", "values": ["gpu-efa"]}'
 checks placement
+
+# Unquoted booleans and numbers in nodeSelector (as blueprints write them),
+# from --set and from a values file (where helm reads every number as a float).
+expect_render nodeselector-set --set 'nodeSelector.vpc\.amazonaws\.com/efa\.present=true' --set nodeSelector.efa-count=32
+expect nodeselector-set 'pod["nodeSelector"]' '{"efa-count": "32", "vpc.amazonaws.com/efa.present": "true"}'
+checks nodeselector-set
+cat >"$TMP/nodeselector.yaml" <<'EOF'
+nodeSelector:
+  vpc.amazonaws.com/efa.present: true
+  efa-count: 1000000
+  ratio: 1.5
+  zone: us-west-2a
+EOF
+expect_render nodeselector-file -f "$TMP/nodeselector.yaml"
+expect nodeselector-file 'pod["nodeSelector"]' '{"efa-count": "1000000", "ratio": "1.5", "vpc.amazonaws.com/efa.present": "true", "zone": "us-west-2a"}'
+checks nodeselector-file
+
+# AWS's supportedInstanceLabels: one term per key, each the placement
+# requirements and "key In values"; keys defaults to the instance-type label.
+expect_render instances --set-json 'supportedInstanceLabels.values=["p5.48xlarge","trn2.48xlarge"]'
+expect instances 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}, {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "trn2.48xlarge"]}]}]'
+checks instances
+expect_render instances-keys --set-json 'supportedInstanceLabels.keys=["node.kubernetes.io/instance-type","beta.kubernetes.io/instance-type"]' \
+  --set-json 'supportedInstanceLabels.values=["p5.48xlarge"]' --set-json 'placement.excludeComputeTypes=[]' \
+  --set-json 'placement.architectures=["amd64","arm64"]'
+expect instances-keys '[[(e["key"], e["operator"], e["values"]) for e in t["matchExpressions"]] for t in terms]' '[[["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64", "arm64"]], ["node.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]], [["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64", "arm64"]], ["beta.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]]]'
+checks instances-keys
+
+# EKS Auto Mode nodes admitted on request.
+expect_render automode --set-json 'placement.excludeComputeTypes=["fargate","hybrid"]'
+expect automode 'terms[0]["matchExpressions"][2]' '{"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid"]}'
+checks automode
+
+# AWS's names for pod annotations and labels, merged with ours.
+expect_render aliases --set additionalPodAnnotations.a=aws --set additionalPodAnnotations.both=aws --set podAnnotations.both=ours \
+  --set additionalPodLabels.team=ml --set podLabels.tier=node
+expect aliases '{k: v for k, v in ds["spec"]["template"]["metadata"]["annotations"].items() if k != "checksum/config"}' '{"a": "aws", "both": "ours"}'
+expect aliases '[ds["spec"]["template"]["metadata"]["labels"][k] for k in ("team", "tier", "name")]' '["ml", "node", "efa-aws-efa-k8s-device-plugin"]'
+expect aliases 'ds["spec"]["selector"]["matchLabels"]' '{"name": "efa-aws-efa-k8s-device-plugin"}'
+checks aliases
+
+# A values file written for AWS's chart (every key of its values.yaml but
+# image, refused below) renders with the same meaning.
+cat >"$TMP/values-for-aws-chart.yaml" <<'EOF'
+securityContext:
+  privileged: false
+  allowPrivilegeEscalation: false
+supportedInstanceLabels:
+  keys: [node.kubernetes.io/instance-type]
+  values: [p4d.24xlarge, p5.48xlarge]
+resources:
+  requests: {cpu: 10m, memory: 20Mi}
+nodeSelector:
+  vpc.amazonaws.com/efa.present: true
+updateStrategy:
+  type: RollingUpdate
+tolerations:
+  - {key: aws.amazon.com/efa, operator: Exists, effect: NoSchedule}
+  - {key: dedicated, operator: Equal, value: hpc, effect: NoSchedule}
+additionalPodAnnotations: {example.com/owner: hpc}
+additionalPodLabels: {example.com/team: hpc}
+nameOverride: ""
+fullnameOverride: ""
+imagePullSecrets: [{name: regcred}]
+EOF
+expect_render aws-values -f "$TMP/values-for-aws-chart.yaml"
+expect aws-values 'terms[0]["matchExpressions"][-1]' '{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p4d.24xlarge", "p5.48xlarge"]}'
+expect aws-values '[t["key"] for t in pod["tolerations"]]' '["CriticalAddonsOnly", "nvidia.com/gpu", "aws.amazon.com/neuron", "aws.amazon.com/efa", "dedicated"]'
+expect aws-values '[pod["nodeSelector"], ds["spec"]["template"]["metadata"]["annotations"]["example.com/owner"], ds["spec"]["template"]["metadata"]["labels"]["example.com/team"]]' '[{"vpc.amazonaws.com/efa.present": "true"}, "hpc", "hpc"]'
+expect aws-values '[c["securityContext"], c["resources"]["requests"], pod["imagePullSecrets"]]' '[{"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true}, {"cpu": "10m", "memory": "20Mi"}, [{"name": "regcred"}]]'
+checks aws-values
 
 expect_render affinity --set-json 'affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"eks.amazonaws.com/compute-type","operator":"In","values":["auto"]}]}]}}}'
 expect affinity 'pod["affinity"]' '{"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "eks.amazonaws.com/compute-type", "operator": "In", "values": ["auto"]}]}]}}}'
@@ -302,6 +383,14 @@ expect misc 'host_mounts["/var/lib/kubelet/pod-resources"]' '["/var/lib/k0s/kube
 expect misc 'ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"]' '1'
 expect misc 'str(pod["hostNetwork"]) + " " + pod["dnsPolicy"]' 'True ClusterFirstWithHostNet'
 checks misc
+
+# A simulated node's roots (test/e2e/run.sh): mounted at the same paths and
+# given to the daemon.
+expect_render simroots --set hostPaths.sysfs=/run/efa-e2e/node/sys --set hostPaths.dev=/run/efa-e2e/dev/
+expect simroots '[config["sysfsRoot"], config["devRoot"]]' '["/run/efa-e2e/node/sys", "/run/efa-e2e/dev"]'
+expect simroots 'sorted((m, h) for m, (h, ro) in host_mounts.items() if m.startswith("/run/") and ro)' '[["/run/efa-e2e/dev/infiniband", "/run/efa-e2e/dev/infiniband"], ["/run/efa-e2e/node/sys/bus", "/run/efa-e2e/node/sys/bus"], ["/run/efa-e2e/node/sys/class", "/run/efa-e2e/node/sys/class"], ["/run/efa-e2e/node/sys/devices", "/run/efa-e2e/node/sys/devices"]]'
+expect simroots '[p for p in host_mounts if p.startswith("/sys") or p.startswith("/dev")]' '[]'
+checks simroots
 
 expect_render ondelete --set updateStrategy.type=OnDelete
 expect ondelete 'ds["spec"]["updateStrategy"]' '{"type": "OnDelete"}'
@@ -345,6 +434,11 @@ expect_reject schema-processcheck '/guards/mofed/processCheck' --set-string guar
 expect_reject schema-hostpath '/hostPaths/devicePlugins' --set hostPaths.devicePlugins=var/lib/kubelet/device-plugins
 expect_reject schema-resources '/config/gpuResources' --set-json 'config.gpuResources="nvidia.com/gpu"'
 
+expect_reject schema-nodeselector '/nodeSelector/efa' --set-json 'nodeSelector={"efa":["yes"]}'
+expect_reject schema-instances '/supportedInstanceLabels/values' --set-json 'supportedInstanceLabels.values="p5.48xlarge"'
+expect_reject schema-instances-unknown 'supportedInstanceLabels|types' --set-json 'supportedInstanceLabels.types=["p5.48xlarge"]'
+expect_reject schema-aliases '/additionalPodLabels/team' --set-json 'additionalPodLabels={"team":1}'
+
 # --- the validation template refuses contradictions -------------------------------------
 expect_reject contra-cdidir 'alignment.mode is late-binding but alignment.cdiDir is empty' \
   --set alignment.mode=late-binding --set alignment.cdiDir=
@@ -358,6 +452,27 @@ expect_reject contra-metricsaddress 'config.metricsAddress is set by the chart f
   --set config.metricsAddress=:9090
 expect_reject contra-args 'extraArgs has --dev-root' --set-json 'extraArgs=["--dev-root=/host/dev"]'
 expect_reject contra-env 'extraEnv has EFA_CONFIG' --set-json 'extraEnv=[{"name":"EFA_CONFIG","value":"/x.yaml"}]'
+expect_reject contra-instance-keys 'supportedInstanceLabels.values is set but supportedInstanceLabels.keys is empty: name the node labels the values are matched against, e.g. [node.kubernetes.io/instance-type]' \
+  --set-json 'supportedInstanceLabels.keys=[]' --set-json 'supportedInstanceLabels.values=["p5.48xlarge"]'
+expect_reject contra-affinity-instances 'affinity.nodeAffinity replaces the node affinity built from placement and supportedInstanceLabels, so placement.matchExpressions or supportedInstanceLabels.values would be ignored: put those requirements into affinity.nodeAffinity, or drop it' \
+  --set-json 'supportedInstanceLabels.values=["p5.48xlarge"]' \
+  --set-json 'affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"a","operator":"Exists"}]}]}}}'
+expect_reject contra-selector-label "additionalPodLabels has name, a label the chart sets on its pods (name is the DaemonSet's selector, the others identify the release): choose another label|podLabels has app.kubernetes.io/instance, a label the chart sets on its pods" \
+  --set additionalPodLabels.name=x --set 'podLabels.app\.kubernetes\.io/instance=y'
+
+# AWS's image is not this project's: refused, with what to do.
+for repo in 602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin \
+            registry.example:5000/mirror/aws-efa-k8s-device-plugin:v0.5.20; do
+  expect_reject "foreign-image-${repo%%.*}" "image.repository is \"$repo\", AWS's EFA device plugin image: this chart runs this project's image (built from its Dockerfile), and AWS's binary takes none of the flags, config file and probes the chart gives it; build and push this project's image and set image.repository to it (image.tag empty means the chart's appVersion, $app_version)" \
+    --set image.repository="$repo" --set image.tag=v0.5.20
+done
+
+# Other charts' keys, refused with the value to use instead.
+for pair in "args=use extraArgs" "env=use extraEnv" "volumes=use extraVolumes" "volumeMounts=use extraVolumeMounts" \
+            "serviceAccount=the daemon never calls the API server, so the chart creates no service account and mounts no token; remove it"; do
+  key="${pair%%=*}"
+  expect_reject "refused-$key" "$key is not a value of this chart: ${pair#*=}" --set-json "$key=[]"
+done
 
 # --- the daemon accepts what the chart gives it ----------------------------------
 if [ -z "$DAEMON" ]; then
@@ -365,7 +480,7 @@ if [ -z "$DAEMON" ]; then
 elif ! "$DAEMON" --help 2>&1 | grep -q -- '--print-config'; then
   echo "note - $DAEMON has no --print-config: rendered config files not checked by the daemon"
 else
-  for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor all; do
+  for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor simroots all; do
     q "$name" 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
     mapfile -t extra < <(q "$name" '"\n".join(c["args"][1:])' | sed '/^$/d')
     if out="$("$DAEMON" --config "$TMP/$name.config.yaml" "${extra[@]}" --print-config 2>&1)"; then

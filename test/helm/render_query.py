@@ -20,6 +20,7 @@ Names the expression can use:
   mounts          the container's volumeMounts by mountPath
   volumes         the pod's volumes by name
   host_mounts     {mountPath: (hostPath, readOnly)} for every hostPath volume
+  terms           the pod's required node affinity terms (nodeSelectorTerms)
   config          the daemon's config file (ConfigMap data config.yaml), parsed
   has(d, *keys)   whether the nested keys exist in d
 """
@@ -74,7 +75,10 @@ def environment(path):
             v = volumes.get(m["name"], {})
             if "hostPath" in v:
                 host_mounts[m["mountPath"]] = (v["hostPath"]["path"], bool(m.get("readOnly", False)))
-        env.update(ds=ds, pod=pod, c=c, mounts=mounts, volumes=volumes, host_mounts=host_mounts)
+        terms = (pod.get("affinity", {}).get("nodeAffinity", {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms"))
+        env.update(ds=ds, pod=pod, c=c, mounts=mounts, volumes=volumes, host_mounts=host_mounts,
+                   terms=terms)
     maps = [d for d in docs if d.get("kind") == "ConfigMap"]
     if len(maps) == 1 and "config.yaml" in maps[0].get("data", {}):
         env["config"] = yaml.load(maps[0]["data"]["config.yaml"], Loader=Loader)

@@ -25,14 +25,24 @@ unless the release name already contains it (release "efa" ->
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/*
+The DaemonSet's selector: the one AWS's chart uses, so that `helm upgrade` of
+a release of that chart updates its DaemonSet in place (a selector is
+immutable). The pods carry it besides the labels below.
+*/}}
 {{- define "efa.selectorLabels" -}}
+name: {{ include "efa.fullname" . }}
+{{- end }}
+
+{{/* The release's recommended labels; the Service and ServiceMonitor select by them. */}}
+{{- define "efa.instanceLabels" -}}
 app.kubernetes.io/name: {{ include "efa.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{- define "efa.labels" -}}
 helm.sh/chart: {{ include "efa.chart" . }}
-{{ include "efa.selectorLabels" . }}
+{{ include "efa.instanceLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/component: device-plugin
 app.kubernetes.io/part-of: {{ include "efa.name" . }}
@@ -42,6 +52,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "efa.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
 {{- end }}
+
+{{/* The host's sysfs and /dev, mounted at the same paths in the container. */}}
+{{- define "efa.sysfsRoot" -}}{{ .Values.hostPaths.sysfs | trimSuffix "/" | default "/" }}{{- end }}
+{{- define "efa.devRoot" -}}{{ .Values.hostPaths.dev | trimSuffix "/" | default "/" }}{{- end }}
 
 {{/* Where the rendered config file is mounted in the container. */}}
 {{- define "efa.configDir" -}}/etc/efa-k8s-device-plugin{{- end }}
@@ -113,33 +127,45 @@ defaults win; the options the chart's mounts depend on are always written.
 {{- end }}
 {{- with .Values.guards.dra.policy }}
 {{- $_ := set $cfg "draPolicy" . }}
+{{- end }}
+{{- $sysfs := include "efa.sysfsRoot" . }}
+{{- if ne $sysfs "/sys" }}
+{{- $_ := set $cfg "sysfsRoot" $sysfs }}
+{{- end }}
+{{- $dev := include "efa.devRoot" . }}
+{{- if ne $dev "/dev" }}
+{{- $_ := set $cfg "devRoot" $dev }}
 {{- end -}}
 version: v1
 {{ toYaml $cfg }}
 {{- end }}
 
-{{/* The node affinity built from .Values.placement. */}}
+{{/*
+The node affinity built from .Values.placement and
+.Values.supportedInstanceLabels: one term of the placement requirements, or,
+with supportedInstanceLabels.values, one term per key (ORed, as AWS's chart)
+each adding "key In values" to them.
+*/}}
 {{- define "efa.defaultNodeAffinity" -}}
+{{- $p := .Values.placement }}
+{{- $base := list (dict "key" "kubernetes.io/os" "operator" "In" "values" (list "linux")) }}
+{{- with $p.architectures }}
+{{- $base = append $base (dict "key" "kubernetes.io/arch" "operator" "In" "values" .) }}
+{{- end }}
+{{- with $p.excludeComputeTypes }}
+{{- $base = append $base (dict "key" "eks.amazonaws.com/compute-type" "operator" "NotIn" "values" .) }}
+{{- end }}
+{{- $base = concat $base $p.matchExpressions }}
+{{- $terms := list }}
+{{- $instances := .Values.supportedInstanceLabels }}
+{{- if $instances.values }}
+{{- range $instances.keys }}
+{{- $terms = append $terms (dict "matchExpressions" (append $base (dict "key" . "operator" "In" "values" $instances.values))) }}
+{{- end }}
+{{- else }}
+{{- $terms = list (dict "matchExpressions" $base) }}
+{{- end -}}
 requiredDuringSchedulingIgnoredDuringExecution:
   nodeSelectorTerms:
-    - matchExpressions:
-        - key: kubernetes.io/os
-          operator: In
-          values:
-            - linux
-        {{- with .Values.placement.architectures }}
-        - key: kubernetes.io/arch
-          operator: In
-          values:
-            {{- toYaml . | nindent 12 }}
-        {{- end }}
-        {{- with .Values.placement.excludeComputeTypes }}
-        - key: eks.amazonaws.com/compute-type
-          operator: NotIn
-          values:
-            {{- toYaml . | nindent 12 }}
-        {{- end }}
-        {{- with .Values.placement.matchExpressions }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
+    {{- toYaml $terms | nindent 4 }}
 {{- end }}
