@@ -28,7 +28,7 @@ echo
 echo "== daemon log"
 "$bin/plugin/efa-k8s-device-plugin" --kubelet-dir "$work/kubelet" \
   --sysfs-root "$work/node/sys" --dev-root "$work/node/dev" --proc-root "$work/node/proc" \
-  --metrics-address 127.0.0.1:0 > >(sed 's/^/  daemon: /') 2>&1 &
+  --metrics-address 127.0.0.1:0 --probe-address 127.0.0.1:0 > >(sed 's/^/  daemon: /') 2>&1 &
 daemon_pid=$!
 echo
 echo "== fake kubelet"

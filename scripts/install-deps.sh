@@ -9,6 +9,7 @@ packages=(
   libibverbs-dev ibverbs-providers libhwloc-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev
   libbenchmark-dev util-linux python3-yaml unzip
+  prometheus-cpp-dev libcpp-httplib-dev python3-prometheus-client
 )
 
 missing=()
