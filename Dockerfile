@@ -42,10 +42,11 @@ RUN apt-get update \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 \
       libibverbs1 ibverbs-providers libhwloc15 \
       libyaml-cpp0.7 libspdlog1.10 libfmt9 \
+      libprometheus-cpp-core1.0 libcpp-httplib0.11 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/release/plugin/efa-k8s-device-plugin /usr/bin/efa-k8s-device-plugin
 # Root (uid 0) owns the kubelet's device-plugins directory (0750), where the
 # plugin creates its socket; the chart drops every capability.
 USER 0:0
-EXPOSE 8080
+EXPOSE 8080 8081
 ENTRYPOINT ["/usr/bin/efa-k8s-device-plugin"]

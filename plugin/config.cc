@@ -99,6 +99,10 @@ const std::vector<Option>& Options() {
       {"metricsAddress", &Config::metrics_address,
        "Address of the HTTP server for /metrics, /healthz and /readyz (\"\": none)", "ADDRESS",
        Check::kAddress},
+      {"probeAddress", &Config::probe_address,
+       "Address of a second HTTP server for /healthz and /readyz alone, for the kubelet's probes "
+       "(\"\": none)",
+       "ADDRESS", Check::kAddress},
       {"alignment", &Config::alignment,
        "How EFAs are aligned with the container's accelerators: best-effort, late-binding or off",
        "MODE"},
@@ -662,6 +666,7 @@ Config DefaultConfig() {
   c.log_level = LogLevel::kInfo;
   c.log_format = LogFormat::kText;
   c.metrics_address = ":8080";
+  c.probe_address = ":8081";
   c.alignment = AlignmentMode::kBestEffort;
   c.gpu_resources = Strings{"nvidia.com/gpu"};
   c.neuron_resources = Strings{"aws.amazon.com/neuron"};

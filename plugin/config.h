@@ -45,6 +45,7 @@ struct Config {
   std::optional<LogLevel> log_level;
   std::optional<LogFormat> log_format;
   std::optional<std::string> metrics_address;  // "" turns the HTTP endpoints off
+  std::optional<std::string> probe_address;    // "" turns the probe listener off
   std::optional<AlignmentMode> alignment;
   std::optional<std::vector<std::string>> gpu_resources;
   std::optional<std::vector<std::string>> neuron_resources;

@@ -100,89 +100,35 @@ ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& gu
   return {false, absl::StrCat(kResourceName, " is not registered with the kubelet yet")};
 }
 
+constexpr char kPrefix[] = "efa_device_plugin_";
+
 DaemonMonitor::DaemonMonitor(MonitorOptions options)
     : options_(std::move(options)),
       efa_count_(ResolveInstanceType(options_.instance_type, options_.sysfs_root),
                  options_.expected_efa_count) {
-  constexpr char kPrefix[] = "efa_device_plugin_";
-  auto name = [&](const char* n) { return absl::StrCat(kPrefix, n); };
-
-  devices_ = &registry_.AddGauge(name("devices"),
-                                 "EFAs advertised to the kubelet, by health (after the guards: "
-                                 "none while withdrawn, all unhealthy under MOFED protect).",
-                                 {"health"});
-  efas_found_ = &registry_.AddGauge(name("efas_found"), "EFAs found on the node by the last scan.")
-                     .WithLabels({});
-  efas_expected_ = &registry_.AddGauge(
-      name("efas_expected"),
-      "EFAs the node should have (expectedEfaCount, else the instance type's count); absent "
-      "when unknown.");
-  registered_ =
-      &registry_.AddGauge(name("registered"), "1 while vpc.amazonaws.com/efa is registered.").Get();
-  registrations_ =
-      &registry_
-           .AddCounter(name("registrations_total"), "Successful registrations with the kubelet.")
-           .Get();
-  kubelet_restarts_ = &registry_
-                           .AddCounter(name("kubelet_restarts_total"),
-                                       "Kubelet restarts seen (kubelet.sock re-created).")
-                           .Get();
-  heartbeat_age_ = &registry_
-                        .AddGauge(name("heartbeat_age_seconds"),
-                                  "Seconds since the owner loop's last pass (see /healthz).")
-                        .Get();
-
-  allocations_ = &registry_.AddCounter(name("allocations_total"),
-                                       "Allocate calls, by gRPC status code.", {"code"});
-  allocations_ok_ = &allocations_->WithLabels({"OK"});
-  allocation_size_ =
-      &registry_
-           .AddHistogram(name("allocation_size"), "EFAs given to each container by Allocate.",
-                         {1, 2, 4, 8, 16, 32})
-           .Get();
-  auto& rpc = registry_.AddHistogram(
-      name("rpc_duration_seconds"), "Time spent in the device-plugin RPC handlers, by method.",
-      {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
-      {"method"});
+  allocations_ = &prometheus::BuildCounter()
+                      .Name(absl::StrCat(kPrefix, "allocations_total"))
+                      .Help("Allocate calls, by gRPC status code.")
+                      .Register(registry_);
+  allocations_ok_ = &allocations_->Add({{"code", "OK"}});
+  allocation_size_ = &prometheus::BuildHistogram()
+                          .Name(absl::StrCat(kPrefix, "allocation_size"))
+                          .Help("EFAs given to each container by Allocate.")
+                          .Register(registry_)
+                          .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32});
+  auto& rpc =
+      prometheus::BuildHistogram()
+          .Name(absl::StrCat(kPrefix, "rpc_duration_seconds"))
+          .Help("Time spent in the device-plugin RPC handlers, by method.")
+          .Register(registry_);
   for (RpcMethod m : {RpcMethod::kGetDevicePluginOptions, RpcMethod::kGetPreferredAllocation,
                       RpcMethod::kAllocate, RpcMethod::kPreStartContainer}) {
-    rpc_duration_[static_cast<size_t>(m)] = &rpc.WithLabels({std::string(RpcMethodName(m))});
+    rpc_duration_[static_cast<size_t>(m)] =
+        &rpc.Add({{"method", std::string(RpcMethodName(m))}},
+                 prometheus::Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                                         0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                         0.5, 1, 2.5});
   }
-
-  decisions_ = &registry_.AddCounter(
-      name("alignment_decisions_total"),
-      "GetPreferredAllocation decisions: targeted (the container's accelerators were known), "
-      "predicted (none known yet), degraded (pod-resources failed).",
-      {"decision"});
-  judgments_ = &registry_.AddCounter(
-      name("alignment_judgments_total"),
-      "Containers holding EFAs and accelerators, judged once after admission.", {"result"});
-  late_binding_ = &registry_.AddCounter(
-      name("late_binding_total"),
-      "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "
-      "(kept), PreStartContainer failures (failed), bindings released (released) and recovered "
-      "from the CDI dir at start (recovered).",
-      {"event"});
-
-  mofed_state_ = &registry_.AddGauge(
-      name("mofed_state"),
-      "1 for the NVIDIA MOFED guard's current state (off, on, unknown); all 0 with the policy off.",
-      {"state"});
-  dra_present_ = &registry_
-                      .AddGauge(name("dra_driver_present"),
-                                "1 while the EFA DRA driver (dra.net) is registered.")
-                      .Get();
-  held_unhealthy_ = &registry_
-                         .AddGauge(name("efas_held_unhealthy"),
-                                   "1 while MOFED policy protect reports every EFA Unhealthy.")
-                         .Get();
-  withdrawn_ = &registry_
-                    .AddGauge(name("withdrawn"),
-                              "1 while vpc.amazonaws.com/efa is withdrawn for the DRA driver.")
-                    .Get();
-  guard_checks_ = &registry_.AddCounter(name("guard_checks_total"), "Guard checks run.").Get();
-
-  registry_.AddCollector([this] { Collect(); });
 }
 
 void DaemonMonitor::Attach(DaemonOptions& options) {
@@ -194,13 +140,13 @@ void DaemonMonitor::Attach(DaemonOptions& options) {
 
 void DaemonMonitor::RpcHandled(RpcMethod method, grpc::StatusCode code,
                                std::chrono::nanoseconds elapsed) {
-  Histogram* h = rpc_duration_[static_cast<size_t>(method)];
+  prometheus::Histogram* h = rpc_duration_[static_cast<size_t>(method)];
   if (h != nullptr) h->Observe(std::chrono::duration<double>(elapsed).count());
   if (method != RpcMethod::kAllocate) return;
   if (code == grpc::StatusCode::OK) {
     allocations_ok_->Increment();
   } else {
-    allocations_->WithLabels({std::string(GrpcCodeName(code))}).Increment();
+    allocations_->Add({{"code", std::string(GrpcCodeName(code))}}).Increment();
   }
 }
 
@@ -208,11 +154,21 @@ void DaemonMonitor::ContainerAllocated(size_t devices) {
   allocation_size_->Observe(static_cast<double>(devices));
 }
 
-void DaemonMonitor::Collect() {
-  if (auto check = efa_count_.latest()) {
-    efas_found_->Set(check->found);
-    if (check->expected) efas_expected_->Get().Set(*check->expected);
-  }
+void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) const {
+  using prometheus::MetricType;
+  auto family = [&](const char* name, const char* help, MetricType type) -> auto& {
+    return AddFamily(out, absl::StrCat(kPrefix, name), help, type);
+  };
+  const auto efas = efa_count_.latest();
+  AddSample(family("efas_found", "EFAs found on the node by the last scan.", MetricType::Gauge),
+            efas ? efas->found : 0);
+  // A family without samples still shows its HELP and TYPE, as before
+  // prometheus-cpp: dashboards and alerts see the name.
+  auto& expected = family("efas_expected",
+                          "EFAs the node should have (expectedEfaCount, else the instance type's "
+                          "count); absent when unknown.",
+                          MetricType::Gauge);
+  if (efas && efas->expected) AddSample(expected, *efas->expected);
   const Daemon* daemon = daemon_.load();
   if (daemon == nullptr) return;
 
@@ -221,46 +177,86 @@ void DaemonMonitor::Collect() {
   for (const auto& d : advertised.devices()) {
     (d.health() == kHealthy ? healthy : unhealthy)++;
   }
-  devices_->WithLabels({"healthy"}).Set(healthy);
-  devices_->WithLabels({"unhealthy"}).Set(unhealthy);
-  registered_->Set(daemon->registered() ? 1 : 0);
-  registrations_->Set(daemon->registrations());
-  kubelet_restarts_->Set(daemon->kubelet_restarts());
-  if (auto beat = daemon->heartbeat()) {
-    heartbeat_age_->Set(std::chrono::duration<double>(Clock::now() - *beat).count());
-  }
+  auto& devices = family("devices",
+                         "EFAs advertised to the kubelet, by health (after the guards: none while "
+                         "withdrawn, all unhealthy under MOFED protect).",
+                         MetricType::Gauge);
+  AddSample(devices, healthy, {{"health", "healthy"}});
+  AddSample(devices, unhealthy, {{"health", "unhealthy"}});
+  AddSample(family("registered", "1 while vpc.amazonaws.com/efa is registered.", MetricType::Gauge),
+            daemon->registered() ? 1 : 0);
+  AddSample(family("registrations_total", "Successful registrations with the kubelet.",
+                   MetricType::Counter),
+            daemon->registrations());
+  AddSample(family("kubelet_restarts_total", "Kubelet restarts seen (kubelet.sock re-created).",
+                   MetricType::Counter),
+            daemon->kubelet_restarts());
+  const auto beat = daemon->heartbeat();
+  AddSample(family("heartbeat_age_seconds",
+                   "Seconds since the owner loop's last pass (see /healthz).", MetricType::Gauge),
+            beat ? std::chrono::duration<double>(Clock::now() - *beat).count() : 0);
 
-  if (const AlignmentStats* stats = daemon->alignment_stats()) {
-    const AlignmentStats::Counts c = stats->Get();
-    decisions_->WithLabels({"targeted"}).Set(c.targeted);
-    decisions_->WithLabels({"predicted"}).Set(c.predicted);
-    decisions_->WithLabels({"degraded"}).Set(c.degraded);
-    judgments_->WithLabels({"aligned"}).Set(c.aligned);
-    judgments_->WithLabels({"unaligned"}).Set(c.unaligned);
+  const AlignmentStats* stats = daemon->alignment_stats();
+  const AlignmentStats::Counts counts = stats ? stats->Get() : AlignmentStats::Counts{};
+  auto& decisions = family(
+      "alignment_decisions_total",
+      "GetPreferredAllocation decisions: targeted (the container's accelerators were known), "
+      "predicted (none known yet), degraded (pod-resources failed).",
+      MetricType::Counter);
+  if (stats) {
+    AddSample(decisions, counts.targeted, {{"decision", "targeted"}});
+    AddSample(decisions, counts.predicted, {{"decision", "predicted"}});
+    AddSample(decisions, counts.degraded, {{"decision", "degraded"}});
   }
+  auto& judgments = family("alignment_judgments_total",
+                           "Containers holding EFAs and accelerators, judged once after admission.",
+                           MetricType::Counter);
+  if (stats) {
+    AddSample(judgments, counts.aligned, {{"result", "aligned"}});
+    AddSample(judgments, counts.unaligned, {{"result", "unaligned"}});
+  }
+  auto& events = family(
+      "late_binding_total",
+      "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "
+      "(kept), PreStartContainer failures (failed), bindings released (released) and recovered "
+      "from the CDI dir at start (recovered).",
+      MetricType::Counter);
   if (const LateBinder* late = daemon->late_binder()) {
     const LateBindingCounts c = late->counts();
-    late_binding_->WithLabels({"bound"}).Set(c.bound);
-    late_binding_->WithLabels({"kept"}).Set(c.kept);
-    late_binding_->WithLabels({"failed"}).Set(c.failed);
-    late_binding_->WithLabels({"released"}).Set(c.released);
-    late_binding_->WithLabels({"recovered"}).Set(c.recovered);
+    AddSample(events, c.bound, {{"event", "bound"}});
+    AddSample(events, c.kept, {{"event", "kept"}});
+    AddSample(events, c.failed, {{"event", "failed"}});
+    AddSample(events, c.released, {{"event", "released"}});
+    AddSample(events, c.recovered, {{"event", "recovered"}});
   }
 
   const GuardStatus g = daemon->guard_status();
   const bool looked = g.mofed_policy != MofedPolicy::kOff;
+  auto& mofed = family(
+      "mofed_state",
+      "1 for the NVIDIA MOFED guard's current state (off, on, unknown); all 0 with the policy off.",
+      MetricType::Gauge);
   for (MofedState s : {MofedState::kOff, MofedState::kOn, MofedState::kUnknown}) {
-    mofed_state_->WithLabels({std::string(MofedStateName(s))})
-        .Set(looked && g.mofed.state == s ? 1 : 0);
+    AddSample(mofed, looked && g.mofed.state == s ? 1 : 0,
+              {{"state", std::string(MofedStateName(s))}});
   }
-  dra_present_->Set(g.dra.present ? 1 : 0);
-  held_unhealthy_->Set(g.efas_held_unhealthy ? 1 : 0);
-  withdrawn_->Set(g.withdrawn ? 1 : 0);
-  guard_checks_->Set(g.checks);
+  AddSample(family("dra_driver_present", "1 while the EFA DRA driver (dra.net) is registered.",
+                   MetricType::Gauge),
+            g.dra.present ? 1 : 0);
+  AddSample(family("efas_held_unhealthy",
+                   "1 while MOFED policy protect reports every EFA Unhealthy.", MetricType::Gauge),
+            g.efas_held_unhealthy ? 1 : 0);
+  AddSample(family("withdrawn", "1 while vpc.amazonaws.com/efa is withdrawn for the DRA driver.",
+                   MetricType::Gauge),
+            g.withdrawn ? 1 : 0);
+  AddSample(family("guard_checks_total", "Guard checks run.", MetricType::Counter),
+            static_cast<double>(g.checks));
 }
 
 HttpResponse DaemonMonitor::Metrics() const {
-  return {200, kMetricsContentType, registry_.Render()};
+  std::vector<prometheus::MetricFamily> families = registry_.Collect();
+  CollectState(families);
+  return {200, kMetricsContentType, SerializeMetrics(std::move(families))};
 }
 
 HttpResponse DaemonMonitor::Healthz() const {
@@ -276,9 +272,13 @@ HttpResponse DaemonMonitor::Readyz() const {
 }
 
 std::map<std::string, HttpHandler> DaemonMonitor::Routes() const {
-  return {{"/metrics", [this] { return Metrics(); }},
-          {"/healthz", [this] { return Healthz(); }},
-          {"/readyz", [this] { return Readyz(); }}};
+  std::map<std::string, HttpHandler> routes = ProbeRoutes();
+  routes.emplace("/metrics", [this] { return Metrics(); });
+  return routes;
+}
+
+std::map<std::string, HttpHandler> DaemonMonitor::ProbeRoutes() const {
+  return {{"/healthz", [this] { return Healthz(); }}, {"/readyz", [this] { return Readyz(); }}};
 }
 
 }  // namespace efa::plugin

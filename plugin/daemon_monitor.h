@@ -9,8 +9,14 @@
 //   Daemon daemon(options);
 //   monitor.Watch(&daemon);           // before serving HTTP
 //   auto http = HttpServer::Start(":8080", monitor.Routes());
+//   auto probes = HttpServer::Start(":8081", monitor.ProbeRoutes());
 //   daemon.Run();
 #pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
 
 #include <array>
 #include <atomic>
@@ -69,9 +75,10 @@ class DaemonMonitor final : public RpcObserver {
   HttpResponse Metrics() const;
   HttpResponse Healthz() const;
   HttpResponse Readyz() const;
+  // All three, for metricsAddress; the probes alone, for probeAddress.
   std::map<std::string, HttpHandler> Routes() const;
+  std::map<std::string, HttpHandler> ProbeRoutes() const;
 
-  MetricsRegistry& registry() { return registry_; }
   const EfaCountMonitor& efa_count() const { return efa_count_; }
 
   void RpcHandled(RpcMethod method, grpc::StatusCode code,
@@ -79,35 +86,19 @@ class DaemonMonitor final : public RpcObserver {
   void ContainerAllocated(size_t devices) override;
 
  private:
-  void Collect();
+  // The families read from the daemon's state at each scrape.
+  void CollectState(std::vector<prometheus::MetricFamily>& out) const;
 
   const MonitorOptions options_;
   std::atomic<const Daemon*> daemon_{nullptr};
   EfaCountMonitor efa_count_;
-  MetricsRegistry registry_;
+  prometheus::Registry registry_;
 
   // Updated on gRPC threads: looked up once.
-  std::array<Histogram*, kRpcMethodCount> rpc_duration_{};
-  Family<Counter>* allocations_ = nullptr;
-  Counter* allocations_ok_ = nullptr;
-  Histogram* allocation_size_ = nullptr;
-
-  // Set by Collect() from the daemon's state.
-  Family<Gauge>* devices_ = nullptr;
-  Gauge* registered_ = nullptr;
-  Counter* registrations_ = nullptr;
-  Counter* kubelet_restarts_ = nullptr;
-  Gauge* heartbeat_age_ = nullptr;
-  Family<Counter>* decisions_ = nullptr;
-  Family<Counter>* judgments_ = nullptr;
-  Family<Counter>* late_binding_ = nullptr;
-  Family<Gauge>* mofed_state_ = nullptr;
-  Gauge* dra_present_ = nullptr;
-  Gauge* held_unhealthy_ = nullptr;
-  Gauge* withdrawn_ = nullptr;
-  Counter* guard_checks_ = nullptr;
-  Gauge* efas_found_ = nullptr;
-  Family<Gauge>* efas_expected_ = nullptr;
+  std::array<prometheus::Histogram*, kRpcMethodCount> rpc_duration_{};
+  prometheus::Family<prometheus::Counter>* allocations_ = nullptr;
+  prometheus::Counter* allocations_ok_ = nullptr;
+  prometheus::Histogram* allocation_size_ = nullptr;
 };
 
 // gRPC's name of a status code ("OK", "INVALID_ARGUMENT").

@@ -1,10 +1,19 @@
-// A minimal HTTP/1.1 server for /metrics, /healthz and /readyz: GET and
-// HEAD on a fixed set of paths, one request per connection (Connection:
-// close), served by one poll() thread of its own. Requests are bounded in
-// size and time, so a slow or hostile client cannot hold the thread or grow
-// memory: a request head larger than `max_request_bytes` is answered 431, a
-// connection that has not finished within `timeout` is closed, and beyond
-// `max_connections` new connections are closed at once.
+// The daemon's HTTP endpoints (/metrics, /healthz, /readyz), served by
+// cpp-httplib: GET and HEAD on a fixed set of paths, one request per
+// connection (Connection: close). Each server has an accepting thread that
+// blocks in accept() and a few worker threads that block on a condition
+// variable: idle, it takes no CPU and no wake-ups (no timer).
+//
+// A client gets `first_byte_timeout` to start its request and
+// `read_timeout` for each read after that; requests are served by
+// `threads` workers with at most `max_queued` accepted connections waiting.
+// Beyond that the accepting thread serves the connection itself and accepts
+// no more until it is done, so a flood of connections costs a bounded
+// number of file descriptors and threads (the rest wait in the kernel's
+// backlog). A slow client can still hold a worker for long (cpp-httplib
+// bounds each read, not the whole request): serve the probes on a listener
+// of their own (DaemonMonitor::ProbeRoutes) so that clients of /metrics
+// cannot delay them.
 #pragma once
 
 #include <chrono>
@@ -19,6 +28,10 @@
 
 #include "absl/status/statusor.h"
 
+namespace httplib {
+class Server;
+}
+
 namespace efa::plugin {
 
 struct HttpResponse {
@@ -27,13 +40,16 @@ struct HttpResponse {
   std::string body;
 };
 
-// Runs on the server thread for each GET or HEAD of its path.
+// Runs on a server thread for each GET or HEAD of its path; may run on
+// several threads at once.
 using HttpHandler = std::function<HttpResponse()>;
 
 struct HttpServerOptions {
-  size_t max_request_bytes = 8192;          // request line and headers
-  std::chrono::milliseconds timeout{5000};  // per connection, accept to last byte
-  size_t max_connections = 16;              // open at once
+  size_t threads = 2;                                  // requests served at once
+  size_t max_queued = 8;                               // accepted, waiting for a worker
+  std::chrono::seconds first_byte_timeout{1};          // connect to the request's first byte
+  std::chrono::milliseconds read_timeout{1000};        // each read of the request
+  std::chrono::milliseconds write_timeout{1000};       // each write of the response
 };
 
 // A listen address split into host and port: "host:port", ":port" (every
@@ -45,15 +61,16 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseListenAddress(std::string_
 
 class HttpServer {
  public:
-  // Listens on `address` (see ParseListenAddress) and serves `routes`
+  // Listens on `address` (see ParseListenAddress; every interface is IPv6
+  // and IPv4 where the kernel has IPv6, else IPv4) and serves `routes`
   // (exact paths; a query string is ignored) until destroyed. Unknown paths
-  // get 404, other methods 405. Fails when the address is malformed or
-  // cannot be bound, naming the address: `"127.0.0.1:8080": bind: Address
-  // already in use`.
+  // get 404, other methods on a route 405. Fails when the address is
+  // malformed or cannot be bound, naming the address: `"127.0.0.1:8080":
+  // bind: Address already in use`.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       std::string_view address, std::map<std::string, HttpHandler> routes,
       HttpServerOptions options = {});
-  ~HttpServer();  // stops the thread and closes every socket
+  ~HttpServer();  // stops accepting, waits for the requests being served
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
@@ -61,24 +78,10 @@ class HttpServer {
   uint16_t port() const { return port_; }
 
  private:
-  struct Connection;
-  HttpServer(int listen_fd, uint16_t port, std::map<std::string, HttpHandler> routes,
-             HttpServerOptions options);
-  void Loop();
-  void Accept();
-  // Returns false when the connection is finished (to be closed).
-  bool OnReadable(Connection& c);
-  bool OnWritable(Connection& c);
-  void Respond(Connection& c);
+  HttpServer(std::unique_ptr<httplib::Server> server, uint16_t port);
 
-  const int listen_fd_;
+  std::unique_ptr<httplib::Server> server_;
   const uint16_t port_;
-  const std::map<std::string, HttpHandler> routes_;
-  const HttpServerOptions options_;
-  int wake_fd_ = -1;
-  // Server thread only.
-  std::map<int, std::unique_ptr<Connection>> connections_;
-  std::chrono::steady_clock::time_point accept_paused_until_;
   std::thread thread_;
 };
 

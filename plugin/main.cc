@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -68,16 +69,28 @@ int RunDaemon(const EffectiveConfig& effective) {
   monitor.Attach(options);
   efa::plugin::Daemon daemon(options);
   monitor.Watch(&daemon);
-  std::unique_ptr<efa::plugin::HttpServer> http;
-  if (!c.metrics_address->empty()) {
-    auto server = efa::plugin::HttpServer::Start(*c.metrics_address, monitor.Routes());
-    if (!server.ok()) {
-      spdlog::error("metricsAddress: {}", std::string(server.status().message()));
-      return 1;
+  // /metrics (and the probes) on metricsAddress; the probes alone on
+  // probeAddress, where no scraper or stalled client of /metrics can delay
+  // them.
+  std::unique_ptr<efa::plugin::HttpServer> http, probes;
+  auto serve = [](const char* key, const std::string& address,
+                  std::map<std::string, efa::plugin::HttpHandler> routes, const char* paths,
+                  std::unique_ptr<efa::plugin::HttpServer>& server) {
+    if (address.empty()) return true;
+    auto started = efa::plugin::HttpServer::Start(address, std::move(routes));
+    if (!started.ok()) {
+      spdlog::error("{}: {}", key, std::string(started.status().message()));
+      return false;
     }
-    http = *std::move(server);
-    spdlog::info("serving /metrics, /healthz and /readyz on {} (port {})", *c.metrics_address,
-                 http->port());
+    server = *std::move(started);
+    spdlog::info("serving {} on {} (port {})", paths, address, server->port());
+    return true;
+  };
+  if (!serve("metricsAddress", *c.metrics_address, monitor.Routes(),
+             "/metrics, /healthz and /readyz", http) ||
+      !serve("probeAddress", *c.probe_address, monitor.ProbeRoutes(), "/healthz and /readyz",
+             probes)) {
+    return 1;
   }
   return daemon.Run();
 }

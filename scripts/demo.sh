@@ -43,7 +43,7 @@ step "the node: a simulated $machine ($work/node); its EFAs and accelerators as 
 # The daemon logs to a file, shown after the kubelet's side (not interleaved).
 log="$work/daemon.log"
 "$bin/plugin/efa-k8s-device-plugin" --kubelet-dir "$work/kubelet" "${roots[@]}" \
-  --metrics-address 127.0.0.1:0 >"$log" 2>&1 &
+  --metrics-address 127.0.0.1:0 --probe-address 127.0.0.1:0 >"$log" 2>&1 &
 daemon_pid=$!
 
 # A machine with GPUs or Neuron devices: admit one container asking for one of

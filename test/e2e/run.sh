@@ -105,7 +105,7 @@ registrations_above() { [ "$(registrations)" -gt "$1" ]; }
 start_daemon() {
   e2e_start efa-plugin "$PLUGIN_BIN" --kubelet-dir "$E2E_KUBELET_DIR" \
     --sysfs-root "$SIM/sys" --dev-root "$DEV_ROOT" --proc-root "$FAKE_PROC" \
-    --cdi-spec-dirs "$CDI_DIR" --metrics-address 127.0.0.1:0 "$@"
+    --cdi-spec-dirs "$CDI_DIR" --metrics-address 127.0.0.1:0 --probe-address 127.0.0.1:0 "$@"
 }
 
 # pod_manifest NAME EFA_COUNT [GPU_COUNT]: a busybox pod bound to the node.

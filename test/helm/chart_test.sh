@@ -206,10 +206,10 @@ expect default 'mounts["/etc/efa-k8s-device-plugin"]["readOnly"]' 'true'
 expect default 'volumes["config"]["configMap"]["name"]' "$FULLNAME"
 # The config file and the probes.
 expect default 'c["args"]' '["--config=/etc/efa-k8s-device-plugin/config.yaml"]'
-expect default 'config' '{"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "metricsAddress": ":8080", "version": "v1"}'
-expect default 'c["ports"]' '[{"containerPort": 8080, "name": "metrics", "protocol": "TCP"}]'
-expect default 'c["livenessProbe"]["httpGet"]' '{"path": "/healthz", "port": "metrics"}'
-expect default 'c["readinessProbe"]["httpGet"]' '{"path": "/readyz", "port": "metrics"}'
+expect default 'config' '{"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "metricsAddress": ":8080", "probeAddress": ":8081", "version": "v1"}'
+expect default 'c["ports"]' '[{"containerPort": 8080, "name": "metrics", "protocol": "TCP"}, {"containerPort": 8081, "name": "probes", "protocol": "TCP"}]'
+expect default 'c["livenessProbe"]["httpGet"]' '{"path": "/healthz", "port": "probes"}'
+expect default 'c["readinessProbe"]["httpGet"]' '{"path": "/readyz", "port": "probes"}'
 expect default 'len(ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"])' '64'
 # Scheduling: no instance-type list; Linux nodes of the image's architecture
 # (amd64), not Fargate, hybrid or EKS Auto Mode (AWS's own EFA plugin runs there).
@@ -242,7 +242,7 @@ checks args
 expect_render config --set config.logLevel=debug --set config.logFormat=json --set config.rescanInterval=30s \
   --set config.reportNuma=false --set-json 'config.gpuResources=["nvidia.com/gpu","nvidia.com/mig-1g.10gb"]' \
   --set config.expectedEfaCount=32 --set guards.mofed.policy=protect --set guards.dra.policy=ignore
-expect config 'config' '{"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "draPolicy": "ignore", "expectedEfaCount": 32, "gpuResources": ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"], "logFormat": "json", "logLevel": "debug", "metricsAddress": ":8080", "mofedPolicy": "protect", "reportNuma": false, "rescanInterval": "30s", "version": "v1"}'
+expect config 'config' '{"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "draPolicy": "ignore", "expectedEfaCount": 32, "gpuResources": ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"], "logFormat": "json", "logLevel": "debug", "metricsAddress": ":8080", "mofedPolicy": "protect", "probeAddress": ":8081", "reportNuma": false, "rescanInterval": "30s", "version": "v1"}'
 default_sum="$(q default 'ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]')"
 expect config 'ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != "'"$default_sum"'"' 'true'
 checks config
@@ -273,7 +273,7 @@ checks processcheck
 
 expect_render mofed-off --set guards.mofed.policy=off
 expect mofed-off 'sorted(p for p in host_mounts if "cdi" in p)' '[]'
-expect mofed-off 'config' '{"metricsAddress": ":8080", "mofedPolicy": "off", "version": "v1"}'
+expect mofed-off 'config' '{"metricsAddress": ":8080", "mofedPolicy": "off", "probeAddress": ":8081", "version": "v1"}'
 checks mofed-off
 
 expect_render servicemonitor --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.labels.release=prom \
@@ -288,8 +288,15 @@ checks servicemonitor
 
 expect_render metrics-off --set metrics.enabled=false --set livenessProbe.enabled=false --set readinessProbe.enabled=false
 expect metrics-off '[k for k in ("ports", "livenessProbe", "readinessProbe") if k in c]' '[]'
-expect metrics-off 'config["metricsAddress"]' ''
+expect metrics-off 'config["metricsAddress"] + config["probeAddress"]' ''
 checks metrics-off
+
+# The probes have a listener of their own, with metrics on or off.
+expect_render probes-only --set metrics.enabled=false --set probePort=9808
+expect probes-only 'config["metricsAddress"] + " " + config["probeAddress"]' ' :9808'
+expect probes-only 'c["ports"]' '[{"containerPort": 9808, "name": "probes", "protocol": "TCP"}]'
+expect probes-only 'c["livenessProbe"]["httpGet"]["port"] + " " + c["readinessProbe"]["httpGet"]["port"]' 'probes probes'
+checks probes-only
 
 expect_render placement --set-json 'nodeSelector={"vpc.amazonaws.com/efa.present":"true"}' \
   --set-json 'placement.matchExpressions=[{"key":"karpenter.sh/nodepool","operator":"In","values":["gpu-efa"]}]'
@@ -405,7 +412,7 @@ if "$HELM_BIN" template aws-efa-k8s-device-plugin "$CHART" -n kube-system >"$TMP
 else fail "release named after the chart renders" "$(cat "$TMP/release.err")"; fi
 
 expect_render all -f "$ROOT/test/helm/values-all.yaml"
-expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "draPolicy", "expectedEfaCount", "gpuResources", "instanceType", "logFormat", "logLevel", "metricsAddress", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "reportNuma", "rescanInterval", "topologyXml", "version"]'
+expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "draPolicy", "expectedEfaCount", "gpuResources", "instanceType", "logFormat", "logLevel", "metricsAddress", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "reportNuma", "rescanInterval", "topologyXml", "version"]'
 expect all 'mounts["/etc/efa-topology"]["readOnly"]' 'true'
 expect all '[len(set(v["name"] for v in pod["volumes"])) == len(pod["volumes"]), len(mounts) == len(c["volumeMounts"])]' '[true, true]'
 checks all
@@ -442,7 +449,7 @@ expect_reject schema-aliases '/additionalPodLabels/team' --set-json 'additionalP
 # --- the validation template refuses contradictions -------------------------------------
 expect_reject contra-cdidir 'alignment.mode is late-binding but alignment.cdiDir is empty' \
   --set alignment.mode=late-binding --set alignment.cdiDir=
-expect_reject contra-probes 'livenessProbe.enabled is true|readinessProbe.enabled is true' --set metrics.enabled=false
+expect_reject contra-probeport 'probePort and metrics.port are both 8080' --set probePort=8080
 expect_reject contra-servicemonitor 'metrics.serviceMonitor.enabled is true' --set metrics.enabled=false \
   --set livenessProbe.enabled=false --set readinessProbe.enabled=false --set metrics.serviceMonitor.enabled=true
 expect_reject contra-processcheck 'guards.mofed.processCheck is true but guards.mofed.policy is off' \
@@ -450,6 +457,8 @@ expect_reject contra-processcheck 'guards.mofed.processCheck is true but guards.
 expect_reject contra-devroot 'config.devRoot is "/host/dev"' --set config.devRoot=/host/dev
 expect_reject contra-metricsaddress 'config.metricsAddress is set by the chart from metrics.enabled and metrics.port' \
   --set config.metricsAddress=:9090
+expect_reject contra-probeaddress 'config.probeAddress is set by the chart from probePort' \
+  --set config.probeAddress=:9091
 expect_reject contra-args 'extraArgs has --dev-root' --set-json 'extraArgs=["--dev-root=/host/dev"]'
 expect_reject contra-env 'extraEnv has EFA_CONFIG' --set-json 'extraEnv=[{"name":"EFA_CONFIG","value":"/x.yaml"}]'
 expect_reject contra-instance-keys 'supportedInstanceLabels.values is set but supportedInstanceLabels.keys is empty: name the node labels the values are matched against, e.g. [node.kubernetes.io/instance-type]' \

@@ -68,6 +68,7 @@ TEST_CASE("Options take the flag over the environment over the file over the def
   CHECK(*c->config.expected_efa_count == 8);
   CHECK(*c->config.dev_root == "/dev");  // default
   CHECK(*c->config.metrics_address == ":8080");
+  CHECK(*c->config.probe_address == ":8081");
   CHECK(c->origin == std::map<std::string, std::string>{{"rescanInterval", "--rescan-interval"},
                                                         {"sysfsRoot", "--sysfs-root"},
                                                         {"logLevel", "EFA_LOG_LEVEL"},
@@ -142,6 +143,7 @@ TEST_CASE("Every option parses from the file", "[config]") {
       "logLevel: trace\n"
       "logFormat: json\n"
       "metricsAddress: 127.0.0.1:9090\n"
+      "probeAddress: \"\"\n"
       "alignment: late-binding\n"
       "gpuResources: [nvidia.com/gpu, nvidia.com/mig-1g.10gb]\n"
       "neuronResources: []\n"
@@ -166,6 +168,7 @@ TEST_CASE("Every option parses from the file", "[config]") {
   want.log_level = LogLevel::kTrace;
   want.log_format = LogFormat::kJson;
   want.metrics_address = "127.0.0.1:9090";
+  want.probe_address = "";
   want.alignment = AlignmentMode::kLateBinding;
   want.gpu_resources = std::vector<std::string>{"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"};
   want.neuron_resources = std::vector<std::string>{};
@@ -218,6 +221,7 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "logLevel: info\n"
         "logFormat: text\n"
         "metricsAddress: \"\"  # from --metrics-address\n"
+        "probeAddress: \":8081\"\n"
         "alignment: best-effort\n"
         "gpuResources: [\"nvidia.com/gpu\"]\n"
         "neuronResources: [\"aws.amazon.com/neuron\"]\n"
@@ -235,7 +239,7 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "sysfsRoot=/sys devRoot=/dev procRoot=/proc kubeletDir=/a \"b\"\\c (--kubelet-dir) "
         "topologyXml=\"\" instanceType=trn2.48xlarge (EFA_INSTANCE_TYPE) reportNuma=true "
         "rescanInterval=1.5s (--rescan-interval) logLevel=info logFormat=text "
-        "metricsAddress=\"\" (--metrics-address) alignment=best-effort "
+        "metricsAddress=\"\" (--metrics-address) probeAddress=:8081 alignment=best-effort "
         "gpuResources=[nvidia.com/gpu] neuronResources=[aws.amazon.com/neuron] "
         "neuroncoreResources=[aws.amazon.com/neuroncore] neuroncoresPerDevice=0 "
         "cdiDir=/var/run/cdi mofedPolicy=warn draPolicy=yield "

@@ -1,6 +1,16 @@
 // /metrics, /healthz and /readyz of a running daemon, fetched over real HTTP
-// while the fake kubelet and the simulated node change under it.
+// (cpp-httplib's client) while the fake kubelet and the simulated node change
+// under it.
 #include "plugin/daemon_monitor.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -9,12 +19,15 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/plugin/guard_fakes.h"
-#include "test/plugin/http_client.h"
+#include "test/plugin/exposition.h"
 #include "test/sim/sim_root.h"
 
 namespace fs = std::filesystem;
@@ -23,9 +36,7 @@ using namespace efa::plugin;
 using efa::sim::SimRoot;
 using efa::testing::FakeDraDriver;
 using efa::testing::FakeKubelet;
-using efa::testing::HttpGet;
-using efa::testing::HttpReply;
-using efa::testing::ParseMetrics;
+using efa::testing::SummarizeExposition;
 using efa::testing::WriteFileAtomically;
 
 namespace {
@@ -34,13 +45,44 @@ constexpr char kEfa[] = "vpc.amazonaws.com/efa";
 constexpr auto kDeadline = 10s;
 using Metrics = std::map<std::string, double>;
 
+struct HttpReply {
+  int status = 0;  // 0: no answer
+  std::string content_type;
+  std::string body;
+};
+
+HttpReply HttpGet(uint16_t port, const std::string& path) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(5s);
+  client.set_read_timeout(5s);
+  auto result = client.Get(path);
+  if (!result) return {};
+  return {result->status, result->get_header_value("Content-Type"), result->body};
+}
+
+// Samples of a text exposition keyed by the series exactly as written
+// (`name{label="value"}`); comments are skipped.
+Metrics ParseMetrics(const std::string& text) {
+  Metrics out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t space = line.rfind(' ');
+    if (line.empty() || line[0] == '#' || space == std::string::npos) continue;
+    out[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
+  }
+  return out;
+}
+
 // A simulated node with the fake kubelet, the daemon on a thread and its
-// monitor serving HTTP on a free loopback port.
+// monitor serving HTTP on free loopback ports, as main() does: every route
+// on the metrics address, the probes on the probe address.
 class MonitoredNode {
  public:
   explicit MonitoredNode(const std::string& machine,
                          const std::function<void(SimRoot&)>& prepare = nullptr,
-                         MofedPolicy mofed_policy = MofedPolicy::kWarn)
+                         MofedPolicy mofed_policy = MofedPolicy::kWarn,
+                         AlignmentMode alignment = AlignmentMode::kBestEffort)
       : sim_(machine), kubelet_(sim_.path() / "kubelet/device-plugins") {
     if (prepare) prepare(sim_);
     REQUIRE(kubelet_.Start().ok());
@@ -52,6 +94,11 @@ class MonitoredNode {
     options.kubelet_dir = sim_.path() / "kubelet";
     options.cdi_spec_dirs = {cdi_dir()};
     options.mofed_policy = mofed_policy;
+    options.alignment = alignment;
+    if (alignment == AlignmentMode::kLateBinding) {
+      options.cdi_dir = sim_.path() / "var/run/cdi-claims";
+      fs::create_directories(options.cdi_dir);
+    }
     monitor_ = std::make_unique<DaemonMonitor>(
         MonitorOptions{options.rescan_interval, "", options.roots.sysfs, 0});
     monitor_->Attach(options);
@@ -60,6 +107,9 @@ class MonitoredNode {
     auto http = HttpServer::Start("127.0.0.1:0", monitor_->Routes());
     REQUIRE(http.ok());
     http_ = *std::move(http);
+    auto probes = HttpServer::Start("127.0.0.1:0", monitor_->ProbeRoutes());
+    REQUIRE(probes.ok());
+    probes_ = *std::move(probes);
     thread_ = std::thread([this] { daemon_->Run(); });
   }
   ~MonitoredNode() {
@@ -74,6 +124,8 @@ class MonitoredNode {
   fs::path registry() const { return sim_.path() / "kubelet/plugins_registry"; }
 
   HttpReply Get(const std::string& path) { return HttpGet(http_->port(), path); }
+  uint16_t metrics_port() const { return http_->port(); }
+  uint16_t probe_port() const { return probes_->port(); }
   Metrics Scrape() { return ParseMetrics(Get("/metrics").body); }
 
   // The daemon publishes its state once per loop pass and the RPC metrics
@@ -104,6 +156,7 @@ class MonitoredNode {
   std::unique_ptr<DaemonMonitor> monitor_;
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<HttpServer> probes_;
   std::thread thread_;
 };
 
@@ -141,7 +194,7 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
                                 {"efa_device_plugin_efas_expected", 4}})));
   HttpReply reply = node.Get("/metrics");
   CHECK(reply.status == 200);
-  CHECK(reply.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8");
+  CHECK(reply.content_type == "text/plain; version=0.0.4; charset=utf-8");
   CHECK(reply.body.find("# TYPE efa_device_plugin_rpc_duration_seconds histogram\n") !=
         std::string::npos);
 
@@ -327,4 +380,254 @@ TEST_CASE("Readiness puts guard conflicts before registration", "[monitor][concu
   CHECK(v.reason ==
         "the EFA DRA driver (dra.net) serves this node's EFAs too (--dra-policy=ignore): the "
         "same EFA may be given out twice (sock)");
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Connections to a loopback port held open by a flood: half idle (never a
+// byte), half slow (a request head that never ends, one byte every 300 ms,
+// within the server's time per read). What the server closes is opened
+// again at once. Runs on a thread of its own until destroyed.
+class ConnectionFlood {
+ public:
+  ConnectionFlood(uint16_t port, size_t count) : port_(port), conns_(count) {
+    for (size_t i = 0; i < count; ++i) conns_[i].slow = i % 2 == 1;
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ConnectionFlood() {
+    stop_ = true;
+    thread_.join();
+    for (Conn& c : conns_) Close(c);
+  }
+  // The most connections established at once so far.
+  size_t max_open() const { return max_open_.load(); }
+
+ private:
+  struct Conn {
+    int fd = -1;
+    bool slow = false;
+    bool open = false;  // connected
+    size_t sent = 0;
+    Clock::time_point next_byte;
+  };
+
+  void Open(Conn& c) {
+    const bool slow = c.slow;
+    c = Conn{};
+    c.slow = slow;
+    c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (c.fd < 0) return;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port_);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(c.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 &&
+        errno != EINPROGRESS) {
+      Close(c);
+    }
+  }
+  static void Close(Conn& c) {
+    if (c.fd >= 0) ::close(c.fd);
+    c.fd = -1;
+    c.open = false;
+  }
+  void SendByte(Conn& c) {
+    static const std::string head = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    const char byte = c.sent < head.size() ? head[c.sent] : 'a';
+    if (::send(c.fd, &byte, 1, MSG_NOSIGNAL) == 1) {
+      ++c.sent;
+    } else if (errno != EAGAIN) {
+      Close(c);
+    }
+    c.next_byte = Clock::now() + 300ms;
+  }
+
+  void Run() {
+    std::vector<pollfd> fds(conns_.size());
+    while (!stop_) {
+      for (size_t i = 0; i < conns_.size(); ++i) {
+        if (conns_[i].fd < 0) Open(conns_[i]);
+        fds[i] = {conns_[i].fd, static_cast<short>(conns_[i].open ? POLLIN : POLLOUT), 0};
+      }
+      ::poll(fds.data(), fds.size(), 100);
+      size_t open = 0;
+      const auto now = Clock::now();
+      for (size_t i = 0; i < conns_.size(); ++i) {
+        Conn& c = conns_[i];
+        if (c.fd < 0) continue;
+        if (!c.open && fds[i].revents != 0) {
+          int err = 0;
+          socklen_t len = sizeof err;
+          ::getsockopt(c.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+          if (err != 0) {
+            Close(c);
+            continue;
+          }
+          c.open = true;
+          c.next_byte = now;
+        } else if (c.open && fds[i].revents != 0) {
+          // The server answered (an error) or closed: start over.
+          Close(c);
+          continue;
+        }
+        if (c.open && c.slow && now >= c.next_byte) SendByte(c);
+        if (c.open) ++open;
+      }
+      if (open > max_open_) max_open_ = open;
+    }
+  }
+
+  const uint16_t port_;
+  std::vector<Conn> conns_;  // the flood's thread only
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> max_open_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("A flood of idle and slow connections to the metrics address does not delay the probes",
+          "[monitor][http]") {
+  MonitoredNode node("p4d.24xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  // Both probes pass before the flood (the kubelet's initial delay).
+  for (const char* path : {"/healthz", "/readyz"}) {
+    const auto deadline = Clock::now() + kDeadline;
+    while (HttpGet(node.probe_port(), path).status != 200 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(HttpGet(node.probe_port(), path).status == 200);
+  }
+  // 400 connections: each is a descriptor of this process, which also runs
+  // the servers, and cpp-httplib waits with select(), which cannot watch a
+  // descriptor past FD_SETSIZE (1024). Beyond the metrics server's workers
+  // and queue the rest wait in the kernel's backlog or for their SYN's
+  // retransmission, as they would from another pod.
+  ConnectionFlood flood(node.metrics_port(), 400);
+
+  httplib::Client client("127.0.0.1", node.probe_port());
+  client.set_connection_timeout(1s);
+  client.set_read_timeout(1s);
+  client.set_write_timeout(1s);
+  int probes = 0;
+  double worst = 0;
+  std::vector<std::string> failures;
+  const auto start = Clock::now();
+  for (auto next = start; next < start + 30s; next += 100ms) {
+    // The schedule of a prober, not a wait for an event.
+    std::this_thread::sleep_until(next);
+    for (const char* path : {"/healthz", "/readyz"}) {
+      const auto sent = Clock::now();
+      auto reply = client.Get(path);
+      const double took = std::chrono::duration<double>(Clock::now() - sent).count();
+      worst = std::max(worst, took);
+      ++probes;
+      if (!reply || reply->status != 200 || took >= 1.0) {
+        failures.push_back(absl::StrCat(path, " at ",
+                                        std::chrono::duration<double>(sent - start).count(),
+                                        " s: ", reply ? reply->status : 0, " after ", took, " s"));
+      }
+    }
+  }
+  INFO("worst probe: " << worst << " s; most flood connections open at once: "
+                       << flood.max_open());
+  CHECK(failures == std::vector<std::string>{});
+  CHECK(probes >= 200);
+  // The flood was real: it filled the metrics server's workers, its queue
+  // and the backlog.
+  CHECK(flood.max_open() >= HttpServerOptions{}.threads + HttpServerOptions{}.max_queued);
+}
+
+// What the Python prometheus_client parser reads in the exposition of a
+// registered p4d node after one granted and one refused Allocate: every
+// family the daemon exports, its type, HELP text and series (a counter's
+// family name is without _total, as the parser reports it).
+// The HELP texts and names are main's before prometheus-cpp, read the same
+// way from its exposition.
+const std::string kExposition =
+    "efa_device_plugin_alignment_decisions counter \"GetPreferredAllocation decisions: targeted (the container's accelerators were known), predicted (none known yet), degraded (pod-resources failed).\"\n"
+    "  efa_device_plugin_alignment_decisions_total{decision=\"degraded\"}\n"
+    "  efa_device_plugin_alignment_decisions_total{decision=\"predicted\"}\n"
+    "  efa_device_plugin_alignment_decisions_total{decision=\"targeted\"}\n"
+    "efa_device_plugin_alignment_judgments counter \"Containers holding EFAs and accelerators, judged once after admission.\"\n"
+    "  efa_device_plugin_alignment_judgments_total{result=\"aligned\"}\n"
+    "  efa_device_plugin_alignment_judgments_total{result=\"unaligned\"}\n"
+    "efa_device_plugin_allocation_size histogram \"EFAs given to each container by Allocate.\"\n"
+    "  efa_device_plugin_allocation_size_bucket{le=\"*\"}\n"
+    "  efa_device_plugin_allocation_size_count{}\n"
+    "  efa_device_plugin_allocation_size_sum{}\n"
+    "  le: 1 2 4 8 16 32 +Inf\n"
+    "efa_device_plugin_allocations counter \"Allocate calls, by gRPC status code.\"\n"
+    "  efa_device_plugin_allocations_total{code=\"INVALID_ARGUMENT\"}\n"
+    "  efa_device_plugin_allocations_total{code=\"OK\"}\n"
+    "efa_device_plugin_devices gauge \"EFAs advertised to the kubelet, by health (after the guards: none while withdrawn, all unhealthy under MOFED protect).\"\n"
+    "  efa_device_plugin_devices{health=\"healthy\"}\n"
+    "  efa_device_plugin_devices{health=\"unhealthy\"}\n"
+    "efa_device_plugin_dra_driver_present gauge \"1 while the EFA DRA driver (dra.net) is registered.\"\n"
+    "  efa_device_plugin_dra_driver_present{}\n"
+    "efa_device_plugin_efas_expected gauge \"EFAs the node should have (expectedEfaCount, else the instance type's count); absent when unknown.\"\n"
+    "  efa_device_plugin_efas_expected{}\n"
+    "efa_device_plugin_efas_found gauge \"EFAs found on the node by the last scan.\"\n"
+    "  efa_device_plugin_efas_found{}\n"
+    "efa_device_plugin_efas_held_unhealthy gauge \"1 while MOFED policy protect reports every EFA Unhealthy.\"\n"
+    "  efa_device_plugin_efas_held_unhealthy{}\n"
+    "efa_device_plugin_guard_checks counter \"Guard checks run.\"\n"
+    "  efa_device_plugin_guard_checks_total{}\n"
+    "efa_device_plugin_heartbeat_age_seconds gauge \"Seconds since the owner loop's last pass (see /healthz).\"\n"
+    "  efa_device_plugin_heartbeat_age_seconds{}\n"
+    "efa_device_plugin_kubelet_restarts counter \"Kubelet restarts seen (kubelet.sock re-created).\"\n"
+    "  efa_device_plugin_kubelet_restarts_total{}\n"
+    "efa_device_plugin_late_binding counter \"Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container (kept), PreStartContainer failures (failed), bindings released (released) and recovered from the CDI dir at start (recovered).\"\n"
+    "efa_device_plugin_mofed_state gauge \"1 for the NVIDIA MOFED guard's current state (off, on, unknown); all 0 with the policy off.\"\n"
+    "  efa_device_plugin_mofed_state{state=\"off\"}\n"
+    "  efa_device_plugin_mofed_state{state=\"on\"}\n"
+    "  efa_device_plugin_mofed_state{state=\"unknown\"}\n"
+    "efa_device_plugin_registered gauge \"1 while vpc.amazonaws.com/efa is registered.\"\n"
+    "  efa_device_plugin_registered{}\n"
+    "efa_device_plugin_registrations counter \"Successful registrations with the kubelet.\"\n"
+    "  efa_device_plugin_registrations_total{}\n"
+    "efa_device_plugin_rpc_duration_seconds histogram \"Time spent in the device-plugin RPC handlers, by method.\"\n"
+    "  efa_device_plugin_rpc_duration_seconds_bucket{method=\"Allocate\",le=\"*\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_bucket{method=\"GetDevicePluginOptions\",le=\"*\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_bucket{method=\"GetPreferredAllocation\",le=\"*\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_bucket{method=\"PreStartContainer\",le=\"*\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_count{method=\"Allocate\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_count{method=\"GetDevicePluginOptions\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_count{method=\"GetPreferredAllocation\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_count{method=\"PreStartContainer\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_sum{method=\"Allocate\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_sum{method=\"GetDevicePluginOptions\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_sum{method=\"GetPreferredAllocation\"}\n"
+    "  efa_device_plugin_rpc_duration_seconds_sum{method=\"PreStartContainer\"}\n"
+    "  le: 0.0001 0.00025 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 +Inf\n"
+    "efa_device_plugin_withdrawn gauge \"1 while vpc.amazonaws.com/efa is withdrawn for the DRA driver.\"\n"
+    "  efa_device_plugin_withdrawn{}\n";
+// Late binding adds the series of its counter.
+const std::string kLateBindingExposition = absl::StrReplaceAll(
+    kExposition, {{"recovered from the CDI dir at start (recovered).\"\n",
+                   "recovered from the CDI dir at start (recovered).\"\n"
+                   "  efa_device_plugin_late_binding_total{event=\"bound\"}\n"
+                   "  efa_device_plugin_late_binding_total{event=\"failed\"}\n"
+                   "  efa_device_plugin_late_binding_total{event=\"kept\"}\n"
+                   "  efa_device_plugin_late_binding_total{event=\"recovered\"}\n"
+                   "  efa_device_plugin_late_binding_total{event=\"released\"}\n"
+}});
+
+TEST_CASE("Every metric keeps its name, type, labels and HELP text for a Prometheus parser",
+          "[monitor][metrics]") {
+  for (AlignmentMode mode : {AlignmentMode::kBestEffort, AlignmentMode::kLateBinding}) {
+    CAPTURE(static_cast<int>(mode));
+    MonitoredNode node("p4d.24xlarge", nullptr, MofedPolicy::kWarn, mode);
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+    CHECK(Allocate(node.kubelet(), {"rdmap16s27"}).ok());
+    CHECK(Allocate(node.kubelet(), {"nope"}).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    REQUIRE(node.WaitMetrics(Has({{"efa_device_plugin_allocations_total{code=\"OK\"}", 1},
+                                  {"efa_device_plugin_allocations_total{code=\"INVALID_ARGUMENT\"}",
+                                   1}})));
+    const auto summary = SummarizeExposition(node.Get("/metrics").body);
+    REQUIRE(summary.exit_status == 0);
+    CHECK(summary.text == (mode == AlignmentMode::kLateBinding ? kLateBindingExposition : kExposition));
+  }
 }

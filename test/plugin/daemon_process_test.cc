@@ -36,7 +36,7 @@ TEST_CASE(
   ChildProcess daemon({EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root",
                        sim.sys().string(), "--dev-root", (sim.path() / "dev").string(),
                        "--cdi-spec-dirs", (sim.path() / "etc/cdi").string(), "--log-level", "warn",
-                       "--metrics-address", "127.0.0.1:0"},
+                       "--metrics-address", "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
                       sim.path() / "daemon.log");
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   const auto registered = std::chrono::steady_clock::now();
@@ -72,7 +72,7 @@ TEST_CASE("The daemon binary removes a stale socket before serving",
   ChildProcess daemon({EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root",
                        sim.sys().string(), "--dev-root", (sim.path() / "dev").string(),
                        "--cdi-spec-dirs", (sim.path() / "etc/cdi").string(), "--log-level", "warn",
-                       "--metrics-address", "127.0.0.1:0"},
+                       "--metrics-address", "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
                       sim.path() / "daemon.log");
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   daemon.Signal(SIGINT);

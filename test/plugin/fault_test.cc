@@ -107,6 +107,8 @@ class DaemonNode {
                                   "warn",
                                   "--metrics-address",
                                   "",
+                                  "--probe-address",
+                                  "",
                                   "--rescan-interval",
                                   "1s"};
     if (late_binding_) {

@@ -65,8 +65,8 @@ std::vector<std::string> Listeners(const std::set<std::string>& inodes) {
 }  // namespace
 
 TEST_CASE(
-    "The daemon listens only on its plugin socket and the metrics address, and writes "
-    "nothing others may change",
+    "The daemon listens only on its plugin socket and the metrics and probe addresses, and "
+    "writes nothing others may change",
     "[security][process][concurrency]") {
   SimRoot sim("p4d.24xlarge");
   FakeKubelet kubelet(FakeKubelet::ForKubeletDir(sim.path() / "kubelet"));
@@ -76,7 +76,7 @@ TEST_CASE(
       {EFA_PLUGIN_BINARY, "--kubelet-dir", (sim.path() / "kubelet").string(), "--sysfs-root",
        sim.sys().string(), "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
        (sim.path() / "etc/cdi").string(), "--log-level", "warn", "--metrics-address",
-       "127.0.0.1:0"},
+       "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
       sim.path() / "daemon.log");
   REQUIRE(kubelet.WaitForRegistrations("vpc.amazonaws.com/efa", 1, 10s));
   REQUIRE(kubelet.WaitForStreaming("vpc.amazonaws.com/efa", true, 10s));
@@ -84,7 +84,7 @@ TEST_CASE(
   const auto listeners = Listeners(SocketInodes(daemon.pid()));
   const fs::path plugin_socket = sim.path() / "kubelet/device-plugins/aws-efa-device-plugin.sock";
   CAPTURE(listeners);
-  REQUIRE(listeners.size() == 2);
+  REQUIRE(listeners.size() == 3);
   std::set<std::string> kinds;
   for (const auto& l : listeners) {
     if (l.rfind("unix ", 0) == 0) {

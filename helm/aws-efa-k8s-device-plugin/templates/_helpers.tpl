@@ -113,6 +113,11 @@ defaults win; the options the chart's mounts depend on are always written.
 {{- else }}
 {{- $_ := set $cfg "metricsAddress" "" }}
 {{- end }}
+{{- if or .Values.livenessProbe.enabled .Values.readinessProbe.enabled }}
+{{- $_ := set $cfg "probeAddress" (printf ":%d" (int .Values.probePort)) }}
+{{- else }}
+{{- $_ := set $cfg "probeAddress" "" }}
+{{- end }}
 {{- with .Values.alignment.mode }}
 {{- $_ := set $cfg "alignment" . }}
 {{- end }}
