@@ -1,6 +1,7 @@
 #include "plugin/http_server.h"
 
 #include <httplib.h>
+#include <pthread.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -137,7 +138,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
 
 HttpServer::HttpServer(std::unique_ptr<httplib::Server> server, uint16_t port)
     : server_(std::move(server)), port_(port) {
-  thread_ = std::thread([s = server_.get()] { s->listen_after_bind(); });
+  thread_ = std::thread([s = server_.get()] {
+    // Named for the per-thread figures (scripts/bench.sh); the workers,
+    // started from this thread, inherit the name.
+    ::pthread_setname_np(::pthread_self(), "efa-http");
+    s->listen_after_bind();
+  });
   // stop() does nothing before the loop has begun (its first statement
   // marks it running): a server destroyed at once would never stop.
   while (!server_->is_running()) std::this_thread::yield();

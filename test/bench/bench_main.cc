@@ -5,6 +5,7 @@
 //   efa_bench [--quick] [--idle-seconds N] [--rpcs N] [--out FILE]
 // scripts/bench.sh builds it in a Release tree and runs it. Exits 0 when
 // every measurement ran, goals met or not; 1 when one could not run.
+#include <httplib.h>
 #include <poll.h>
 #include <sys/inotify.h>
 #include <sys/utsname.h>
@@ -211,6 +212,9 @@ class Suite {
     MeasureRpcs();
     Progress(absl::StrFormat("5, 7: %.0f s idle", settings_.idle_seconds));
     MeasureIdle();
+    Progress(absl::StrFormat("8: /metrics scraped 10 times a second for %.0f s",
+                             settings_.idle_seconds));
+    MeasureScrapes();
     Progress("6: device removed, kubelet restarted");
     MeasureEvents();
     if (daemon_->Stop(kDeadline) != 0) Fail("the daemon did not stop cleanly on SIGTERM");
@@ -285,6 +289,8 @@ class Suite {
             "--cdi-spec-dirs",
             (sim.path() / "etc/cdi").string(),
             "--metrics-address",
+            "127.0.0.1:0",
+            "--probe-address",
             "127.0.0.1:0"};
   }
 
@@ -613,7 +619,7 @@ class Suite {
       long long total = 0;
       for (const auto& [name, count] : by_thread) {
         total += count;
-        if (count > 0) busiest.emplace_back(count, name);
+        busiest.emplace_back(count, name);  // a thread that never woke shows 0
       }
       std::sort(busiest.rbegin(), busiest.rend());
       std::vector<std::string> parts;
@@ -643,6 +649,7 @@ class Suite {
                        p.wakeups_per_minute <= 60});
     };
     idle_rows(5, "p5 daemon, registered", procs[0], procs[1]);
+    p5_idle_cpu_per_minute_ = procs[0].cpu_per_minute;
     rows_.push_back({7, "no-EFA node: RSS of the idle daemon", Mib(procs[2].rss_kib),
                      "echo (fresh) " + Mib(procs[3].rss_kib),
                      static_cast<double>(procs[2].rss_kib) / static_cast<double>(procs[3].rss_kib),
@@ -650,6 +657,54 @@ class Suite {
     idle_rows(7, "no-EFA node, daemon", procs[2], procs[3]);
     if (idle_daemon.Stop(kDeadline) != 0) Fail("the no-EFA daemon did not stop on SIGTERM");
     if (fresh_echo.Stop(kDeadline) != 0) Fail("the fresh echo server did not stop on SIGTERM");
+  }
+
+  // The port the p5 daemon serves /metrics on: its latest "serving
+  // /metrics, ... (port N)" log line.
+  int MetricsPort() const {
+    const std::string log = ReadFile(logs() / "daemon-p5.log").value_or("");
+    const std::string marker = "serving /metrics, /healthz and /readyz on ";
+    const size_t at = log.rfind(marker);
+    const size_t port = at == std::string::npos ? at : log.find("(port ", at);
+    if (port == std::string::npos) Fail("the p5 daemon logged no metrics port");
+    return std::atoi(log.c_str() + port + 6);
+  }
+
+  // 8. /metrics scraped 10 times a second over the idle window's length:
+  // the daemon's CPU time over the window less its idle CPU time (measure 5)
+  // for as long, as a share of one core.
+  void MeasureScrapes() {
+    httplib::Client client("127.0.0.1", MetricsPort());
+    client.set_connection_timeout(1s);
+    client.set_read_timeout(1s);
+    std::vector<double> took;
+    size_t bytes = 0;
+    const double cpu = efa::bench::CpuSeconds(daemon_->pid());
+    const auto start = Clock::now();
+    const auto window = std::chrono::duration<double>(settings_.idle_seconds);
+    for (auto next = start; next < start + window; next += 100ms) {
+      // The scraper's schedule: nothing to wait for.
+      std::this_thread::sleep_until(next);
+      const auto sent = Clock::now();
+      auto reply = client.Get("/metrics");
+      if (!reply || reply->status != 200) Fail("a scrape of /metrics failed");
+      took.push_back(Seconds(Clock::now() - sent));
+      bytes = reply->body.size();
+    }
+    const double elapsed = Seconds(Clock::now() - start);
+    const double used = efa::bench::CpuSeconds(daemon_->pid()) - cpu;
+    const double idle = p5_idle_cpu_per_minute_ / 60 * elapsed;
+    const double share = (used - idle) / elapsed;
+    rows_.push_back({8,
+                     absl::StrFormat("/metrics scraped 10×/s for %.0f s (%d scrapes of %d bytes): "
+                                     "CPU added",
+                                     elapsed, took.size(), bytes),
+                     absl::StrFormat("%.2f %% of a core (%.0f ms)", share * 100, (used - idle) * 1e3),
+                     absl::StrFormat("idle (5) for as long: %.0f ms", idle * 1e3), NAN,
+                     "≤ 2 % of a core", share <= 0.02});
+    rows_.push_back({8, "one scrape, round trip: p50 / p99",
+                     absl::StrFormat("%s / %s", Ms(Median(took)), Ms(Percentile(took, 0.99))), "",
+                     NAN, "–", std::nullopt});
   }
 
   // Waits until the kubelet's latest list shows `id` with `health`.
@@ -718,6 +773,7 @@ class Suite {
   std::vector<Row> rows_;
   std::vector<std::pair<std::string, std::vector<double>>> policy_curve_;
   std::vector<std::string> details_;  // printed under the table
+  double p5_idle_cpu_per_minute_ = 0;  // measure 5, for measure 8
 };
 
 std::string FirstLine(const fs::path& path, const std::string& prefix) {
