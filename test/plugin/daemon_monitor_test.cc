@@ -167,7 +167,7 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
        {"efa_device_plugin_rpc_duration_seconds_count{method=\"GetDevicePluginOptions\"}", 1}})));
 
   // The node comes back, the kubelet restarts: registered again.
-  { std::ofstream(node.sim().path() / "dev/infiniband/uverbs1"); }
+  node.sim().RestoreUverbs(1);
   REQUIRE(node.kubelet().Restart().ok());
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
   CHECK(node.WaitMetrics(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 4},

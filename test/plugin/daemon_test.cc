@@ -158,7 +158,7 @@ TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon][c
     fs::remove(uverbs);
     REQUIRE(node.WaitHealth("rdmap32s27", "Unhealthy"));
     CHECK(node.kubelet().devices(kEfa)[0].health() == "Healthy");
-    { std::ofstream(uverbs.string()); }
+    node.sim().RestoreUverbs(1);
     REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
   }
   SECTION("the whole verbs device") {
@@ -191,8 +191,7 @@ TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear"
   fs::remove_all(node.sim().sys());
   fs::copy(p4d.sys(), node.sim().sys(),
            fs::copy_options::recursive | fs::copy_options::copy_symlinks);
-  fs::copy(p4d.path() / "dev", node.sim().path() / "dev",
-           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  for (int n = 0; n < 4; ++n) node.sim().RestoreUverbs(n);  // char devices do not copy
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   CHECK(node.kubelet().WaitForDevices(
       kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
