@@ -390,17 +390,18 @@ TEST_CASE("Allocate with no container requests answers nothing, successfully",
   node.CheckStillAllocates();
 }
 
-TEST_CASE("Allocate of the same device for two containers of one request answers both",
+TEST_CASE("Allocate of the same device for two containers of one request is refused",
           "[bad-input][concurrency]") {
-  // The kubelet sends one container per request and keeps the allocations
-  // itself; the plugin holds no allocation state to refuse a reuse with.
+  // One EFA must never reach two containers, whatever the kubelet sends.
   ServedNode node;
-  const std::string before = node.State();
+  CheckRefused(node, {{"rdmap16s27"}, {"rdmap32s27", "rdmap16s27"}},
+               grpc::StatusCode::INVALID_ARGUMENT,
+               "device \"rdmap16s27\" requested twice (by two containers)");
+  // Distinct devices in two containers are answered.
   v1beta1::AllocateResponse response;
-  REQUIRE(node.Allocate({{"rdmap16s27"}, {"rdmap16s27"}}, &response).ok());
+  REQUIRE(node.Allocate({{"rdmap16s27"}, {"rdmap32s27"}}, &response).ok());
   REQUIRE(response.container_responses_size() == 2);
-  CHECK(response.container_responses(1).envs().at("EFA_DEVICES") == "rdmap16s27");
-  CHECK(node.State() == before);
+  CHECK(response.container_responses(1).envs().at("EFA_DEVICES") == "rdmap32s27");
 }
 
 TEST_CASE("Allocate of thousands of IDs is refused at the first bad one",
@@ -414,7 +415,9 @@ TEST_CASE("Allocate of thousands of IDs is refused at the first bad one",
   CheckRefused(node, {repeated}, grpc::StatusCode::INVALID_ARGUMENT,
                "device \"rdmap160s27\" requested twice");
   std::vector<std::vector<std::string>> containers(3000, {"rdmap16s27"});
-  containers.push_back({"rdmap16s27", "nope"});
+  CheckRefused(node, containers, grpc::StatusCode::INVALID_ARGUMENT,
+               "device \"rdmap16s27\" requested twice (by two containers)");
+  containers = {{"rdmap16s27"}, {"rdmap32s27", "nope"}};
   CheckRefused(node, containers, grpc::StatusCode::INVALID_ARGUMENT,
                "unknown device \"nope\": not an EFA of this node");
 }
