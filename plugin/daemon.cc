@@ -395,6 +395,16 @@ void Daemon::HandleInotify() {
 
 void Daemon::ReportAlignment() {
   next_report_ = Clock::time_point::max();
+  // Entries of the checkpoint that cannot be parsed are skipped one by one
+  // wherever it is read; count them here (the file changed, or a rescan).
+  auto checkpoint = ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile);
+  const int skipped = checkpoint.ok() ? static_cast<int>(checkpoint->skipped.size()) : 0;
+  if (skipped != checkpoint_entries_skipped_.exchange(skipped)) {
+    for (const std::string& why :
+         checkpoint.ok() ? checkpoint->skipped : std::vector<std::string>{}) {
+      spdlog::warn("kubelet checkpoint: skipping an entry that cannot be parsed: {}", why);
+    }
+  }
   if (late_binder_) late_binder_->ReleaseGone();
   if (aligner_ && model_ && !aligner_->Report(*model_)) {
     next_report_ = Clock::now() + std::chrono::milliseconds(500);

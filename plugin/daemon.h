@@ -114,6 +114,9 @@ class Daemon {
   // the latest heartbeat. Thread-safe.
   bool registered() const { return registered_now_.load(); }
   int known_devices() const { return known_devices_.load(); }
+  // Entries of the kubelet checkpoint skipped at its latest read because
+  // they could not be parsed. Thread-safe.
+  int checkpoint_entries_skipped() const { return checkpoint_entries_skipped_.load(); }
   // The device list the kubelet is given now. Thread-safe.
   v1beta1::ListAndWatchResponse advertised() const { return service_.CurrentList(); }
   // Alignment counters, or null when alignment is off. Thread-safe.
@@ -163,6 +166,7 @@ class Daemon {
   std::atomic<int64_t> heartbeat_ns_{0};  // steady_clock; 0: none yet
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
+  std::atomic<int> checkpoint_entries_skipped_{0};
 
   // Owner-thread state.
   bool registered_ = false;

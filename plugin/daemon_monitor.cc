@@ -181,6 +181,12 @@ DaemonMonitor::DaemonMonitor(MonitorOptions options)
                               "1 while vpc.amazonaws.com/efa is withdrawn for the DRA driver.")
                     .Get();
   guard_checks_ = &registry_.AddCounter(name("guard_checks_total"), "Guard checks run.").Get();
+  checkpoint_skipped_ =
+      &registry_
+           .AddGauge(name("checkpoint_entries_skipped"),
+                     "Entries of the kubelet checkpoint skipped at its latest read because they "
+                     "cannot be parsed (the others are still used).")
+           .Get();
 
   registry_.AddCollector([this] { Collect(); });
 }
@@ -257,6 +263,7 @@ void DaemonMonitor::Collect() {
   held_unhealthy_->Set(g.efas_held_unhealthy ? 1 : 0);
   withdrawn_->Set(g.withdrawn ? 1 : 0);
   guard_checks_->Set(g.checks);
+  checkpoint_skipped_->Set(daemon->checkpoint_entries_skipped());
 }
 
 HttpResponse DaemonMonitor::Metrics() const {

@@ -106,6 +106,7 @@ class DaemonMonitor final : public RpcObserver {
   Gauge* held_unhealthy_ = nullptr;
   Gauge* withdrawn_ = nullptr;
   Counter* guard_checks_ = nullptr;
+  Gauge* checkpoint_skipped_ = nullptr;
   Gauge* efas_found_ = nullptr;
   Family<Gauge>* efas_expected_ = nullptr;
 };

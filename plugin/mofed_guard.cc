@@ -119,6 +119,11 @@ MofedEvidence MofedFromCheckpoint(const absl::StatusOr<KubeletCheckpoint>& check
   }
   if (with_mofed > 0) {
     evidence.state = MofedState::kOn;
+  } else if (!checkpoint->skipped.empty()) {
+    // A skipped entry may be an NVIDIA container's with MOFED.
+    evidence.state = MofedState::kUnknown;
+    evidence.findings.insert(evidence.findings.end(), checkpoint->skipped.begin(),
+                             checkpoint->skipped.end());
   } else if (nvidia == 0) {
     evidence.findings.push_back(absl::StrCat(path, ": no NVIDIA containers"));
   } else {

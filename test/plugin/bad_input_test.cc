@@ -706,7 +706,10 @@ TEST_CASE("A checkpoint truncated inside a base64 answer is refused at its end",
                      "closing quote; last read: '\"CgQKAkFCEgJyd'"));
 }
 
-TEST_CASE("Checkpoint fields of the wrong type are refused naming the field", "[bad-input]") {
+TEST_CASE(
+    "A checkpoint entry with a field of the wrong type is skipped naming the field, the "
+    "others read",
+    "[bad-input]") {
   struct Case {
     std::string entry, message;
   };
@@ -725,16 +728,31 @@ TEST_CASE("Checkpoint fields of the wrong type are refused naming the field", "[
        "cp: Data.PodDeviceEntries[0].AllocResp: expected a string, got boolean"},
       {"7", "cp: Data.PodDeviceEntries[0]: expected an object, got number"},
   };
+  const std::string good =
+      "{\"PodUID\":\"p2\",\"ContainerName\":\"c\",\"ResourceName\":\"vpc.amazonaws.com/efa\","
+      "\"DeviceIDs\":{\"0\":[\"rdmap16s27\"]}}";
   for (const Case& c : cases) {
     INFO(c.entry);
-    auto checkpoint = ParseCheckpoint("{\"Data\":{\"PodDeviceEntries\":[" + c.entry + "]}}", "cp");
-    REQUIRE_FALSE(checkpoint.ok());
-    CHECK(Message(checkpoint.status()) == c.message);
+    auto checkpoint =
+        ParseCheckpoint("{\"Data\":{\"PodDeviceEntries\":[" + c.entry + "," + good + "]}}", "cp");
+    REQUIRE(checkpoint.ok());
+    CHECK(checkpoint->skipped == std::vector<std::string>{c.message});
+    REQUIRE(checkpoint->entries.size() == 1);
+    CHECK(checkpoint->entries[0].pod_uid == "p2");
+    CHECK(checkpoint->entries[0].device_ids == std::vector<std::string>{"rdmap16s27"});
+    // What the skipped entry was is unknown: it may have shown MOFED.
+    const MofedEvidence evidence = MofedFromCheckpoint(checkpoint, "cp");
+    CHECK(evidence.state == MofedState::kUnknown);
+    CHECK(evidence.findings == std::vector<std::string>{c.message});
   }
-  auto registered =
-      ParseCheckpoint("{\"Data\":{\"RegisteredDevices\":{\"nvidia.com/gpu\":\"GPU-1\"}}}", "cp");
-  CHECK(Message(registered.status()) ==
-        "cp: Data.RegisteredDevices[\"nvidia.com/gpu\"]: expected a list of strings, got string");
+  auto registered = ParseCheckpoint(
+      "{\"Data\":{\"RegisteredDevices\":{\"nvidia.com/gpu\":\"GPU-1\",\"x\":[\"a\"]}}}", "cp");
+  REQUIRE(registered.ok());
+  CHECK(registered->skipped ==
+        std::vector<std::string>{"cp: Data.RegisteredDevices[\"nvidia.com/gpu\"]: expected a list "
+                                 "of strings, got string"});
+  CHECK(registered->registered_devices ==
+        std::map<std::string, std::vector<std::string>>{{"x", {"a"}}});
 }
 
 TEST_CASE("Deeply nested and ill-formed UTF-8 checkpoints are refused without a crash",
