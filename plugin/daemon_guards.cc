@@ -44,7 +44,8 @@ bool Daemon::CheckGuards() {
 
   if (options_.mofed_policy != MofedPolicy::kOff) {
     status.mofed = MofedGuard({options_.kubelet_dir / "device-plugins" / kCheckpointFile,
-                               options_.cdi_spec_dirs, options_.roots.proc})
+                               options_.cdi_spec_dirs, options_.roots.proc,
+                               options_.kubelet_dir / "device-plugins"})
                        .Check();
     const MofedState state = status.mofed.state;
     if (mofed_state_ != state) {

@@ -864,7 +864,7 @@ TEST_CASE("Unreadable, looping and garbage process files leave the others' findi
   WriteFile(dir.path() / "proc/500/cmdline",
             std::string("nvidia-device-plugin\0", 21) + std::string(3 << 20, 'a'));
   fs::create_directories(dir.path() / "proc/self");
-  auto found = FindNvidiaPluginProcesses(dir.path() / "proc");
+  auto found = FindNvidiaPluginProcesses(dir.path() / "proc", dir.path() / "device-plugins");
   REQUIRE(found.ok());
   REQUIRE(found->size() == 4);
   CHECK((*found)[0].pid == 100);

@@ -311,7 +311,8 @@ TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy 
 TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the periodic check",
           "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 100ms);
-  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin"}, {"PATH=/bin"}, "v0.19.3");
+  const fs::path socket = node.device_plugin_dir() / "nvidia-gpu.sock";
+  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin"}, {"PATH=/bin"}, "v0.19.3", socket);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
@@ -321,12 +322,33 @@ TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the 
                   "process 4242 (nvidia-device-plugin v0.19.3): MOFED is off by default in "
                   "v0.19.3") != status.mofed.evidence.end());
 
-  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.19.3");
+  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.19.3",
+                         socket);
   REQUIRE(node.WaitAll("Unhealthy"));
   CHECK(node.daemon().guard_status().mofed.evidence[0] ==
         "process 4242 (nvidia-device-plugin v0.19.3): command line sets --mofed-enabled=true");
 
   node.proc().RemoveProcess(4242);
+  CHECK(node.WaitAll("Healthy"));
+}
+
+TEST_CASE("A process that only calls itself nvidia-device-plugin does not make EFAs Unhealthy",
+          "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 100ms);
+  // exec -a nvidia-device-plugin ... --mofed-enabled, without the plugin's socket.
+  node.proc().AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"MOFED_ENABLED=true"},
+                         "v0.19.1");
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  const std::string ignored =
+      "process 4242 (nvidia-device-plugin v0.19.1): not the NVIDIA device "
+      "plugin (no nvidia-*.sock socket in " +
+      node.device_plugin_dir().string() + "); ignored";
+  REQUIRE(node.WaitStatus([&](const GuardStatus& s) {
+    return s.checks >= 2 && std::find(s.mofed.evidence.begin(), s.mofed.evidence.end(), ignored) !=
+                                s.mofed.evidence.end();
+  }));
+  CHECK(node.daemon().guard_status().mofed.state == MofedState::kOff);
   CHECK(node.WaitAll("Healthy"));
 }
 
