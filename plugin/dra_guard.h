@@ -3,9 +3,13 @@
 // same device to different pods.
 //
 // A DRA driver registers with the kubelet through a socket in
-// <kubelet-dir>/plugins_registry/ named after the driver
-// ("dra.net-reg.sock"). The driver counts as present while such a socket
-// accepts connections: a socket file left behind by a driver that died
+// <kubelet-dir>/plugins_registry/ named after the driver. Drivers built on
+// the kubelet's DRA helper (k8s.io/dynamic-resource-allocation/kubeletplugin,
+// draplugin.go: RegistrarSocketFilename and RollingUpdate) name it
+// "<driver>-reg.sock", or "<driver>-<pod UID>-reg.sock" with rolling updates
+// (kubelet 1.33+). DRANET (kubernetes-sigs/dranet, pkg/driver/driver.go)
+// starts that helper with only DriverName("dra.net"): "dra.net-reg.sock". The driver counts as
+// present while such a socket accepts connections: a socket file left behind by a driver that died
 // refuses them and is ignored (the kubelet ignores it too), so an
 // uninstalled driver does not keep the plugin away for ever.
 //

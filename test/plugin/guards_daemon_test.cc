@@ -411,15 +411,28 @@ TEST_CASE("A stale dra.net socket does not keep the daemon from registering",
         driver.socket_path().string() + ": refuses connections (stale: Connection refused)");
 }
 
-TEST_CASE("Under DRA policy ignore the daemon serves next to the DRA driver",
+TEST_CASE("The daemon serves next to a listening registration socket that does not withdraw it",
           "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kIgnore);
-  FakeDraDriver driver(node.registry());
-  driver.Start();
-  node.Start();
-  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  CHECK(node.WaitAll("Healthy"));
-  GuardStatus status = node.daemon().guard_status();
-  CHECK(status.dra.present);
-  CHECK_FALSE(status.withdrawn);
+  struct Case {
+    const char* what;
+    DraPolicy policy;
+    const char* socket;
+    bool present;
+  };
+  for (const Case& c : {
+           Case{"the DRA driver under policy ignore", DraPolicy::kIgnore, "dra.net-reg.sock", true},
+           Case{"another driver whose name contains dra.net", DraPolicy::kYield,
+                "foo.dra.net-reg.sock", false},
+       }) {
+    INFO(c.what);
+    GuardedNode node(MofedPolicy::kWarn, c.policy);
+    FakeDraDriver driver(node.registry(), c.socket);
+    driver.Start();
+    node.Start();
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+    CHECK(node.WaitAll("Healthy"));
+    GuardStatus status = node.daemon().guard_status();
+    CHECK(status.dra.present == c.present);
+    CHECK_FALSE(status.withdrawn);
+  }
 }
