@@ -309,6 +309,10 @@ void Daemon::TryRegister() {
   // check is not a restart after this registration).
   HandleInotify();
   if (registered_ || dra_yield_ || !IsSocket(kubelet_socket())) return;  // inotify reports it
+  // A DRA driver may have started listening since the last probe (nothing
+  // signals a listen()): probe again, never register beside it.
+  if (CheckGuards()) Rescan();
+  if (dra_yield_) return;
   // Streams open before this attempt belong to the registration it
   // replaces: their ending (ours, when the server restarts below, or the
   // kubelet's) must not start another one.
@@ -382,6 +386,7 @@ void Daemon::HandleInotify() {
       } else if (guard_watches_.count(ev->wd)) {
         if (ev->mask & IN_IGNORED) guard_watches_.erase(ev->wd);
         guards = true;
+        dra_reprobe_ = std::chrono::milliseconds(0);  // a new socket: probe it quickly
       } else if (device_watches_.count(ev->wd)) {
         if (ev->mask & (IN_IGNORED | IN_DELETE_SELF)) device_watches_.erase(ev->wd);
         rescan = true;

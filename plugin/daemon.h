@@ -188,6 +188,10 @@ class Daemon {
   bool mofed_protect_ = false;  // every EFA held Unhealthy
   std::string mofed_problem_;   // their health problem meanwhile
   std::chrono::steady_clock::time_point next_guard_check_;
+  // While a DRA registration socket refuses connections: the delay of the
+  // next probe (doubling from 100 ms), since a driver binds its socket
+  // before it listens and nothing signals the listen().
+  std::chrono::milliseconds dra_reprobe_{0};
   std::map<int, std::string> guard_watches_;  // inotify wd -> plugins_registry, CDI dirs
   mutable absl::Mutex guard_mu_;
   GuardStatus guard_status_ ABSL_GUARDED_BY(guard_mu_);

@@ -82,6 +82,7 @@ DraReport DetectDraDriver(const fs::path& registry_dir, std::string_view driver)
     struct stat st;
     if (::stat(it->path().c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     if (int err = ProbeSocket(it->path()); err != 0) {
+      ++report.refusing;
       stale.push_back(absl::StrCat(it->path().string(),
                                    ": refuses connections (stale: ", std::strerror(err), ")"));
       continue;

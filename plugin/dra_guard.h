@@ -43,10 +43,16 @@ struct DraReport {
   // ("<dir>/dra.net-reg.sock: refuses connections (stale)", "no dra.net
   // registration socket in <dir>").
   std::string evidence;
+  // Registration sockets of the driver that refused a connection (stale,
+  // or bound but not listening yet).
+  int refusing = 0;
 };
 
-// Whether `file_name` in the plugins registry belongs to `driver`: it
-// contains the driver's name. Pure.
+// Whether `file_name` in the plugins registry is `driver`'s registration
+// socket: exactly "<driver>-reg.sock" or "<driver>-<pod UID>-reg.sock" (a
+// UUID in its canonical 8-4-4-4-12 lower-case hex form). Another driver
+// whose name merely contains `driver` ("foo.dra.net-reg.sock",
+// "dra.network-reg.sock") is not it. Pure.
 bool IsDraRegistrationName(std::string_view file_name, std::string_view driver);
 
 // Looks in `registry_dir` for a socket of `driver` that accepts a

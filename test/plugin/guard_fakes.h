@@ -275,18 +275,18 @@ class FakeDraDriver {
 
   // Creates the listening socket under its final name.
   void Start() {
-    std::filesystem::create_directories(dir_);
     const std::filesystem::path tmp = dir_ / ".tmp-reg.sock";
     std::filesystem::remove(tmp);
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, tmp.c_str(), sizeof addr.sun_path - 1);
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(fd_, 16) != 0) {
-      throw std::runtime_error("cannot serve " + tmp.string());
-    }
+    fd_ = BindUnixSocket(tmp);
+    Listen();
     std::filesystem::rename(tmp, socket_path());
+  }
+  // Binds the socket under its final name without listening yet, as a
+  // driver does between bind() and listen(): connections are refused.
+  void Bind() { fd_ = BindUnixSocket(socket_path()); }
+  // Starts listening on the socket Bind() made.
+  void Listen() {
+    if (::listen(fd_, 16) != 0) throw std::runtime_error("cannot listen on " + name_);
   }
   // Closes the socket and removes its file, as a driver that stops cleanly.
   void Stop() {

@@ -436,3 +436,52 @@ TEST_CASE("The daemon serves next to a listening registration socket that does n
     CHECK_FALSE(status.withdrawn);
   }
 }
+
+namespace {
+
+// Whether the guards' latest DRA probe found `socket` refusing connections.
+bool Refused(const GuardStatus& s, const fs::path& socket) {
+  return !s.dra.present &&
+         s.dra.evidence == socket.string() + ": refuses connections (stale: Connection refused)";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A DRA driver that listens only some time after binding its socket withdraws the "
+    "resource",
+    "[guards][daemon][concurrency]") {
+  // No periodic check comes to the rescue: only the re-probe of a refusing
+  // socket can see the listen().
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 600s);
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+
+  FakeDraDriver driver(node.registry());
+  driver.Bind();
+  REQUIRE(node.WaitStatus([&](const GuardStatus& s) { return Refused(s, driver.socket_path()); }));
+  driver.Listen();
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return d.empty(); }, kDeadline));
+  CHECK(node.daemon().guard_status().withdrawn);
+}
+
+TEST_CASE(
+    "A kubelet restart just after a DRA driver starts listening does not register the "
+    "resource beside it",
+    "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 600s);
+  FakeDraDriver driver(node.registry());
+  driver.Bind();
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitStatus([&](const GuardStatus& s) { return Refused(s, driver.socket_path()); }));
+  node.kubelet().Stop();
+  driver.Listen();
+  REQUIRE(node.kubelet().Start().ok());
+  // Either the re-probe or the probe before registering sees the driver.
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.withdrawn; }));
+  CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 2, 500ms));
+  CHECK(node.kubelet().registrations(kEfa) == 1);
+}
