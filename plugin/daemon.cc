@@ -177,12 +177,22 @@ void Daemon::Rescan() {
       spdlog::debug("skipping verbs device {}: {}", s.ibdev, s.reason);
     }
   }
+  // A device is its PCI function, not its name: udev renames efa_0 to
+  // rdmap79s0 after the kernel announced it (hot-plug, or a daemon started
+  // before udev finished), and the old name must not stay listed beside
+  // the new one.
   std::set<std::string> present;
   for (topology::EfaDevice& d : inv.devices) {
-    present.insert(d.ibdev);
-    auto it = known_.find(d.ibdev);
+    const std::string key = d.pci.ToString();
+    present.insert(key);
+    auto it = known_.find(key);
+    if (it != known_.end() && it->second.ibdev != d.ibdev) {
+      spdlog::info("EFA {} was renamed {} ({})", it->second.ibdev, d.ibdev, key);
+      known_.erase(it);
+      it = known_.end();
+    }
     if (it == known_.end()) {
-      spdlog::info("found EFA {} ({}, {}, NUMA {}){}", d.ibdev, d.pci.ToString(), d.uverbs,
+      spdlog::info("found EFA {} ({}, {}, NUMA {}){}", d.ibdev, key, d.uverbs,
                    d.numa_node ? std::to_string(*d.numa_node) : "unknown",
                    d.healthy() ? "" : ", unhealthy: " + d.health_problem);
     } else if (it->second.health_problem != d.health_problem) {
@@ -192,18 +202,18 @@ void Daemon::Rescan() {
         spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, d.health_problem);
       }
     }
-    known_[d.ibdev] = std::move(d);
+    known_[key] = std::move(d);
   }
   // A device that vanished from sysfs stays listed, unhealthy, so that the
   // kubelet keeps its capacity honest and stops placing pods on it.
-  for (auto& [id, d] : known_) {
-    if (present.count(id)) continue;
-    std::string problem = (options_.roots.sysfs / "class/infiniband" / id).string() + ": gone";
+  for (auto& [key, d] : known_) {
+    if (present.count(key)) continue;
+    std::string problem = (options_.roots.sysfs / "class/infiniband" / d.ibdev).string() + ": gone";
     for (const auto& s : inv.skipped) {
-      if (s.ibdev == id) problem = s.reason;  // still there, but its sysfs is broken
+      if (s.ibdev == d.ibdev) problem = s.reason;  // still there, but its sysfs is broken
     }
     if (d.health_problem != problem) {
-      spdlog::warn("EFA {} is unhealthy: {}", id, problem);
+      spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, problem);
       d.health_problem = problem;
     }
   }

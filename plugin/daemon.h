@@ -173,7 +173,7 @@ class Daemon {
   std::chrono::steady_clock::time_point next_register_;
   std::chrono::milliseconds register_backoff_{0};
   std::chrono::steady_clock::time_point next_rescan_;
-  std::map<std::string, topology::EfaDevice> known_;    // every EFA seen, by ID
+  std::map<std::string, topology::EfaDevice> known_;    // every EFA seen, by PCI address
   std::shared_ptr<const topology::HostModel> model_;    // rebuilt when the EFAs change
   std::string model_key_;                               // the EFAs model_ was built from
   std::chrono::steady_clock::time_point next_report_ =  // alignment report retry

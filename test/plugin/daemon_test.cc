@@ -1,26 +1,35 @@
 // The daemon against the fake kubelet, over real unix sockets.
 #include "plugin/daemon.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
+#include "test/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using efa::plugin::Daemon;
 using efa::plugin::DaemonOptions;
+using efa::sim::Naming;
 using efa::sim::SimRoot;
 using efa::testing::FakeKubelet;
 
@@ -33,14 +42,17 @@ constexpr auto kDeadline = 10s;
 // daemon running on a thread.
 class Node {
  public:
-  explicit Node(const std::string& machine, std::chrono::milliseconds rescan = 10s)
-      : sim_(machine), kubelet_(sim_.path() / "kubelet/device-plugins") {
+  explicit Node(const std::string& machine, std::chrono::milliseconds rescan = 10s,
+                Naming naming = Naming::kUdev,
+                const std::function<void(DaemonOptions&)>& customize = nullptr)
+      : sim_(machine, naming), kubelet_(sim_.path() / "kubelet/device-plugins") {
     REQUIRE(kubelet_.Start().ok());
     DaemonOptions options;
     options.roots = sim_.roots();
     options.kubelet_dir = sim_.path() / "kubelet";
     options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
     options.rescan_interval = rescan;
+    if (customize) customize(options);
     daemon_ = std::make_unique<Daemon>(options);
     thread_ = std::thread([this] { exit_code_ = daemon_->Run(); });
   }
@@ -195,4 +207,46 @@ TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear"
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   CHECK(node.kubelet().WaitForDevices(
       kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+}
+
+TEST_CASE("A device renamed by udev is listed once, under its new name", "[daemon][concurrency]") {
+  // The kernel names the EFAs efa_0..efa_3; udev renames efa_0 (PCI
+  // 0000:10:1b.0) rdmap16s27 while the daemon runs.
+  Node node("p4d.24xlarge", 10s, Naming::kKernel);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitHealth("efa_0", "Healthy"));
+  const fs::path sys = node.sim().sys();
+  const fs::path ib_dir = fs::canonical(sys / "class/infiniband/efa_0");
+  REQUIRE(ib_dir.parent_path().parent_path().filename() == "0000:10:1b.0");
+  std::string uverbs;
+  for (const auto& e : fs::directory_iterator(sys / "class/infiniband_verbs")) {
+    std::ifstream in(e.path() / "ibdev");
+    std::string ibdev;
+    if (in >> ibdev && ibdev == "efa_0") uverbs = e.path().filename();
+  }
+  REQUIRE(uverbs == "uverbs0");
+  // The rename as the daemon may see it step by step; the class link last
+  // (its event brings the final rescan).
+  efa::testing::WriteFile(sys / "class/infiniband_verbs/uverbs0/ibdev", "rdmap16s27\n");
+  const fs::path new_dir = ib_dir.parent_path() / "rdmap16s27";
+  fs::rename(ib_dir, new_dir);
+  fs::remove(sys / "class/infiniband/efa_0");
+  fs::create_directory_symlink(new_dir, sys / "class/infiniband/rdmap16s27");
+
+  auto renamed = [](const std::vector<v1beta1::Device>& d) {
+    std::set<std::string> ids;
+    for (const auto& x : d) ids.insert(x.id());
+    return AllHealthy(d, 4) &&
+           ids == std::set<std::string>{"rdmap16s27", "efa_1", "efa_2", "efa_3"};
+  };
+  REQUIRE(node.kubelet().WaitForDevices(kEfa, renamed, kDeadline));
+  CHECK(node.daemon().known_devices() == 4);
+  // An allocation by the new name works; the old name is unknown.
+  v1beta1::AllocateRequest request;
+  request.add_container_requests()->add_devices_ids("rdmap16s27");
+  v1beta1::AllocateResponse response;
+  CHECK(node.kubelet().Allocate(kEfa, request, &response).ok());
+  request.mutable_container_requests(0)->set_devices_ids(0, "efa_0");
+  CHECK(node.kubelet().Allocate(kEfa, request, &response).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
 }
