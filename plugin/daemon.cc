@@ -369,6 +369,7 @@ void Daemon::HandleInotify() {
   bool rescan = false;
   bool guards = false;
   bool report = false;
+  bool overflow = false;
   while (true) {
     ssize_t n = ::read(fds_->inotify, buf, sizeof buf);
     if (n <= 0) break;
@@ -376,7 +377,9 @@ void Daemon::HandleInotify() {
       auto* ev = reinterpret_cast<inotify_event*>(p);
       p += sizeof(inotify_event) + ev->len;
       std::string name = ev->len ? ev->name : "";
-      if (ev->wd == kubelet_watch_) {
+      if (ev->mask & IN_Q_OVERFLOW) {
+        overflow = true;
+      } else if (ev->wd == kubelet_watch_) {
         if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
           if (registrations_ > 0) ++kubelet_restarts_;
           spdlog::info(registered_ ? "kubelet.sock was created: the kubelet restarted; "
@@ -401,6 +404,19 @@ void Daemon::HandleInotify() {
         if (ev->mask & (IN_IGNORED | IN_DELETE_SELF)) device_watches_.erase(ev->wd);
         rescan = true;
       }
+    }
+  }
+  if (overflow) {
+    // The kernel dropped events: any of them may have been a device, a
+    // guard, our socket's deletion or a new kubelet.sock (which may reuse
+    // the old inode). Look at everything now rather than at the next rescan.
+    spdlog::warn("inotify queue overflowed: events were lost; rescanning everything");
+    guards = rescan = report = true;
+    dra_reprobe_ = std::chrono::milliseconds(0);
+    if (registrations_ > 0) {
+      registered_ = false;  // registering again is harmless, a missed restart is not
+      register_backoff_ = std::chrono::milliseconds(0);
+      next_register_ = Clock::now();
     }
   }
   if (guards && CheckGuards()) rescan = true;

@@ -250,3 +250,49 @@ TEST_CASE("A device renamed by udev is listed once, under its new name", "[daemo
   CHECK(node.kubelet().Allocate(kEfa, request, &response).error_code() ==
         grpc::StatusCode::INVALID_ARGUMENT);
 }
+
+TEST_CASE("After an inotify queue overflow the daemon rescans at once", "[daemon][concurrency]") {
+  // The owner thread is held in a rescan (through the inventory hook)
+  // while the test floods the daemon's inotify queue with events it
+  // ignores, then removes a uverbs node: that event is lost. Only a rescan
+  // on the overflow (not the periodic one, 10 minutes away) can see it.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = false, held = false;
+  Node node("p4d.24xlarge", 600s, Naming::kUdev, [&](DaemonOptions& o) {
+    o.on_inventory = [&](const efa::topology::Inventory&) {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!hold) return;
+      held = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return !hold; });
+    };
+  });
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    hold = true;
+  }
+  efa::testing::WriteFile(node.sim().path() / "dev/infiniband/trigger", "");  // a rescan
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, kDeadline, [&] { return held; }));
+  }
+  int max_queued = 16384;
+  std::ifstream("/proc/sys/fs/inotify/max_queued_events") >> max_queued;
+  const fs::path flood = node.sim().path() / "kubelet/device-plugins/flood";
+  for (int i = 0; i < max_queued / 2 + 100; ++i) {  // 3 events each
+    int fd = ::open(flood.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    ::unlink(flood.c_str());
+  }
+  fs::remove(node.sim().path() / "dev/infiniband/uverbs1");
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    hold = false;
+  }
+  cv.notify_all();
+  CHECK(node.WaitHealth("rdmap32s27", "Unhealthy"));
+}
