@@ -9,6 +9,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,8 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -66,6 +69,25 @@ bool DrainUevents(int fd) {
     }
   }
   return relevant;
+}
+
+// 0 when a unix socket can be bound at `path` (it is removed again), else
+// the errno.
+int BindError(const fs::path& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.native().size() >= sizeof addr.sun_path) return ENAMETOOLONG;
+  std::memcpy(addr.sun_path, path.c_str(), path.native().size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  int err = 0;
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    err = errno;
+  } else {
+    ::unlink(path.c_str());
+  }
+  ::close(fd);
+  return err;
 }
 
 bool IsSocket(const fs::path& path) {
@@ -286,22 +308,47 @@ void Daemon::WatchGuardDirs() {
   }
 }
 
-bool Daemon::StartServer() {
+absl::Status Daemon::StartServer() {
   const fs::path socket = plugin_socket();
   std::error_code ec;
   fs::create_directories(socket.parent_path(), ec);
-  fs::remove(socket, ec);  // a stale socket from an earlier run
+  // A stale socket from an earlier run; anything else in the way (a
+  // directory, a read-only file system) is the cause to report.
+  if (!fs::remove(socket, ec) && ec && ec != std::errc::no_such_file_or_directory) {
+    return absl::FailedPreconditionError(absl::StrCat(socket.string(), ": ", ec.message()));
+  }
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
   builder.RegisterService(&service_);
+  // Only the (root) kubelet talks to the socket: create it 0600 rather than
+  // chmod it after bind, when it would be open to all for a moment. The
+  // umask is process-wide, but the daemon's other threads create files only
+  // through WriteFileAtomically, which sets their mode with fchmod.
+  const mode_t old_umask = ::umask(0177);
   server_ = builder.BuildAndStart();
+  ::umask(old_umask);
   if (!server_) {
-    spdlog::error("cannot serve on {}", socket.string());
-    return false;
+    // gRPC does not say why; a bind of our own does.
+    const int err = BindError(socket);
+    return absl::UnavailableError(absl::StrCat(
+        socket.string(), ": ", err != 0 ? std::strerror(err) : "gRPC cannot serve there"));
   }
-  ::chmod(socket.c_str(), 0600);  // only the (root) kubelet talks to it
+  struct stat st;
+  std::string problem;
+  if (::lstat(socket.c_str(), &st) != 0) {
+    problem = std::strerror(errno);
+  } else if (!S_ISSOCK(st.st_mode) || (st.st_mode & 07777) != 0600) {
+    problem = absl::StrFormat("mode %04o, not a socket of mode 0600", st.st_mode & 07777);
+  }
+  if (!problem.empty()) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+    fs::remove(socket, ec);
+    return absl::FailedPreconditionError(absl::StrCat(socket.string(), ": ", problem));
+  }
   spdlog::info("serving the device plugin API on {}", socket.string());
-  return true;
+  return absl::OkStatus();
 }
 
 void Daemon::StopServer() {
@@ -330,13 +377,20 @@ void Daemon::TryRegister() {
   // A stream that ended before this point (the restarted kubelet closing
   // the old one) is answered by this very registration: not another one.
   stream_ended_ = false;
-  if (!IsSocket(plugin_socket())) {
-    // The kubelet deleted our socket (it does so on start): serve afresh.
-    spdlog::info("{} is gone; serving again", plugin_socket().string());
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-    server_.reset();
-    if (!StartServer()) return;
+  if (!server_ || !IsSocket(plugin_socket())) {
+    // The kubelet deleted our socket (it does so on start), or serving
+    // failed before: serve afresh.
+    if (server_) {
+      spdlog::info("{} is gone; serving again", plugin_socket().string());
+      server_->Shutdown(std::chrono::system_clock::now());
+      server_->Wait();
+      server_.reset();
+    }
+    if (absl::Status served = StartServer(); !served.ok()) {
+      RetryRegistrationLater(
+          absl::StrCat("cannot serve the device plugin API: ", served.message()));
+      return;
+    }
   }
   auto channel =
       grpc::CreateChannel("unix:" + kubelet_socket().string(), grpc::InsecureChannelCredentials());
@@ -357,11 +411,15 @@ void Daemon::TryRegister() {
     spdlog::info("registered {} with the kubelet at {}", kResourceName, kubelet_socket().string());
     return;
   }
+  RetryRegistrationLater(absl::StrCat("registration with ", kubelet_socket().string(),
+                                      " failed: ", status.error_message()));
+}
+
+void Daemon::RetryRegistrationLater(std::string_view why) {
   register_backoff_ =
       std::clamp(register_backoff_ * 2, std::chrono::milliseconds(250), kMaxBackoff);
   next_register_ = Clock::now() + register_backoff_;
-  spdlog::warn("registration with {} failed: {}; retrying in {} ms", kubelet_socket().string(),
-               status.error_message(), register_backoff_.count());
+  spdlog::warn("{}; retrying in {} ms", why, register_backoff_.count());
 }
 
 void Daemon::HandleInotify() {
@@ -471,7 +529,10 @@ int Daemon::Run() {
     late_binder_->Recover();
     late_binder_->ReleaseGone();
   }
-  if (!StartServer()) return 1;
+  if (absl::Status served = StartServer(); !served.ok()) {
+    // Retried with the registration (TryRegister), whatever the cause.
+    spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
+  }
   next_register_ = Clock::now();
   bool announced_idle = false;
 

@@ -10,9 +10,11 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/aligner.h"
 #include "plugin/device_plugin_service.h"
@@ -96,7 +98,8 @@ class Daemon {
 
   // Blocks until Stop() or a stop signal. Returns the process exit code:
   // 0 after a clean stop (streams closed, socket removed), 1 when the
-  // plugin socket cannot be served at all.
+  // daemon cannot watch its directories (no inotify, eventfd). A plugin
+  // socket that cannot be served is retried with the registration.
   int Run();
   // Asks Run() to return. Thread-safe, async-signal-unsafe.
   void Stop();
@@ -137,7 +140,11 @@ class Daemon {
   void Rescan();
   void UpdateModel(const topology::Inventory& inventory);
   void ReportAlignment();
-  bool StartServer();
+  // Serves the device plugin API on a fresh socket (mode 0600); the error
+  // names the socket and the cause.
+  absl::Status StartServer();
+  // Schedules the next registration attempt with backoff, logging `why`.
+  void RetryRegistrationLater(std::string_view why);
   void StopServer();
   void TryRegister();
   void HandleInotify();

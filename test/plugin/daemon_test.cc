@@ -209,6 +209,31 @@ TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear"
       kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
 }
 
+TEST_CASE(
+    "The daemon survives a plugin socket path it cannot bind after a kubelet restart, and "
+    "comes back when it can",
+    "[daemon][concurrency]") {
+  Node node("p4d.24xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  // The kubelet goes and takes our socket with it; something else then
+  // takes the path (here a directory that cannot be removed).
+  node.kubelet().Stop();
+  const fs::path socket = node.daemon().plugin_socket();
+  fs::remove(socket);
+  fs::create_directories(socket / "in-the-way");
+  REQUIRE(node.kubelet().Start().ok());
+  // The daemon tries, fails and retries (each attempt once crashed it).
+  CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 2, 1500ms));
+  fs::remove_all(socket);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  CHECK(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+  struct stat st;
+  REQUIRE(::lstat(socket.c_str(), &st) == 0);
+  CHECK(S_ISSOCK(st.st_mode));
+  CHECK(node.StopDaemon() == 0);
+}
+
 TEST_CASE("A device renamed by udev is listed once, under its new name", "[daemon][concurrency]") {
   // The kernel names the EFAs efa_0..efa_3; udev renames efa_0 (PCI
   // 0000:10:1b.0) rdmap16s27 while the daemon runs.
@@ -295,4 +320,41 @@ TEST_CASE("After an inotify queue overflow the daemon rescans at once", "[daemon
   }
   cv.notify_all();
   CHECK(node.WaitHealth("rdmap32s27", "Unhealthy"));
+}
+
+TEST_CASE("The plugin socket is never seen with a mode other than 0600", "[daemon][concurrency]") {
+  // Watch the directory for the socket's creation and look at its mode at
+  // once, through several kubelet restarts (each serves a fresh socket).
+  Node node("p4d.24xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  const fs::path socket = node.daemon().plugin_socket();
+  int in = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  REQUIRE(in >= 0);
+  REQUIRE(::inotify_add_watch(in, socket.parent_path().c_str(), IN_CREATE | IN_MOVED_TO) >= 0);
+  std::vector<unsigned> modes;
+  for (int restart = 2; restart <= 6; ++restart) {
+    REQUIRE(node.kubelet().Restart().ok());
+    const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+    bool seen = false;
+    while (!seen && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{in, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      alignas(inotify_event) char buf[4096];
+      ssize_t n = ::read(in, buf, sizeof buf);
+      for (char* q = buf; n > 0 && q < buf + n;) {
+        auto* ev = reinterpret_cast<inotify_event*>(q);
+        q += sizeof(inotify_event) + ev->len;
+        struct stat st;
+        if (ev->len && std::string(ev->name) == socket.filename() &&
+            ::lstat(socket.c_str(), &st) == 0) {
+          modes.push_back(st.st_mode & 07777);
+          seen = true;
+        }
+      }
+    }
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, restart, kDeadline));
+  }
+  ::close(in);
+  CHECK(modes.size() == 5);
+  for (unsigned mode : modes) CHECK(mode == 0600);
 }
