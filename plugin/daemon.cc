@@ -9,6 +9,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,8 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -66,6 +69,25 @@ bool DrainUevents(int fd) {
     }
   }
   return relevant;
+}
+
+// 0 when a unix socket can be bound at `path` (it is removed again), else
+// the errno.
+int BindError(const fs::path& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.native().size() >= sizeof addr.sun_path) return ENAMETOOLONG;
+  std::memcpy(addr.sun_path, path.c_str(), path.native().size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  int err = 0;
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    err = errno;
+  } else {
+    ::unlink(path.c_str());
+  }
+  ::close(fd);
+  return err;
 }
 
 bool IsSocket(const fs::path& path) {
@@ -177,12 +199,22 @@ void Daemon::Rescan() {
       spdlog::debug("skipping verbs device {}: {}", s.ibdev, s.reason);
     }
   }
+  // A device is its PCI function, not its name: udev renames efa_0 to
+  // rdmap79s0 after the kernel announced it (hot-plug, or a daemon started
+  // before udev finished), and the old name must not stay listed beside
+  // the new one.
   std::set<std::string> present;
   for (topology::EfaDevice& d : inv.devices) {
-    present.insert(d.ibdev);
-    auto it = known_.find(d.ibdev);
+    const std::string key = d.pci.ToString();
+    present.insert(key);
+    auto it = known_.find(key);
+    if (it != known_.end() && it->second.ibdev != d.ibdev) {
+      spdlog::info("EFA {} was renamed {} ({})", it->second.ibdev, d.ibdev, key);
+      known_.erase(it);
+      it = known_.end();
+    }
     if (it == known_.end()) {
-      spdlog::info("found EFA {} ({}, {}, NUMA {}){}", d.ibdev, d.pci.ToString(), d.uverbs,
+      spdlog::info("found EFA {} ({}, {}, NUMA {}){}", d.ibdev, key, d.uverbs,
                    d.numa_node ? std::to_string(*d.numa_node) : "unknown",
                    d.healthy() ? "" : ", unhealthy: " + d.health_problem);
     } else if (it->second.health_problem != d.health_problem) {
@@ -192,18 +224,18 @@ void Daemon::Rescan() {
         spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, d.health_problem);
       }
     }
-    known_[d.ibdev] = std::move(d);
+    known_[key] = std::move(d);
   }
   // A device that vanished from sysfs stays listed, unhealthy, so that the
   // kubelet keeps its capacity honest and stops placing pods on it.
-  for (auto& [id, d] : known_) {
-    if (present.count(id)) continue;
-    std::string problem = (options_.roots.sysfs / "class/infiniband" / id).string() + ": gone";
+  for (auto& [key, d] : known_) {
+    if (present.count(key)) continue;
+    std::string problem = (options_.roots.sysfs / "class/infiniband" / d.ibdev).string() + ": gone";
     for (const auto& s : inv.skipped) {
-      if (s.ibdev == id) problem = s.reason;  // still there, but its sysfs is broken
+      if (s.ibdev == d.ibdev) problem = s.reason;  // still there, but its sysfs is broken
     }
     if (d.health_problem != problem) {
-      spdlog::warn("EFA {} is unhealthy: {}", id, problem);
+      spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, problem);
       d.health_problem = problem;
     }
   }
@@ -276,22 +308,47 @@ void Daemon::WatchGuardDirs() {
   }
 }
 
-bool Daemon::StartServer() {
+absl::Status Daemon::StartServer() {
   const fs::path socket = plugin_socket();
   std::error_code ec;
   fs::create_directories(socket.parent_path(), ec);
-  fs::remove(socket, ec);  // a stale socket from an earlier run
+  // A stale socket from an earlier run; anything else in the way (a
+  // directory, a read-only file system) is the cause to report.
+  if (!fs::remove(socket, ec) && ec && ec != std::errc::no_such_file_or_directory) {
+    return absl::FailedPreconditionError(absl::StrCat(socket.string(), ": ", ec.message()));
+  }
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
   builder.RegisterService(&service_);
+  // Only the (root) kubelet talks to the socket: create it 0600 rather than
+  // chmod it after bind, when it would be open to all for a moment. The
+  // umask is process-wide, but the daemon's other threads create files only
+  // through WriteFileAtomically, which sets their mode with fchmod.
+  const mode_t old_umask = ::umask(0177);
   server_ = builder.BuildAndStart();
+  ::umask(old_umask);
   if (!server_) {
-    spdlog::error("cannot serve on {}", socket.string());
-    return false;
+    // gRPC does not say why; a bind of our own does.
+    const int err = BindError(socket);
+    return absl::UnavailableError(absl::StrCat(
+        socket.string(), ": ", err != 0 ? std::strerror(err) : "gRPC cannot serve there"));
   }
-  ::chmod(socket.c_str(), 0600);  // only the (root) kubelet talks to it
+  struct stat st;
+  std::string problem;
+  if (::lstat(socket.c_str(), &st) != 0) {
+    problem = std::strerror(errno);
+  } else if (!S_ISSOCK(st.st_mode) || (st.st_mode & 07777) != 0600) {
+    problem = absl::StrFormat("mode %04o, not a socket of mode 0600", st.st_mode & 07777);
+  }
+  if (!problem.empty()) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+    fs::remove(socket, ec);
+    return absl::FailedPreconditionError(absl::StrCat(socket.string(), ": ", problem));
+  }
   spdlog::info("serving the device plugin API on {}", socket.string());
-  return true;
+  return absl::OkStatus();
 }
 
 void Daemon::StopServer() {
@@ -309,6 +366,10 @@ void Daemon::TryRegister() {
   // check is not a restart after this registration).
   HandleInotify();
   if (registered_ || dra_yield_ || !IsSocket(kubelet_socket())) return;  // inotify reports it
+  // A DRA driver may have started listening since the last probe (nothing
+  // signals a listen()): probe again, never register beside it.
+  if (CheckGuards()) Rescan();
+  if (dra_yield_) return;
   // Streams open before this attempt belong to the registration it
   // replaces: their ending (ours, when the server restarts below, or the
   // kubelet's) must not start another one.
@@ -316,13 +377,20 @@ void Daemon::TryRegister() {
   // A stream that ended before this point (the restarted kubelet closing
   // the old one) is answered by this very registration: not another one.
   stream_ended_ = false;
-  if (!IsSocket(plugin_socket())) {
-    // The kubelet deleted our socket (it does so on start): serve afresh.
-    spdlog::info("{} is gone; serving again", plugin_socket().string());
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-    server_.reset();
-    if (!StartServer()) return;
+  if (!server_ || !IsSocket(plugin_socket())) {
+    // The kubelet deleted our socket (it does so on start), or serving
+    // failed before: serve afresh.
+    if (server_) {
+      spdlog::info("{} is gone; serving again", plugin_socket().string());
+      server_->Shutdown(std::chrono::system_clock::now());
+      server_->Wait();
+      server_.reset();
+    }
+    if (absl::Status served = StartServer(); !served.ok()) {
+      RetryRegistrationLater(
+          absl::StrCat("cannot serve the device plugin API: ", served.message()));
+      return;
+    }
   }
   auto channel =
       grpc::CreateChannel("unix:" + kubelet_socket().string(), grpc::InsecureChannelCredentials());
@@ -343,11 +411,15 @@ void Daemon::TryRegister() {
     spdlog::info("registered {} with the kubelet at {}", kResourceName, kubelet_socket().string());
     return;
   }
+  RetryRegistrationLater(absl::StrCat("registration with ", kubelet_socket().string(),
+                                      " failed: ", status.error_message()));
+}
+
+void Daemon::RetryRegistrationLater(std::string_view why) {
   register_backoff_ =
       std::clamp(register_backoff_ * 2, std::chrono::milliseconds(250), kMaxBackoff);
   next_register_ = Clock::now() + register_backoff_;
-  spdlog::warn("registration with {} failed: {}; retrying in {} ms", kubelet_socket().string(),
-               status.error_message(), register_backoff_.count());
+  spdlog::warn("{}; retrying in {} ms", why, register_backoff_.count());
 }
 
 void Daemon::HandleInotify() {
@@ -355,6 +427,7 @@ void Daemon::HandleInotify() {
   bool rescan = false;
   bool guards = false;
   bool report = false;
+  bool overflow = false;
   while (true) {
     ssize_t n = ::read(fds_->inotify, buf, sizeof buf);
     if (n <= 0) break;
@@ -362,7 +435,9 @@ void Daemon::HandleInotify() {
       auto* ev = reinterpret_cast<inotify_event*>(p);
       p += sizeof(inotify_event) + ev->len;
       std::string name = ev->len ? ev->name : "";
-      if (ev->wd == kubelet_watch_) {
+      if (ev->mask & IN_Q_OVERFLOW) {
+        overflow = true;
+      } else if (ev->wd == kubelet_watch_) {
         if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
           if (registrations_ > 0) ++kubelet_restarts_;
           spdlog::info(registered_ ? "kubelet.sock was created: the kubelet restarted; "
@@ -382,10 +457,24 @@ void Daemon::HandleInotify() {
       } else if (guard_watches_.count(ev->wd)) {
         if (ev->mask & IN_IGNORED) guard_watches_.erase(ev->wd);
         guards = true;
+        dra_reprobe_ = std::chrono::milliseconds(0);  // a new socket: probe it quickly
       } else if (device_watches_.count(ev->wd)) {
         if (ev->mask & (IN_IGNORED | IN_DELETE_SELF)) device_watches_.erase(ev->wd);
         rescan = true;
       }
+    }
+  }
+  if (overflow) {
+    // The kernel dropped events: any of them may have been a device, a
+    // guard, our socket's deletion or a new kubelet.sock (which may reuse
+    // the old inode). Look at everything now rather than at the next rescan.
+    spdlog::warn("inotify queue overflowed: events were lost; rescanning everything");
+    guards = rescan = report = true;
+    dra_reprobe_ = std::chrono::milliseconds(0);
+    if (registrations_ > 0) {
+      registered_ = false;  // registering again is harmless, a missed restart is not
+      register_backoff_ = std::chrono::milliseconds(0);
+      next_register_ = Clock::now();
     }
   }
   if (guards && CheckGuards()) rescan = true;
@@ -395,6 +484,16 @@ void Daemon::HandleInotify() {
 
 void Daemon::ReportAlignment() {
   next_report_ = Clock::time_point::max();
+  // Entries of the checkpoint that cannot be parsed are skipped one by one
+  // wherever it is read; count them here (the file changed, or a rescan).
+  auto checkpoint = ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile);
+  const int skipped = checkpoint.ok() ? static_cast<int>(checkpoint->skipped.size()) : 0;
+  if (skipped != checkpoint_entries_skipped_.exchange(skipped)) {
+    for (const std::string& why :
+         checkpoint.ok() ? checkpoint->skipped : std::vector<std::string>{}) {
+      spdlog::warn("kubelet checkpoint: skipping an entry that cannot be parsed: {}", why);
+    }
+  }
   if (late_binder_) late_binder_->ReleaseGone();
   if (aligner_ && model_ && !aligner_->Report(*model_)) {
     next_report_ = Clock::now() + std::chrono::milliseconds(500);
@@ -430,7 +529,10 @@ int Daemon::Run() {
     late_binder_->Recover();
     late_binder_->ReleaseGone();
   }
-  if (!StartServer()) return 1;
+  if (absl::Status served = StartServer(); !served.ok()) {
+    // Retried with the registration (TryRegister), whatever the cause.
+    spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
+  }
   next_register_ = Clock::now();
   bool announced_idle = false;
 

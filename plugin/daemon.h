@@ -10,9 +10,11 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/aligner.h"
 #include "plugin/device_plugin_service.h"
@@ -96,7 +98,8 @@ class Daemon {
 
   // Blocks until Stop() or a stop signal. Returns the process exit code:
   // 0 after a clean stop (streams closed, socket removed), 1 when the
-  // plugin socket cannot be served at all.
+  // daemon cannot watch its directories (no inotify, eventfd). A plugin
+  // socket that cannot be served is retried with the registration.
   int Run();
   // Asks Run() to return. Thread-safe, async-signal-unsafe.
   void Stop();
@@ -114,6 +117,9 @@ class Daemon {
   // the latest heartbeat. Thread-safe.
   bool registered() const { return registered_now_.load(); }
   int known_devices() const { return known_devices_.load(); }
+  // Entries of the kubelet checkpoint skipped at its latest read because
+  // they could not be parsed. Thread-safe.
+  int checkpoint_entries_skipped() const { return checkpoint_entries_skipped_.load(); }
   // The device list the kubelet is given now. Thread-safe.
   v1beta1::ListAndWatchResponse advertised() const { return service_.CurrentList(); }
   // Alignment counters, or null when alignment is off. Thread-safe.
@@ -134,7 +140,11 @@ class Daemon {
   void Rescan();
   void UpdateModel(const topology::Inventory& inventory);
   void ReportAlignment();
-  bool StartServer();
+  // Serves the device plugin API on a fresh socket (mode 0600); the error
+  // names the socket and the cause.
+  absl::Status StartServer();
+  // Schedules the next registration attempt with backoff, logging `why`.
+  void RetryRegistrationLater(std::string_view why);
   void StopServer();
   void TryRegister();
   void HandleInotify();
@@ -163,13 +173,14 @@ class Daemon {
   std::atomic<int64_t> heartbeat_ns_{0};  // steady_clock; 0: none yet
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
+  std::atomic<int> checkpoint_entries_skipped_{0};
 
   // Owner-thread state.
   bool registered_ = false;
   std::chrono::steady_clock::time_point next_register_;
   std::chrono::milliseconds register_backoff_{0};
   std::chrono::steady_clock::time_point next_rescan_;
-  std::map<std::string, topology::EfaDevice> known_;    // every EFA seen, by ID
+  std::map<std::string, topology::EfaDevice> known_;    // every EFA seen, by PCI address
   std::shared_ptr<const topology::HostModel> model_;    // rebuilt when the EFAs change
   std::string model_key_;                               // the EFAs model_ was built from
   std::chrono::steady_clock::time_point next_report_ =  // alignment report retry
@@ -184,6 +195,10 @@ class Daemon {
   bool mofed_protect_ = false;  // every EFA held Unhealthy
   std::string mofed_problem_;   // their health problem meanwhile
   std::chrono::steady_clock::time_point next_guard_check_;
+  // While a DRA registration socket refuses connections: the delay of the
+  // next probe (doubling from 100 ms), since a driver binds its socket
+  // before it listens and nothing signals the listen().
+  std::chrono::milliseconds dra_reprobe_{0};
   std::map<int, std::string> guard_watches_;  // inotify wd -> plugins_registry, CDI dirs
   mutable absl::Mutex guard_mu_;
   GuardStatus guard_status_ ABSL_GUARDED_BY(guard_mu_);

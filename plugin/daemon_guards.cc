@@ -20,6 +20,7 @@
 // Policy protect (MOFED) keeps the resource registered and reports every EFA
 // Unhealthy instead: allocatable drops to 0, capacity stays visible, and
 // Allocate refuses the devices naming the conflict.
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -44,7 +45,8 @@ bool Daemon::CheckGuards() {
 
   if (options_.mofed_policy != MofedPolicy::kOff) {
     status.mofed = MofedGuard({options_.kubelet_dir / "device-plugins" / kCheckpointFile,
-                               options_.cdi_spec_dirs, options_.roots.proc})
+                               options_.cdi_spec_dirs, options_.roots.proc,
+                               options_.kubelet_dir / "device-plugins"})
                        .Check();
     const MofedState state = status.mofed.state;
     if (mofed_state_ != state) {
@@ -74,6 +76,16 @@ bool Daemon::CheckGuards() {
   }
 
   status.dra = DetectDraDriver(options_.kubelet_dir / kPluginsRegistryDir, kDraDriverName);
+  if (!status.dra.present && status.dra.refusing > 0) {
+    // A driver binds its registration socket before it listens: the probe
+    // at the bind is refused. Probe again soon, less often as it stays so.
+    dra_reprobe_ = std::clamp(2 * dra_reprobe_, std::chrono::milliseconds(100),
+                              std::max(options_.rescan_interval, std::chrono::milliseconds(100)));
+    next_guard_check_ =
+        std::min(next_guard_check_, std::chrono::steady_clock::now() + dra_reprobe_);
+  } else {
+    dra_reprobe_ = std::chrono::milliseconds(0);
+  }
   if (dra_present_ != status.dra.present) {
     if (status.dra.present && options_.dra_policy == DraPolicy::kYield) {
       spdlog::warn(

@@ -79,21 +79,14 @@ ProbeVerdict Liveness(std::optional<Clock::time_point> heartbeat, Clock::time_po
 }
 
 ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards) {
-  if (guards.mofed.state == MofedState::kOn) {
-    return {false, absl::StrCat("MOFED conflict: the NVIDIA device plugin gives every GPU "
-                                "container all /dev/infiniband/uverbs* devices (",
-                                absl::StrJoin(guards.mofed.evidence, "; "), ")")};
-  }
-  if (guards.dra.present) {
-    if (guards.withdrawn) {
-      return {false,
-              absl::StrCat("the EFA DRA driver (", kDraDriverName, ") serves this node's EFAs, so ",
-                           kResourceName, " is withdrawn (", guards.dra.evidence, ")")};
-    }
-    return {false, absl::StrCat("the EFA DRA driver (", kDraDriverName,
-                                ") serves this node's EFAs too (--dra-policy=ignore): the same "
-                                "EFA may be given out twice (",
-                                guards.dra.evidence, ")")};
+  // Guard findings are logs and metrics, not readiness: a 503 here would
+  // stall a DaemonSet rollout on every such node although the daemon
+  // serves as configured.
+  if (guards.withdrawn) {
+    return {true,
+            absl::StrCat("the EFA DRA driver (", kDraDriverName,
+                         ") serves this node's EFAs: ", kResourceName,
+                         " is withdrawn, as --dra-policy=yield asks (", guards.dra.evidence, ")")};
   }
   if (registered) return {true, absl::StrCat(kResourceName, " is registered with the kubelet")};
   if (known_devices == 0) return {true, "no EFA on this node, nothing to register"};
@@ -251,6 +244,11 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
             g.withdrawn ? 1 : 0);
   AddSample(family("guard_checks_total", "Guard checks run.", MetricType::Counter),
             static_cast<double>(g.checks));
+  AddSample(family("checkpoint_entries_skipped",
+                   "Entries of the kubelet checkpoint skipped at its latest read because they "
+                   "cannot be parsed (the others are still used).",
+                   MetricType::Gauge),
+            static_cast<double>(daemon->checkpoint_entries_skipped()));
 }
 
 HttpResponse DaemonMonitor::Metrics() const {

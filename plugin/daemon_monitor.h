@@ -54,10 +54,13 @@ ProbeVerdict Liveness(std::optional<std::chrono::steady_clock::time_point> heart
                       std::chrono::steady_clock::time_point now,
                       std::chrono::milliseconds rescan_interval);
 
-// Ready when no guard conflict is active (MOFED on; the EFA DRA driver
-// present, whatever the policy) and the resource is registered with the
-// kubelet, or there is no EFA to register (a node without EFA is in its
-// steady state: not ready there would stall every rolling update). Pure.
+// Ready when the daemon serves as configured: the resource is registered
+// with the kubelet, or there is no EFA to register (a node without EFA is
+// in its steady state), or it is withdrawn because the EFA DRA driver is
+// present under --dra-policy=yield. Guard findings (MOFED on, the DRA
+// driver beside the plugin under ignore) are logs and metrics, and under
+// MOFED protect the devices' health: never unreadiness, which would stall
+// every rolling update on such nodes. Pure.
 ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards);
 
 class DaemonMonitor final : public RpcObserver {

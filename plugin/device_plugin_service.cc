@@ -307,9 +307,20 @@ grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerCont
   auto devices = table();
   auto* reactor = context->DefaultReactor();
   v1beta1::AllocateResponse result;
+  // One EFA is never given to two containers: an ID in two container
+  // requests of one call is refused as a repeat within one container is.
+  absl::flat_hash_set<std::string> requested;
   for (int i = 0; i < request->container_requests_size(); ++i) {
-    auto container = binder_ ? AllocateContainerLate(*devices, request->container_requests(i))
-                             : AllocateContainer(*devices, request->container_requests(i));
+    const v1beta1::ContainerAllocateRequest& req = request->container_requests(i);
+    auto container =
+        binder_ ? AllocateContainerLate(*devices, req) : AllocateContainer(*devices, req);
+    for (const std::string& id : req.devices_ids()) {
+      if (!container.ok()) break;
+      if (!requested.insert(id).second) {
+        container = absl::InvalidArgumentError(
+            absl::StrCat("device ", QuoteId(id), " requested twice (by two containers)"));
+      }
+    }
     if (!container.ok()) {
       grpc::Status status = ToGrpc(container.status());
       timer.set_code(status.error_code());

@@ -54,7 +54,22 @@ std::string_view DraPolicyName(DraPolicy policy) {
 }
 
 bool IsDraRegistrationName(std::string_view file_name, std::string_view driver) {
-  return !driver.empty() && file_name.find(driver) != std::string_view::npos;
+  constexpr std::string_view kSuffix = "-reg.sock";
+  if (driver.empty() || !file_name.starts_with(driver) || !file_name.ends_with(kSuffix)) {
+    return false;
+  }
+  std::string_view middle =
+      file_name.substr(driver.size(), file_name.size() - driver.size() - kSuffix.size());
+  if (middle.empty()) return true;
+  // "-" and a pod UID: 8-4-4-4-12 lower-case hex digits.
+  if (middle.size() != 37 || middle.front() != '-') return false;
+  middle.remove_prefix(1);
+  for (size_t i = 0; i < middle.size(); ++i) {
+    const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    const char c = middle[i];
+    if (dash ? c != '-' : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
 }
 
 DraReport DetectDraDriver(const fs::path& registry_dir, std::string_view driver) {
@@ -67,6 +82,7 @@ DraReport DetectDraDriver(const fs::path& registry_dir, std::string_view driver)
     struct stat st;
     if (::stat(it->path().c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     if (int err = ProbeSocket(it->path()); err != 0) {
+      ++report.refusing;
       stale.push_back(absl::StrCat(it->path().string(),
                                    ": refuses connections (stale: ", std::strerror(err), ")"));
       continue;

@@ -3,9 +3,13 @@
 // same device to different pods.
 //
 // A DRA driver registers with the kubelet through a socket in
-// <kubelet-dir>/plugins_registry/ named after the driver
-// ("dra.net-reg.sock"). The driver counts as present while such a socket
-// accepts connections: a socket file left behind by a driver that died
+// <kubelet-dir>/plugins_registry/ named after the driver. Drivers built on
+// the kubelet's DRA helper (k8s.io/dynamic-resource-allocation/kubeletplugin,
+// draplugin.go: RegistrarSocketFilename and RollingUpdate) name it
+// "<driver>-reg.sock", or "<driver>-<pod UID>-reg.sock" with rolling updates
+// (kubelet 1.33+). DRANET (kubernetes-sigs/dranet, pkg/driver/driver.go)
+// starts that helper with only DriverName("dra.net"): "dra.net-reg.sock". The driver counts as
+// present while such a socket accepts connections: a socket file left behind by a driver that died
 // refuses them and is ignored (the kubelet ignores it too), so an
 // uninstalled driver does not keep the plugin away for ever.
 //
@@ -39,10 +43,16 @@ struct DraReport {
   // ("<dir>/dra.net-reg.sock: refuses connections (stale)", "no dra.net
   // registration socket in <dir>").
   std::string evidence;
+  // Registration sockets of the driver that refused a connection (stale,
+  // or bound but not listening yet).
+  int refusing = 0;
 };
 
-// Whether `file_name` in the plugins registry belongs to `driver`: it
-// contains the driver's name. Pure.
+// Whether `file_name` in the plugins registry is `driver`'s registration
+// socket: exactly "<driver>-reg.sock" or "<driver>-<pod UID>-reg.sock" (a
+// UUID in its canonical 8-4-4-4-12 lower-case hex form). Another driver
+// whose name merely contains `driver` ("foo.dra.net-reg.sock",
+// "dra.network-reg.sock") is not it. Pure.
 bool IsDraRegistrationName(std::string_view file_name, std::string_view driver);
 
 // Looks in `registry_dir` for a socket of `driver` that accepts a

@@ -163,9 +163,15 @@ absl::StatusOr<KubeletCheckpoint> ParseDocument(const std::string& source, const
     if (!entries->is_array()) {
       return TypeError(source, "Data.PodDeviceEntries", "a list", *entries);
     }
-    checkpoint.entries.resize(entries->size());
+    // One entry the kubelet (or a hand edit, or a newer kubelet's format)
+    // got wrong must not hide all the others: it is skipped, and named.
     for (size_t i = 0; i < entries->size(); ++i) {
-      if (auto s = ParseEntry(source, (*entries)[i], i, &checkpoint.entries[i]); !s.ok()) return s;
+      CheckpointEntry entry;
+      if (auto s = ParseEntry(source, (*entries)[i], i, &entry); !s.ok()) {
+        checkpoint.skipped.emplace_back(s.message());
+        continue;
+      }
+      checkpoint.entries.push_back(std::move(entry));
     }
   }
   if (auto registered = data->find("RegisteredDevices");
@@ -174,12 +180,14 @@ absl::StatusOr<KubeletCheckpoint> ParseDocument(const std::string& source, const
       return TypeError(source, "Data.RegisteredDevices", "an object", *registered);
     }
     for (const auto& [resource, list] : registered->items()) {
+      std::vector<std::string> ids;
       if (auto s = GetStringList(source, list,
-                                 absl::StrCat("Data.RegisteredDevices[\"", resource, "\"]"),
-                                 &checkpoint.registered_devices[resource]);
+                                 absl::StrCat("Data.RegisteredDevices[\"", resource, "\"]"), &ids);
           !s.ok()) {
-        return s;
+        checkpoint.skipped.emplace_back(s.message());
+        continue;
       }
+      checkpoint.registered_devices[resource] = std::move(ids);
     }
   }
   return checkpoint;

@@ -47,17 +47,24 @@ struct CheckpointEntry {
 };
 
 struct KubeletCheckpoint {
-  std::vector<CheckpointEntry> entries;  // in file order
+  std::vector<CheckpointEntry> entries;  // in file order, the parsable ones
   // Resource name -> the device IDs its plugin last advertised.
   std::map<std::string, std::vector<std::string>> registered_devices;
+  // Why each entry of PodDeviceEntries or RegisteredDevices that could not
+  // be parsed was skipped (messages as below). A skipped entry may be any
+  // container's: readers must not take its absence as "not live".
+  std::vector<std::string> skipped;
 };
 
 // Parses the checkpoint's bytes. `source` names the file in messages. Pure:
-// any bytes are safe to give it (it is a fuzzing entry point). Errors are
-// InvalidArgument and start with the source:
+// any bytes are safe to give it (it is a fuzzing entry point). Errors of the
+// whole file are InvalidArgument and start with the source:
 //   "<source>:1:43: truncated JSON: syntax error while parsing object -
 //    unexpected end of input; expected '}'"
 //   "<source>:3:7: invalid JSON: ..."
+//   "<source>: Data: missing"
+// An entry that cannot be parsed is skipped and its message kept in
+// `skipped`, the others are returned:
 //   "<source>: Data.PodDeviceEntries[1].ContainerName: expected a string, got number"
 //   "<source>: Data.PodDeviceEntries[0] (pod 0c5f.., container \"train\",
 //    nvidia.com/gpu): AllocResp is not valid base64"

@@ -120,6 +120,7 @@ std::optional<LateBinder::Checkpointed> LateBinder::ReadCheckpointed(
   auto checkpoint = ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile);
   if (!checkpoint.ok()) return std::nullopt;
   Checkpointed out;
+  out.complete = checkpoint->skipped.empty();
   for (ContainerDevices& c :
        CheckpointedContainers(*checkpoint, options_.resources, options_.efa_resource)) {
     if (c.efas.empty()) continue;
@@ -130,6 +131,21 @@ std::optional<LateBinder::Checkpointed> LateBinder::ReadCheckpointed(
     if (c_claim == claim && !out.container) out.container = std::move(c);
   }
   return out;
+}
+
+std::optional<std::set<std::string>> LateBinder::LiveClaims(
+    const absl::StatusOr<v1::ListPodResourcesResponse>& list,
+    const std::optional<Checkpointed>& checkpointed) const {
+  if (list.ok()) {
+    std::set<std::string> claims;
+    for (const ContainerDevices& c :
+         ContainersWithDevices(*list, options_.resources, options_.efa_resource)) {
+      if (!c.efas.empty()) claims.insert(ClaimName(c.efas));
+    }
+    return claims;
+  }
+  if (checkpointed && checkpointed->complete) return checkpointed->claims;
+  return std::nullopt;
 }
 
 void LateBinder::ReleaseLocked(const std::set<std::string>& live, uint64_t generation) {
@@ -160,10 +176,12 @@ void LateBinder::ReleaseGone() {
     if (bindings_.empty()) return;
     generation = generation_;
   }
-  auto checkpointed = ReadCheckpointed("");
-  if (!checkpointed) return;
+  // The supported API first; the checkpoint only when it is down.
+  const auto list = pod_resources_.List();
+  const auto live = LiveClaims(list, list.ok() ? std::nullopt : ReadCheckpointed(""));
+  if (!live) return;
   absl::MutexLock lock(&mu_);
-  ReleaseLocked(checkpointed->claims, generation);
+  ReleaseLocked(*live, generation);
 }
 
 absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& described,
@@ -225,10 +243,12 @@ absl::Status LateBinder::PreStart(const DeviceTable& table,
       return absl::OkStatus();
     }
   }
+  // Which bindings are live (to free the EFAs of gone ones), and the
+  // container when the checkpoint does not have it yet: the kubelet lists
+  // its devices in pod-resources as soon as they are allocated.
+  const auto list = pod_resources_.List(/*rate_limited=*/false);
+  const std::optional<std::set<std::string>> live = LiveClaims(list, checkpointed);
   if (!container) {
-    // No checkpoint (or not written yet): the kubelet lists the container's
-    // devices in pod-resources as soon as they are allocated.
-    auto list = pod_resources_.List(/*rate_limited=*/false);
     if (list.ok()) {
       const std::vector<std::string> wanted = Sorted(kubelet_ids);
       for (ContainerDevices& c :
@@ -257,9 +277,9 @@ absl::Status LateBinder::PreStart(const DeviceTable& table,
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
-    // The checkpoint just read is current: bindings of containers it no
-    // longer holds are gone, and their EFAs free.
-    if (checkpointed) ReleaseLocked(checkpointed->claims, generation);
+    // Bindings of containers that no longer hold their IDs are gone, and
+    // their EFAs free.
+    if (live) ReleaseLocked(*live, generation);
     std::set<std::string> taken;
     for (const auto& [other, binding] : bindings_) {
       if (other != claim) taken.insert(binding.efas.begin(), binding.efas.end());

@@ -75,8 +75,11 @@ class LateBinder {
   absl::Status PreStart(const DeviceTable& table, const std::vector<std::string>& kubelet_ids);
 
   // Releases every binding older than this call whose kubelet IDs no
-  // container of the checkpoint holds, deleting its spec. Does nothing when
-  // the checkpoint cannot be read. Thread-safe.
+  // container holds any more, deleting its spec. Which containers hold EFAs
+  // comes from pod-resources (List), else from the checkpoint; does nothing
+  // when neither can tell (pod-resources down and the checkpoint unreadable
+  // or with entries it had to skip, any of which may be a live claim's).
+  // Thread-safe.
   void ReleaseGone();
 
   // The physical EFAs bound for a container holding `kubelet_ids` (in PCI
@@ -107,8 +110,15 @@ class LateBinder {
   struct Checkpointed {
     std::set<std::string> claims;
     std::optional<ContainerDevices> container;
+    bool complete = true;  // no entry had to be skipped
   };
   std::optional<Checkpointed> ReadCheckpointed(const std::string& claim) const;
+  // The claims of the containers holding EFAs now: from `list` when it
+  // succeeded, else from `checkpointed` when it is complete; nullopt when
+  // neither can tell.
+  std::optional<std::set<std::string>> LiveClaims(
+      const absl::StatusOr<v1::ListPodResourcesResponse>& list,
+      const std::optional<Checkpointed>& checkpointed) const;
   void ReleaseLocked(const std::set<std::string>& live, uint64_t generation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the claim's spec atomically; the error names the claim and path.

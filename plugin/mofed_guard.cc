@@ -119,6 +119,11 @@ MofedEvidence MofedFromCheckpoint(const absl::StatusOr<KubeletCheckpoint>& check
   }
   if (with_mofed > 0) {
     evidence.state = MofedState::kOn;
+  } else if (!checkpoint->skipped.empty()) {
+    // A skipped entry may be an NVIDIA container's with MOFED.
+    evidence.state = MofedState::kUnknown;
+    evidence.findings.insert(evidence.findings.end(), checkpoint->skipped.begin(),
+                             checkpoint->skipped.end());
   } else if (nvidia == 0) {
     evidence.findings.push_back(absl::StrCat(path, ": no NVIDIA containers"));
   } else {
@@ -165,6 +170,12 @@ MofedEvidence MofedFromProcesses(const absl::StatusOr<std::vector<NvidiaPluginPr
         absl::StrCat("no ", kNvidiaPluginCommand, " process under ", proc_root.string()));
   }
   for (const NvidiaPluginProcess& p : *processes) {
+    if (p.plugin_socket.empty()) {
+      // A name anyone can take: no evidence either way.
+      evidence.findings.push_back(
+          absl::StrCat(Describe(p), ": not the NVIDIA device plugin (", p.untrusted, "); ignored"));
+      continue;
+    }
     std::string why;
     if (p.mofed_flag) {
       why = absl::StrCat("command line sets --mofed-enabled=", Bool(*p.mofed_flag));
@@ -209,8 +220,9 @@ MofedReport MofedGuard::Check() const {
     sources.push_back(MofedFromCdiSpecDirs(options_.cdi_spec_dirs));
   }
   if (!options_.proc_root.empty()) {
-    sources.push_back(
-        MofedFromProcesses(FindNvidiaPluginProcesses(options_.proc_root), options_.proc_root));
+    sources.push_back(MofedFromProcesses(
+        FindNvidiaPluginProcesses(options_.proc_root, options_.device_plugin_dir),
+        options_.proc_root));
   }
   return CombineMofedEvidence(sources);
 }

@@ -11,7 +11,8 @@
 //   - the NVIDIA MOFED CDI spec (k8s.device-plugin.nvidia.com-mofed.json or
 //     .yaml) in a CDI spec directory;
 //   - the nvidia-device-plugin processes under <proc-root> (visible with
-//     hostPID): --mofed-enabled, MOFED_ENABLED, or a version that enables it
+//     hostPID) that hold the NVIDIA plugin's socket (a name alone is not
+//     trusted): --mofed-enabled, MOFED_ENABLED, or a version that enables it
 //     by default (v0.19.0-v0.19.2).
 // Any source showing MOFED makes the state On. Otherwise a source that
 // exists but cannot be read or parsed (a corrupt checkpoint) makes it
@@ -106,6 +107,9 @@ class MofedGuard {
     std::vector<std::filesystem::path> cdi_spec_dirs;
     // The host's procfs; empty to skip.
     std::filesystem::path proc_root;
+    // The kubelet's device-plugins directory, where the NVIDIA plugin's
+    // socket shows which process is the plugin (nvidia_plugin_process.h).
+    std::filesystem::path device_plugin_dir;
   };
   explicit MofedGuard(Options options) : options_(std::move(options)) {}
 

@@ -1,6 +1,20 @@
 // The NVIDIA device plugin as seen in <proc-root>: its command line,
 // environment and version, and whether they turn MOFED on.
 //
+// What is trusted. Any tenant can run a process named nvidia-device-plugin
+// with --mofed-enabled (exec -a), so the name only picks candidates: a
+// process counts as the NVIDIA device plugin only when it listens on a
+// socket whose file is the plugin's socket in the kubelet's device-plugins
+// directory, `nvidia-<resource>.sock` (the plugin's
+// pluginapi.DevicePluginPath + "nvidia-" + name + ".sock", e.g.
+// nvidia-gpu.sock), as this daemon sees that directory. The socket's path
+// (from <proc-root>/<pid>/net/unix) is resolved inside the process's own
+// root (<proc-root>/<pid>/root, openat2 RESOLVE_IN_ROOT), must be the same
+// file (device and inode), and the process must hold that socket
+// (<proc-root>/<pid>/fd). Only a process with the host's device-plugins
+// directory mounted, i.e. one the cluster admin deployed, can do that. It
+// needs CAP_SYS_PTRACE, as reading environ does.
+//
 // The plugin (urfave/cli) takes `--mofed-enabled`, `--mofed-enabled=BOOL` or
 // the env var MOFED_ENABLED=BOOL (the flag wins); without either, MOFED is
 // on by default in v0.19.0-v0.19.2 only. The version is the main module
@@ -38,6 +52,11 @@ struct NvidiaPluginProcess {
   bool environ_readable = false;
   // The binary's version, "v0.19.2"; empty when not visible.
   std::string version;
+  // The NVIDIA plugin socket it listens on (see the top of this file), or
+  // empty: then it is not trusted to be the NVIDIA device plugin, and
+  // `untrusted` says why.
+  std::string plugin_socket;
+  std::string untrusted;
 };
 
 // The NUL-separated fields of a cmdline or environ file; a missing final NUL
@@ -56,7 +75,10 @@ bool IsNvidiaPluginCommand(std::string_view cmdline);
 // plugin would not have started with it.
 std::optional<bool> MofedFlagFromCmdline(std::string_view cmdline);
 
-// MOFED_ENABLED=BOOL in an environ file; nullopt when absent or not a bool.
+// MOFED_ENABLED=BOOL in an environ file: the first one, as Go's os.Getenv
+// reads it (syscall/env_unix.go, copyenv: "first mention of key"), so a
+// later entry changes nothing; nullopt when absent or when that first value
+// is not a bool (the plugin would then refuse to start).
 std::optional<bool> MofedEnvFromEnviron(std::string_view environ);
 
 // Whether the plugin at `version` ("v0.19.1", "0.19.1-rc.1") enables MOFED
@@ -68,12 +90,19 @@ std::optional<bool> MofedDefaultForVersion(std::string_view version);
 // version's default; nullopt when none of them is known.
 std::optional<bool> EffectiveMofed(const NvidiaPluginProcess& process);
 
+// The NVIDIA plugin socket that process `pid_dir` (<proc-root>/<pid>)
+// listens on, among the nvidia-*.sock sockets of `device_plugin_dir`; the
+// error says why none (for the findings).
+absl::StatusOr<std::string> HeldNvidiaPluginSocket(const std::filesystem::path& pid_dir,
+                                                   const std::filesystem::path& device_plugin_dir);
+
 // Every nvidia-device-plugin process under `proc_root` (numeric entries
-// whose cmdline matches), by ascending pid. Processes that vanish while
-// being read are skipped; an unreadable environ or executable leaves
-// mofed_env or version unset. Fails (naming the path) only when `proc_root`
-// cannot be listed.
+// whose cmdline matches), by ascending pid, each with whether it holds the
+// plugin's socket in `device_plugin_dir`. Processes that vanish while being
+// read are skipped; an unreadable environ or executable leaves mofed_env or
+// version unset. Fails (naming the path) only when `proc_root` cannot be
+// listed.
 absl::StatusOr<std::vector<NvidiaPluginProcess>> FindNvidiaPluginProcesses(
-    const std::filesystem::path& proc_root);
+    const std::filesystem::path& proc_root, const std::filesystem::path& device_plugin_dir);
 
 }  // namespace efa::plugin

@@ -42,6 +42,13 @@ inline std::string ReadFile(const std::filesystem::path& path) {
   return text.str();
 }
 
+// Writes `bytes` to `path` (truncating); throws naming the path on failure.
+inline void WriteFile(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  if (!out.flush()) throw std::runtime_error(path.string() + ": cannot write");
+}
+
 // The names in `dir`, sorted (none when it cannot be listed).
 inline std::vector<std::string> DirEntries(const std::filesystem::path& dir) {
   std::vector<std::string> names;

@@ -65,7 +65,19 @@ std::string HealthProblem(const EfaDevice& dev, const fs::path& class_dir) {
   if (::stat(dev.uverbs_path.c_str(), &st) != 0) {
     return std::string(PathError(dev.uverbs_path, errno).message());
   }
-  if (S_ISCHR(st.st_mode) && (major(st.st_rdev) != dev.major || minor(st.st_rdev) != dev.minor)) {
+  // Only the character device reaches the driver: a container given a
+  // regular file or a directory there gets no EFA.
+  if (!S_ISCHR(st.st_mode)) {
+    return absl::StrCat(dev.uverbs_path, ": not a character device (",
+                        S_ISREG(st.st_mode)    ? "a regular file"
+                        : S_ISDIR(st.st_mode)  ? "a directory"
+                        : S_ISBLK(st.st_mode)  ? "a block device"
+                        : S_ISSOCK(st.st_mode) ? "a socket"
+                        : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                               : "another kind of file",
+                        ")");
+  }
+  if (major(st.st_rdev) != dev.major || minor(st.st_rdev) != dev.minor) {
     return absl::StrFormat("%s: device %u:%u, but sysfs says %u:%u", dev.uverbs_path,
                            major(st.st_rdev), minor(st.st_rdev), dev.major, dev.minor);
   }

@@ -26,8 +26,10 @@ struct TopologySource {
 
 // Loads the topology. With a fake fsroot the x86 CPUID backend is turned off
 // so that the build host's CPUs do not leak into the simulated machine.
-// Errors name the source. Thread-safe (loads are serialized because
-// HWLOC_FSROOT is process-wide).
+// hwloc reads a root other than the one HWLOC_FSROOT names (unset: "/")
+// through a helper, a copy of this program started with HWLOC_FSROOT set
+// (see the .cc): the environment is never changed. Errors name the source.
+// Thread-safe.
 absl::StatusOr<HwlocTopology> LoadTopology(const TopologySource& source);
 
 // Writes `topology` as hwloc XML to `path`.

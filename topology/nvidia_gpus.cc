@@ -71,12 +71,42 @@ std::vector<NvidiaGpu> ReadNvidiaGpus(const std::filesystem::path& proc_root,
 
 std::optional<PciAddress> NvidiaDeviceAddress(const std::vector<NvidiaGpu>& gpus,
                                               std::string_view id) {
-  for (const NvidiaGpu& g : gpus) {
-    if (g.uuid == id) return g.pci;
+  // The NVIDIA device plugin's device IDs (NVIDIA/k8s-device-plugin):
+  //  - time-slicing and MPS replicas are "<ID>::<replica>"
+  //    (internal/rm/devices.go, NewAnnotatedID: fmt.Sprintf("%s::%d", id,
+  //    replica)): the replica is on <ID>'s GPU;
+  //  - --device-id-strategy=index: a GPU is "<i>", a MIG device
+  //    "<i>:<j>", <i> being its parent GPU's index (internal/rm/
+  //    nvml_devices.go, newGPUDevice and newMigDevice: fmt.Sprintf("%v:%v",
+  //    i, j));
+  //  - --device-id-strategy=uuid (the default): a GPU's UUID, a MIG
+  //    device's NVML UUID. Drivers before R470 name MIG devices
+  //    "MIG-GPU-<parent GPU UUID>/<GI>/<CI>", which names the parent; later
+  //    ones "MIG-<UUID>", which does not, and nothing under /proc maps it to
+  //    its parent (only NVML does): such an ID stays unresolved.
+  if (size_t replica = id.find("::"); replica != std::string_view::npos) {
+    id = id.substr(0, replica);
   }
+  std::string_view uuid = id;
+  if (constexpr std::string_view kLegacyMig = "MIG-GPU-";
+      id.substr(0, kLegacyMig.size()) == kLegacyMig) {
+    uuid = id.substr(4, id.find('/') - 4);  // "GPU-<parent UUID>"
+  }
+  for (const NvidiaGpu& g : gpus) {
+    if (g.uuid == uuid) return g.pci;
+  }
+  // "<i>" or "<i>:<j>", decimal.
+  auto digits = [](std::string_view text) {
+    return !text.empty() &&
+           std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  const size_t colon = id.find(':');
+  const std::string_view gpu_index = id.substr(0, colon);
+  if (colon != std::string_view::npos && !digits(id.substr(colon + 1))) return std::nullopt;
   size_t index = 0;
-  auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), index);
-  if (!id.empty() && ec == std::errc() && end == id.data() + id.size() && index < gpus.size()) {
+  auto [end, ec] = std::from_chars(gpu_index.data(), gpu_index.data() + gpu_index.size(), index);
+  if (digits(gpu_index) && ec == std::errc() && end == gpu_index.data() + gpu_index.size() &&
+      index < gpus.size()) {
     return gpus[index].pci;
   }
   return std::nullopt;

@@ -31,9 +31,12 @@ absl::StatusOr<NvidiaGpu> ParseNvidiaGpuInformation(std::string_view text, std::
 std::vector<NvidiaGpu> ReadNvidiaGpus(const std::filesystem::path& proc_root,
                                       std::vector<std::string>* errors);
 
-// The PCI address of NVIDIA device-plugin device ID `id`: a GPU UUID, or an
-// index into `gpus` ("0".."N-1"). A MIG device ID ("MIG-...") or anything
-// else unknown gives nullopt.
+// The PCI address of the GPU behind NVIDIA device-plugin device ID `id`: a
+// GPU UUID or an index into `gpus` ("0".."N-1"), either with a time-slicing
+// replica suffix ("GPU-...::3", "2::0"); a MIG device by its parent GPU
+// ("<GPU index>:<MIG index>", "MIG-GPU-<parent UUID>/<GI>/<CI>"). A MIG
+// UUID of R470+ drivers ("MIG-<UUID>") or anything else unknown gives
+// nullopt (see the .cc for the formats and their sources).
 std::optional<PciAddress> NvidiaDeviceAddress(const std::vector<NvidiaGpu>& gpus,
                                               std::string_view id);
 

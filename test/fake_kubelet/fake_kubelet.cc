@@ -869,11 +869,16 @@ std::vector<std::string> FakeKubelet::container_devices(const std::string& pod_u
 // ---------------------------------------------------------------------------
 // The checkpoint
 
+void FakeKubelet::AddCheckpointEntryForTest(const std::string& entry_json) {
+  absl::MutexLock lock(&mu_);
+  extra_entries_.push_back(entry_json);
+}
+
 absl::Status FakeKubelet::WriteCheckpointLocked() {
   using Json = nlohmann::ordered_json;
   // Field order and null-for-empty as Go's encoding/json writes the
   // kubelet's structs (a nil PodDeviceEntries slice is null).
-  Json entries = entries_.empty() ? Json(nullptr) : Json::array();
+  Json entries = entries_.empty() && extra_entries_.empty() ? Json(nullptr) : Json::array();
   for (const DeviceEntry& entry : entries_) {
     Json ids = Json::object();
     for (const auto& [numa, group] : entry.ids_by_numa) ids[std::to_string(numa)] = group;
@@ -883,6 +888,7 @@ absl::Status FakeKubelet::WriteCheckpointLocked() {
                            {"DeviceIDs", std::move(ids)},
                            {"AllocResp", absl::Base64Escape(entry.response.SerializeAsString())}});
   }
+  for (const std::string& extra : extra_entries_) entries.push_back(Json::parse(extra));
   // The kubelet's healthyDevices: emptied while a plugin's stream is down.
   Json registered = Json::object();
   for (const auto& [name, resource] : resources_) {

@@ -298,6 +298,12 @@ class FakeKubelet {
   // While set, every pod-resources call fails at once with RESOURCE_EXHAUSTED
   // "rejected by rate limit", as the kubelet's rate limiter answers.
   void SetPodResourcesExhausted(bool exhausted);
+
+  // Appends `entry_json` (one JSON object, written as given) to
+  // PodDeviceEntries in every checkpoint written from now on, as a kubelet
+  // of another version or a hand edit could leave one the plugin cannot
+  // parse.
+  void AddCheckpointEntryForTest(const std::string& entry_json);
   // Pod-resources calls received so far (all methods, rejected ones too).
   int pod_resources_calls() const;
   // Blocks until pod_resources_calls() >= n or `timeout` passes; returns
@@ -442,6 +448,7 @@ class FakeKubelet {
   // order allocated, or restored from the checkpoint).
   std::vector<Pod> pods_ ABSL_GUARDED_BY(mu_);
   std::vector<DeviceEntry> entries_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> extra_entries_ ABSL_GUARDED_BY(mu_);
 
   // The pod-resources server is up (calls waiting out a delay end when not).
   bool pod_resources_serving_ ABSL_GUARDED_BY(mu_) = false;

@@ -7,8 +7,10 @@
 //  - Allocate answers exactly the requested devices, each once, or refuses
 //    with INVALID_ARGUMENT or FAILED_PRECONDITION and a bounded message.
 //  - GetPreferredAllocation never fails: its answer holds no ID twice, only
-//    known healthy available IDs or must-include IDs, and no more than the
-//    size asked for or the must-include IDs.
+//    known healthy available IDs or must-include IDs, every must-include ID,
+//    exactly the size asked for when there are enough of those (all of them
+//    when there are not), and never more than the size or the must-include
+//    IDs.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -111,8 +113,24 @@ void CheckPreferred(const v1beta1::ContainerPreferredAllocationRequest& request,
     FUZZ_CHECK_MSG(
         must.count(id) == 1 || (available.count(id) == 1 && d != nullptr && d->healthy()), id);
   }
+  // Every must-include ID is in the answer (the kubelet has given them
+  // already), known or not.
+  for (const std::string& id : must) FUZZ_CHECK_MSG(unique.count(id) == 1, id);
+  // The candidates: the must-include IDs and the known healthy available
+  // ones. Exactly `size` of them when there are enough, all of them when
+  // there are not.
+  std::set<std::string> candidates = must;
+  for (const std::string& id : available) {
+    const EfaDevice* d = table.Find(id);
+    if (d != nullptr && d->healthy()) candidates.insert(id);
+  }
   const size_t size = static_cast<size_t>(std::max(request.allocation_size(), 0));
   FUZZ_CHECK(chosen.size() <= std::max(size, must.size()));
+  if (must.size() <= size && candidates.size() >= size) {
+    FUZZ_CHECK_MSG(chosen.size() == size, absl::StrCat(chosen.size(), " IDs for size ", size));
+  } else if (candidates.size() < size) {
+    FUZZ_CHECK(unique == candidates);
+  }
 }
 
 }  // namespace

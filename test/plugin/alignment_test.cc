@@ -1,10 +1,12 @@
 #include "plugin/alignment.h"
 
 #include <catch2/catch.hpp>
+#include <optional>
 
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
+#include "topology/nvidia_gpus.h"
 
 using namespace efa::plugin;
 using efa::sim::SimGpuUuid;
@@ -140,6 +142,41 @@ TEST_CASE("ResolveTargets maps NVIDIA UUIDs and indices to PCI addresses", "[ali
                           AcceleratorResources{}, gpus, *model);
   CHECK(t.pci == std::vector<PciAddress>{Bdf("0000:53:00.0"), Bdf("0000:64:00.0")});
   CHECK(t.unresolved == std::vector<std::string>{"GPU-unknown"});
+}
+
+TEST_CASE("ResolveTargets maps time-sliced replicas and MIG devices to their GPU", "[alignment]") {
+  SimRoot sim("p5.48xlarge");
+  auto model = Model(sim);
+  auto gpus = efa::topology::ReadNvidiaGpus(sim.path() / "proc", nullptr);
+  REQUIRE(gpus.size() == 8);
+  const std::string uuid = SimGpuUuid(Bdf("0000:64:00.0"));  // GPU 1
+  struct Case {
+    std::string id;
+    std::optional<PciAddress> gpu;
+  };
+  const std::vector<Case> cases = {
+      {uuid + "::0", Bdf("0000:64:00.0")},  // time-slicing replica
+      {uuid + "::13", Bdf("0000:64:00.0")},
+      {"2::1", Bdf("0000:75:00.0")},                     // replica of GPU index 2
+      {"3:0", Bdf("0000:86:00.0")},                      // MIG device 0 of GPU 3 (index)
+      {"3:5::2", Bdf("0000:86:00.0")},                   // a replica of it
+      {"MIG-" + uuid + "/7/0", Bdf("0000:64:00.0")},     // legacy MIG UUID names its parent
+      {"MIG-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763", {}},  // R470+ MIG UUID: no parent in /proc
+      {"3:", {}},
+      {"3:x", {}},
+      {":1", {}},
+      {"8:0", {}},
+      {"GPU-unknown::1", {}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.id);
+    CHECK(efa::topology::NvidiaDeviceAddress(gpus, c.id) == c.gpu);
+  }
+  // The busy GPUs of prediction come through the same resolution.
+  auto t = ResolveTargets({{"nvidia.com/gpu", uuid + "::3"}, {"nvidia.com/gpu", "3:1"}},
+                          AcceleratorResources{}, gpus, *model);
+  CHECK(t.pci == std::vector<PciAddress>{Bdf("0000:64:00.0"), Bdf("0000:86:00.0")});
+  CHECK(t.unresolved.empty());
 }
 
 TEST_CASE("ResolveTargets maps Neuron devices and cores through the AWS table", "[alignment]") {

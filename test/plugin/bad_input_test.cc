@@ -390,17 +390,18 @@ TEST_CASE("Allocate with no container requests answers nothing, successfully",
   node.CheckStillAllocates();
 }
 
-TEST_CASE("Allocate of the same device for two containers of one request answers both",
+TEST_CASE("Allocate of the same device for two containers of one request is refused",
           "[bad-input][concurrency]") {
-  // The kubelet sends one container per request and keeps the allocations
-  // itself; the plugin holds no allocation state to refuse a reuse with.
+  // One EFA must never reach two containers, whatever the kubelet sends.
   ServedNode node;
-  const std::string before = node.State();
+  CheckRefused(node, {{"rdmap16s27"}, {"rdmap32s27", "rdmap16s27"}},
+               grpc::StatusCode::INVALID_ARGUMENT,
+               "device \"rdmap16s27\" requested twice (by two containers)");
+  // Distinct devices in two containers are answered.
   v1beta1::AllocateResponse response;
-  REQUIRE(node.Allocate({{"rdmap16s27"}, {"rdmap16s27"}}, &response).ok());
+  REQUIRE(node.Allocate({{"rdmap16s27"}, {"rdmap32s27"}}, &response).ok());
   REQUIRE(response.container_responses_size() == 2);
-  CHECK(response.container_responses(1).envs().at("EFA_DEVICES") == "rdmap16s27");
-  CHECK(node.State() == before);
+  CHECK(response.container_responses(1).envs().at("EFA_DEVICES") == "rdmap32s27");
 }
 
 TEST_CASE("Allocate of thousands of IDs is refused at the first bad one",
@@ -414,7 +415,9 @@ TEST_CASE("Allocate of thousands of IDs is refused at the first bad one",
   CheckRefused(node, {repeated}, grpc::StatusCode::INVALID_ARGUMENT,
                "device \"rdmap160s27\" requested twice");
   std::vector<std::vector<std::string>> containers(3000, {"rdmap16s27"});
-  containers.push_back({"rdmap16s27", "nope"});
+  CheckRefused(node, containers, grpc::StatusCode::INVALID_ARGUMENT,
+               "device \"rdmap16s27\" requested twice (by two containers)");
+  containers = {{"rdmap16s27"}, {"rdmap32s27", "nope"}};
   CheckRefused(node, containers, grpc::StatusCode::INVALID_ARGUMENT,
                "unknown device \"nope\": not an EFA of this node");
 }
@@ -703,7 +706,10 @@ TEST_CASE("A checkpoint truncated inside a base64 answer is refused at its end",
                      "closing quote; last read: '\"CgQKAkFCEgJyd'"));
 }
 
-TEST_CASE("Checkpoint fields of the wrong type are refused naming the field", "[bad-input]") {
+TEST_CASE(
+    "A checkpoint entry with a field of the wrong type is skipped naming the field, the "
+    "others read",
+    "[bad-input]") {
   struct Case {
     std::string entry, message;
   };
@@ -722,16 +728,31 @@ TEST_CASE("Checkpoint fields of the wrong type are refused naming the field", "[
        "cp: Data.PodDeviceEntries[0].AllocResp: expected a string, got boolean"},
       {"7", "cp: Data.PodDeviceEntries[0]: expected an object, got number"},
   };
+  const std::string good =
+      "{\"PodUID\":\"p2\",\"ContainerName\":\"c\",\"ResourceName\":\"vpc.amazonaws.com/efa\","
+      "\"DeviceIDs\":{\"0\":[\"rdmap16s27\"]}}";
   for (const Case& c : cases) {
     INFO(c.entry);
-    auto checkpoint = ParseCheckpoint("{\"Data\":{\"PodDeviceEntries\":[" + c.entry + "]}}", "cp");
-    REQUIRE_FALSE(checkpoint.ok());
-    CHECK(Message(checkpoint.status()) == c.message);
+    auto checkpoint =
+        ParseCheckpoint("{\"Data\":{\"PodDeviceEntries\":[" + c.entry + "," + good + "]}}", "cp");
+    REQUIRE(checkpoint.ok());
+    CHECK(checkpoint->skipped == std::vector<std::string>{c.message});
+    REQUIRE(checkpoint->entries.size() == 1);
+    CHECK(checkpoint->entries[0].pod_uid == "p2");
+    CHECK(checkpoint->entries[0].device_ids == std::vector<std::string>{"rdmap16s27"});
+    // What the skipped entry was is unknown: it may have shown MOFED.
+    const MofedEvidence evidence = MofedFromCheckpoint(checkpoint, "cp");
+    CHECK(evidence.state == MofedState::kUnknown);
+    CHECK(evidence.findings == std::vector<std::string>{c.message});
   }
-  auto registered =
-      ParseCheckpoint("{\"Data\":{\"RegisteredDevices\":{\"nvidia.com/gpu\":\"GPU-1\"}}}", "cp");
-  CHECK(Message(registered.status()) ==
-        "cp: Data.RegisteredDevices[\"nvidia.com/gpu\"]: expected a list of strings, got string");
+  auto registered = ParseCheckpoint(
+      "{\"Data\":{\"RegisteredDevices\":{\"nvidia.com/gpu\":\"GPU-1\",\"x\":[\"a\"]}}}", "cp");
+  REQUIRE(registered.ok());
+  CHECK(registered->skipped ==
+        std::vector<std::string>{"cp: Data.RegisteredDevices[\"nvidia.com/gpu\"]: expected a list "
+                                 "of strings, got string"});
+  CHECK(registered->registered_devices ==
+        std::map<std::string, std::vector<std::string>>{{"x", {"a"}}});
 }
 
 TEST_CASE("Deeply nested and ill-formed UTF-8 checkpoints are refused without a crash",
@@ -843,7 +864,7 @@ TEST_CASE("Unreadable, looping and garbage process files leave the others' findi
   WriteFile(dir.path() / "proc/500/cmdline",
             std::string("nvidia-device-plugin\0", 21) + std::string(3 << 20, 'a'));
   fs::create_directories(dir.path() / "proc/self");
-  auto found = FindNvidiaPluginProcesses(dir.path() / "proc");
+  auto found = FindNvidiaPluginProcesses(dir.path() / "proc", dir.path() / "device-plugins");
   REQUIRE(found.ok());
   REQUIRE(found->size() == 4);
   CHECK((*found)[0].pid == 100);

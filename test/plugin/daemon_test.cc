@@ -1,26 +1,35 @@
 // The daemon against the fake kubelet, over real unix sockets.
 #include "plugin/daemon.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
+#include "test/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using efa::plugin::Daemon;
 using efa::plugin::DaemonOptions;
+using efa::sim::Naming;
 using efa::sim::SimRoot;
 using efa::testing::FakeKubelet;
 
@@ -33,14 +42,17 @@ constexpr auto kDeadline = 10s;
 // daemon running on a thread.
 class Node {
  public:
-  explicit Node(const std::string& machine, std::chrono::milliseconds rescan = 10s)
-      : sim_(machine), kubelet_(sim_.path() / "kubelet/device-plugins") {
+  explicit Node(const std::string& machine, std::chrono::milliseconds rescan = 10s,
+                Naming naming = Naming::kUdev,
+                const std::function<void(DaemonOptions&)>& customize = nullptr)
+      : sim_(machine, naming), kubelet_(sim_.path() / "kubelet/device-plugins") {
     REQUIRE(kubelet_.Start().ok());
     DaemonOptions options;
     options.roots = sim_.roots();
     options.kubelet_dir = sim_.path() / "kubelet";
     options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
     options.rescan_interval = rescan;
+    if (customize) customize(options);
     daemon_ = std::make_unique<Daemon>(options);
     thread_ = std::thread([this] { exit_code_ = daemon_->Run(); });
   }
@@ -158,7 +170,7 @@ TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon][c
     fs::remove(uverbs);
     REQUIRE(node.WaitHealth("rdmap32s27", "Unhealthy"));
     CHECK(node.kubelet().devices(kEfa)[0].health() == "Healthy");
-    { std::ofstream(uverbs.string()); }
+    node.sim().RestoreUverbs(1);
     REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
   }
   SECTION("the whole verbs device") {
@@ -191,9 +203,158 @@ TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear"
   fs::remove_all(node.sim().sys());
   fs::copy(p4d.sys(), node.sim().sys(),
            fs::copy_options::recursive | fs::copy_options::copy_symlinks);
-  fs::copy(p4d.path() / "dev", node.sim().path() / "dev",
-           fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  for (int n = 0; n < 4; ++n) node.sim().RestoreUverbs(n);  // char devices do not copy
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   CHECK(node.kubelet().WaitForDevices(
       kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+}
+
+TEST_CASE(
+    "The daemon survives a plugin socket path it cannot bind after a kubelet restart, and "
+    "comes back when it can",
+    "[daemon][concurrency]") {
+  Node node("p4d.24xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  // The kubelet goes and takes our socket with it; something else then
+  // takes the path (here a directory that cannot be removed).
+  node.kubelet().Stop();
+  const fs::path socket = node.daemon().plugin_socket();
+  fs::remove(socket);
+  fs::create_directories(socket / "in-the-way");
+  REQUIRE(node.kubelet().Start().ok());
+  // The daemon tries, fails and retries (each attempt once crashed it).
+  CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 2, 1500ms));
+  fs::remove_all(socket);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  CHECK(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+  struct stat st;
+  REQUIRE(::lstat(socket.c_str(), &st) == 0);
+  CHECK(S_ISSOCK(st.st_mode));
+  CHECK(node.StopDaemon() == 0);
+}
+
+TEST_CASE("A device renamed by udev is listed once, under its new name", "[daemon][concurrency]") {
+  // The kernel names the EFAs efa_0..efa_3; udev renames efa_0 (PCI
+  // 0000:10:1b.0) rdmap16s27 while the daemon runs.
+  Node node("p4d.24xlarge", 10s, Naming::kKernel);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitHealth("efa_0", "Healthy"));
+  const fs::path sys = node.sim().sys();
+  const fs::path ib_dir = fs::canonical(sys / "class/infiniband/efa_0");
+  REQUIRE(ib_dir.parent_path().parent_path().filename() == "0000:10:1b.0");
+  std::string uverbs;
+  for (const auto& e : fs::directory_iterator(sys / "class/infiniband_verbs")) {
+    std::ifstream in(e.path() / "ibdev");
+    std::string ibdev;
+    if (in >> ibdev && ibdev == "efa_0") uverbs = e.path().filename();
+  }
+  REQUIRE(uverbs == "uverbs0");
+  // The rename as the daemon may see it step by step; the class link last
+  // (its event brings the final rescan).
+  efa::testing::WriteFile(sys / "class/infiniband_verbs/uverbs0/ibdev", "rdmap16s27\n");
+  const fs::path new_dir = ib_dir.parent_path() / "rdmap16s27";
+  fs::rename(ib_dir, new_dir);
+  fs::remove(sys / "class/infiniband/efa_0");
+  fs::create_directory_symlink(new_dir, sys / "class/infiniband/rdmap16s27");
+
+  auto renamed = [](const std::vector<v1beta1::Device>& d) {
+    std::set<std::string> ids;
+    for (const auto& x : d) ids.insert(x.id());
+    return AllHealthy(d, 4) &&
+           ids == std::set<std::string>{"rdmap16s27", "efa_1", "efa_2", "efa_3"};
+  };
+  REQUIRE(node.kubelet().WaitForDevices(kEfa, renamed, kDeadline));
+  CHECK(node.daemon().known_devices() == 4);
+  // An allocation by the new name works; the old name is unknown.
+  v1beta1::AllocateRequest request;
+  request.add_container_requests()->add_devices_ids("rdmap16s27");
+  v1beta1::AllocateResponse response;
+  CHECK(node.kubelet().Allocate(kEfa, request, &response).ok());
+  request.mutable_container_requests(0)->set_devices_ids(0, "efa_0");
+  CHECK(node.kubelet().Allocate(kEfa, request, &response).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_CASE("After an inotify queue overflow the daemon rescans at once", "[daemon][concurrency]") {
+  // The owner thread is held in a rescan (through the inventory hook)
+  // while the test floods the daemon's inotify queue with events it
+  // ignores, then removes a uverbs node: that event is lost. Only a rescan
+  // on the overflow (not the periodic one, 10 minutes away) can see it.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = false, held = false;
+  Node node("p4d.24xlarge", 600s, Naming::kUdev, [&](DaemonOptions& o) {
+    o.on_inventory = [&](const efa::topology::Inventory&) {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!hold) return;
+      held = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return !hold; });
+    };
+  });
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    hold = true;
+  }
+  efa::testing::WriteFile(node.sim().path() / "dev/infiniband/trigger", "");  // a rescan
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, kDeadline, [&] { return held; }));
+  }
+  int max_queued = 16384;
+  std::ifstream("/proc/sys/fs/inotify/max_queued_events") >> max_queued;
+  const fs::path flood = node.sim().path() / "kubelet/device-plugins/flood";
+  for (int i = 0; i < max_queued / 2 + 100; ++i) {  // 3 events each
+    int fd = ::open(flood.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+    ::unlink(flood.c_str());
+  }
+  fs::remove(node.sim().path() / "dev/infiniband/uverbs1");
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    hold = false;
+  }
+  cv.notify_all();
+  CHECK(node.WaitHealth("rdmap32s27", "Unhealthy"));
+}
+
+TEST_CASE("The plugin socket is never seen with a mode other than 0600", "[daemon][concurrency]") {
+  // Watch the directory for the socket's creation and look at its mode at
+  // once, through several kubelet restarts (each serves a fresh socket).
+  Node node("p4d.24xlarge");
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  const fs::path socket = node.daemon().plugin_socket();
+  int in = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  REQUIRE(in >= 0);
+  REQUIRE(::inotify_add_watch(in, socket.parent_path().c_str(), IN_CREATE | IN_MOVED_TO) >= 0);
+  std::vector<unsigned> modes;
+  for (int restart = 2; restart <= 6; ++restart) {
+    REQUIRE(node.kubelet().Restart().ok());
+    const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+    bool seen = false;
+    while (!seen && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{in, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      alignas(inotify_event) char buf[4096];
+      ssize_t n = ::read(in, buf, sizeof buf);
+      for (char* q = buf; n > 0 && q < buf + n;) {
+        auto* ev = reinterpret_cast<inotify_event*>(q);
+        q += sizeof(inotify_event) + ev->len;
+        struct stat st;
+        if (ev->len && std::string(ev->name) == socket.filename() &&
+            ::lstat(socket.c_str(), &st) == 0) {
+          modes.push_back(st.st_mode & 07777);
+          seen = true;
+        }
+      }
+    }
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, restart, kDeadline));
+  }
+  ::close(in);
+  CHECK(modes.size() == 5);
+  for (unsigned mode : modes) CHECK(mode == 0600);
 }

@@ -9,12 +9,34 @@ using namespace efa::plugin;
 using efa::testing::FakeDraDriver;
 using efa::testing::TempDir;
 
-TEST_CASE("IsDraRegistrationName matches names that contain the driver's", "[dra]") {
+TEST_CASE("IsDraRegistrationName matches the driver's registration socket names exactly", "[dra]") {
   CHECK(IsDraRegistrationName("dra.net-reg.sock", "dra.net"));
-  CHECK(IsDraRegistrationName("dra.net.sock", "dra.net"));
-  CHECK_FALSE(IsDraRegistrationName("ebs.csi.aws.com-reg.sock", "dra.net"));
-  CHECK_FALSE(IsDraRegistrationName("gpu.nvidia.com-reg.sock", "dra.net"));
+  // Rolling updates: the pod UID between the name and the suffix.
+  CHECK(IsDraRegistrationName("dra.net-11111111-2222-3333-4444-555555555555-reg.sock", "dra.net"));
+  // Names that merely contain the driver's are other drivers' (or none).
+  for (const char* other :
+       {"dra.net.sock", "foo.dra.net-reg.sock", "dra.network-reg.sock", "dra.net-reg.sock.tmp",
+        "xdra.net-reg.sock", "dra.net-x-reg.sock", "dra.net--reg.sock",
+        "dra.net-11111111-2222-3333-4444-55555555555G-reg.sock",
+        "dra.net-111111112-222-3333-4444-555555555555-reg.sock", "ebs.csi.aws.com-reg.sock",
+        "gpu.nvidia.com-reg.sock", "dra.net"}) {
+    INFO(other);
+    CHECK_FALSE(IsDraRegistrationName(other, "dra.net"));
+  }
   CHECK_FALSE(IsDraRegistrationName("anything", ""));
+}
+
+TEST_CASE(
+    "DetectDraDriver ignores a listening socket of another driver whose name contains "
+    "dra.net",
+    "[dra]") {
+  TempDir dir;
+  const auto registry = dir.path() / "plugins_registry";
+  FakeDraDriver other(registry, "foo.dra.net-reg.sock");
+  other.Start();
+  DraReport report = DetectDraDriver(registry, "dra.net");
+  CHECK_FALSE(report.present);
+  CHECK(report.evidence == "no dra.net registration socket in " + registry.string());
 }
 
 TEST_CASE("DetectDraDriver finds a listening dra.net registration socket", "[dra]") {

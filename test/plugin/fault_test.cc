@@ -230,11 +230,12 @@ TEST_CASE("16 clients calling at once while devices come and go", "[fault][proce
     std::mt19937 rng(7);
     const fs::path dev = node.sim().path() / "dev/infiniband";
     while (!done) {
-      const fs::path uverbs = dev / ("uverbs" + std::to_string(rng() % 32));
+      const int n = static_cast<int>(rng() % 32);
+      const fs::path uverbs = dev / ("uverbs" + std::to_string(n));
       if (fs::exists(uverbs)) {
         fs::remove(uverbs);
       } else {
-        std::ofstream(uverbs.string()).put('\0');
+        node.sim().RestoreUverbs(n);
       }
       ++flips;
       std::this_thread::sleep_for(5ms);  // pacing the churn, not waiting for an event
@@ -304,7 +305,7 @@ TEST_CASE("16 clients calling at once while devices come and go", "[fault][proce
   // Every device back: the kubelet and the watcher see the whole node healthy.
   for (int n = 0; n < 32; ++n) {
     const fs::path uverbs = node.sim().path() / "dev/infiniband" / ("uverbs" + std::to_string(n));
-    if (!fs::exists(uverbs)) std::ofstream(uverbs.string()).put('\0');
+    if (!fs::exists(uverbs)) node.sim().RestoreUverbs(n);
   }
   auto all_healthy = [](const std::vector<v1beta1::Device>& d) {
     return d.size() == 32 &&

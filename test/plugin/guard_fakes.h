@@ -36,6 +36,20 @@ inline void WriteFileAtomically(const std::filesystem::path& path, const std::st
   std::filesystem::rename(tmp, path);
 }
 
+// A unix stream socket bound at `path` (its directory made), not listening
+// yet; throws naming the path.
+inline int BindUnixSocket(const std::filesystem::path& path) {
+  std::filesystem::create_directories(path.parent_path());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    throw std::runtime_error("cannot bind " + path.string());
+  }
+  return fd;
+}
+
 // One entry of a fake checkpoint.
 struct FakeCheckpointEntry {
   std::string pod_uid;
@@ -183,16 +197,41 @@ class FakeProc {
   }
   const std::filesystem::path& root() const { return root_; }
 
+  ~FakeProc() {
+    for (int fd : sockets_) ::close(fd);
+  }
+  FakeProc(const FakeProc&) = delete;
+  FakeProc& operator=(const FakeProc&) = delete;
+
   // Adds (or replaces) a process. `version` non-empty writes `exe` as a Go
-  // binary of the NVIDIA device plugin module at that version. Each file is
-  // replaced atomically and cmdline last, so that a reader never sees the
-  // new command line with the old environment or binary.
+  // binary of the NVIDIA device plugin module at that version. `listens_on`
+  // non-empty makes the process hold a listening socket bound there (a real
+  // socket, bound here if not yet there), as the NVIDIA plugin holds
+  // <device-plugins>/nvidia-gpu.sock: its root is "/", net/unix lists the
+  // socket and fd/3 is it. Each file is replaced atomically and cmdline
+  // last, so that a reader never sees the new command line with the old
+  // environment or binary.
   void AddProcess(int pid, const std::vector<std::string>& argv,
-                  const std::vector<std::string>& env, const std::string& version = "") {
+                  const std::vector<std::string>& env, const std::string& version = "",
+                  const std::filesystem::path& listens_on = {}) {
     const std::filesystem::path dir = root_ / std::to_string(pid);
     std::filesystem::create_directories(dir);
+    std::error_code ec;
+    std::filesystem::remove(dir / "root", ec);
+    std::filesystem::remove_all(dir / "fd", ec);
+    std::filesystem::create_directories(dir / "fd");
+    std::string unix_table = "Num       RefCount Protocol Flags    Type St Inode Path\n";
+    if (!listens_on.empty()) {
+      if (!std::filesystem::exists(listens_on)) Listen(listens_on);
+      const std::string inode = std::to_string(100000 + pid);
+      unix_table += "0000000000000000: 00000002 00000000 00010000 0001 01 " + inode + " " +
+                    listens_on.string() + "\n";
+      std::filesystem::create_symlink("/", dir / "root");
+      std::filesystem::create_symlink("socket:[" + inode + "]", dir / "fd/3");
+    }
+    std::filesystem::create_directories(dir / "net");
+    WriteFileAtomically(dir / "net/unix", unix_table);
     if (version.empty()) {
-      std::error_code ec;
       std::filesystem::remove(dir / "exe", ec);
     } else {
       WriteFileAtomically(
@@ -211,7 +250,13 @@ class FakeProc {
     for (const auto& f : fields) out += f + '\0';
     return out;
   }
+  void Listen(const std::filesystem::path& path) {
+    const int fd = BindUnixSocket(path);
+    sockets_.push_back(fd);
+    if (::listen(fd, 4) != 0) throw std::runtime_error("cannot listen on " + path.string());
+  }
   std::filesystem::path root_;
+  std::vector<int> sockets_;
 };
 
 // A DRA driver's registration socket in <kubelet-dir>/plugins_registry. The
@@ -230,18 +275,18 @@ class FakeDraDriver {
 
   // Creates the listening socket under its final name.
   void Start() {
-    std::filesystem::create_directories(dir_);
     const std::filesystem::path tmp = dir_ / ".tmp-reg.sock";
     std::filesystem::remove(tmp);
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, tmp.c_str(), sizeof addr.sun_path - 1);
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(fd_, 16) != 0) {
-      throw std::runtime_error("cannot serve " + tmp.string());
-    }
+    fd_ = BindUnixSocket(tmp);
+    Listen();
     std::filesystem::rename(tmp, socket_path());
+  }
+  // Binds the socket under its final name without listening yet, as a
+  // driver does between bind() and listen(): connections are refused.
+  void Bind() { fd_ = BindUnixSocket(socket_path()); }
+  // Starts listening on the socket Bind() made.
+  void Listen() {
+    if (::listen(fd_, 16) != 0) throw std::runtime_error("cannot listen on " + name_);
   }
   // Closes the socket and removes its file, as a driver that stops cleanly.
   void Stop() {

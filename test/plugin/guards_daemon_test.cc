@@ -311,7 +311,8 @@ TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy 
 TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the periodic check",
           "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 100ms);
-  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin"}, {"PATH=/bin"}, "v0.19.3");
+  const fs::path socket = node.device_plugin_dir() / "nvidia-gpu.sock";
+  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin"}, {"PATH=/bin"}, "v0.19.3", socket);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
@@ -321,12 +322,33 @@ TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the 
                   "process 4242 (nvidia-device-plugin v0.19.3): MOFED is off by default in "
                   "v0.19.3") != status.mofed.evidence.end());
 
-  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.19.3");
+  node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.19.3",
+                         socket);
   REQUIRE(node.WaitAll("Unhealthy"));
   CHECK(node.daemon().guard_status().mofed.evidence[0] ==
         "process 4242 (nvidia-device-plugin v0.19.3): command line sets --mofed-enabled=true");
 
   node.proc().RemoveProcess(4242);
+  CHECK(node.WaitAll("Healthy"));
+}
+
+TEST_CASE("A process that only calls itself nvidia-device-plugin does not make EFAs Unhealthy",
+          "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 100ms);
+  // exec -a nvidia-device-plugin ... --mofed-enabled, without the plugin's socket.
+  node.proc().AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"MOFED_ENABLED=true"},
+                         "v0.19.1");
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  const std::string ignored =
+      "process 4242 (nvidia-device-plugin v0.19.1): not the NVIDIA device "
+      "plugin (no nvidia-*.sock socket in " +
+      node.device_plugin_dir().string() + "); ignored";
+  REQUIRE(node.WaitStatus([&](const GuardStatus& s) {
+    return s.checks >= 2 && std::find(s.mofed.evidence.begin(), s.mofed.evidence.end(), ignored) !=
+                                s.mofed.evidence.end();
+  }));
+  CHECK(node.daemon().guard_status().mofed.state == MofedState::kOff);
   CHECK(node.WaitAll("Healthy"));
 }
 
@@ -389,15 +411,77 @@ TEST_CASE("A stale dra.net socket does not keep the daemon from registering",
         driver.socket_path().string() + ": refuses connections (stale: Connection refused)");
 }
 
-TEST_CASE("Under DRA policy ignore the daemon serves next to the DRA driver",
+TEST_CASE("The daemon serves next to a listening registration socket that does not withdraw it",
           "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kIgnore);
-  FakeDraDriver driver(node.registry());
-  driver.Start();
+  struct Case {
+    const char* what;
+    DraPolicy policy;
+    const char* socket;
+    bool present;
+  };
+  for (const Case& c : {
+           Case{"the DRA driver under policy ignore", DraPolicy::kIgnore, "dra.net-reg.sock", true},
+           Case{"another driver whose name contains dra.net", DraPolicy::kYield,
+                "foo.dra.net-reg.sock", false},
+       }) {
+    INFO(c.what);
+    GuardedNode node(MofedPolicy::kWarn, c.policy);
+    FakeDraDriver driver(node.registry(), c.socket);
+    driver.Start();
+    node.Start();
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+    CHECK(node.WaitAll("Healthy"));
+    GuardStatus status = node.daemon().guard_status();
+    CHECK(status.dra.present == c.present);
+    CHECK_FALSE(status.withdrawn);
+  }
+}
+
+namespace {
+
+// Whether the guards' latest DRA probe found `socket` refusing connections.
+bool Refused(const GuardStatus& s, const fs::path& socket) {
+  return !s.dra.present &&
+         s.dra.evidence == socket.string() + ": refuses connections (stale: Connection refused)";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A DRA driver that listens only some time after binding its socket withdraws the "
+    "resource",
+    "[guards][daemon][concurrency]") {
+  // No periodic check comes to the rescue: only the re-probe of a refusing
+  // socket can see the listen().
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 600s);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  CHECK(node.WaitAll("Healthy"));
-  GuardStatus status = node.daemon().guard_status();
-  CHECK(status.dra.present);
-  CHECK_FALSE(status.withdrawn);
+  REQUIRE(node.WaitAll("Healthy"));
+
+  FakeDraDriver driver(node.registry());
+  driver.Bind();
+  REQUIRE(node.WaitStatus([&](const GuardStatus& s) { return Refused(s, driver.socket_path()); }));
+  driver.Listen();
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return d.empty(); }, kDeadline));
+  CHECK(node.daemon().guard_status().withdrawn);
+}
+
+TEST_CASE(
+    "A kubelet restart just after a DRA driver starts listening does not register the "
+    "resource beside it",
+    "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 600s);
+  FakeDraDriver driver(node.registry());
+  driver.Bind();
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitStatus([&](const GuardStatus& s) { return Refused(s, driver.socket_path()); }));
+  node.kubelet().Stop();
+  driver.Listen();
+  REQUIRE(node.kubelet().Start().ok());
+  // Either the re-probe or the probe before registering sees the driver.
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.withdrawn; }));
+  CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 2, 500ms));
+  CHECK(node.kubelet().registrations(kEfa) == 1);
 }

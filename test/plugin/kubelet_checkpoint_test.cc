@@ -120,10 +120,13 @@ TEST_CASE("ParseCheckpoint names the pod and container of an AllocResp that is n
   const std::string good = absl::Base64Escape(entries[0].alloc_resp.SerializeAsString());
   json.replace(json.find(good), good.size(), "not*base64!");
   auto checkpoint = ParseCheckpoint(json, kSource);
-  REQUIRE_FALSE(checkpoint.ok());
-  CHECK(checkpoint.status().message() ==
-        std::string(kSource) + ": Data.PodDeviceEntries[0] (pod " + kPod +
-            ", container \"train\", nvidia.com/gpu): AllocResp is not valid base64");
+  REQUIRE(checkpoint.ok());
+  CHECK(checkpoint->skipped ==
+        std::vector<std::string>{std::string(kSource) + ": Data.PodDeviceEntries[0] (pod " + kPod +
+                                 ", container \"train\", nvidia.com/gpu): AllocResp is not valid "
+                                 "base64"});
+  REQUIRE(checkpoint->entries.size() == 1);  // the other entry is read
+  CHECK(checkpoint->entries[0].resource_name == "vpc.amazonaws.com/efa");
 }
 
 TEST_CASE("ParseCheckpoint rejects an AllocResp that is not a ContainerAllocateResponse",
@@ -134,17 +137,20 @@ TEST_CASE("ParseCheckpoint rejects an AllocResp that is not a ContainerAllocateR
   // Field 1 with wire type 7, which does not exist.
   json.replace(json.find(good), good.size(), absl::Base64Escape(std::string("\x0f\x01", 2)));
   auto checkpoint = ParseCheckpoint(json, kSource);
-  REQUIRE_FALSE(checkpoint.ok());
-  CHECK(checkpoint.status().message() ==
-        std::string(kSource) + ": Data.PodDeviceEntries[1] (pod " + kPod +
-            ", container \"train\", vpc.amazonaws.com/efa): AllocResp is not a serialized "
-            "v1beta1.ContainerAllocateResponse");
+  REQUIRE(checkpoint.ok());
+  CHECK(checkpoint->skipped ==
+        std::vector<std::string>{std::string(kSource) + ": Data.PodDeviceEntries[1] (pod " + kPod +
+                                 ", container \"train\", vpc.amazonaws.com/efa): AllocResp is "
+                                 "not a serialized v1beta1.ContainerAllocateResponse"});
+  REQUIRE(checkpoint->entries.size() == 1);
+  CHECK(checkpoint->entries[0].resource_name == "nvidia.com/gpu");
 }
 
 TEST_CASE("ParseCheckpoint names the field of a value of the wrong type", "[checkpoint]") {
   struct Case {
     const char* json;
     const char* message;
+    bool entry = false;  // one entry skipped, not the whole file refused
   };
   const Case cases[] = {
       {R"([])", ": the checkpoint: expected an object, got array"},
@@ -153,21 +159,28 @@ TEST_CASE("ParseCheckpoint names the field of a value of the wrong type", "[chec
       {R"({"Data":{"PodDeviceEntries":{}}})",
        ": Data.PodDeviceEntries: expected a list, got object"},
       {R"({"Data":{"PodDeviceEntries":[{"PodUID":"p","ContainerName":7}]}})",
-       ": Data.PodDeviceEntries[0].ContainerName: expected a string, got number"},
+       ": Data.PodDeviceEntries[0].ContainerName: expected a string, got number", true},
       {R"({"Data":{"PodDeviceEntries":[{"DeviceIDs":"x"}]}})",
-       ": Data.PodDeviceEntries[0].DeviceIDs: expected an object or a list, got string"},
+       ": Data.PodDeviceEntries[0].DeviceIDs: expected an object or a list, got string", true},
       {R"({"Data":{"PodDeviceEntries":[{"DeviceIDs":{"zero":["a"]}}]}})",
-       ": Data.PodDeviceEntries[0].DeviceIDs: NUMA node \"zero\" is not an integer"},
+       ": Data.PodDeviceEntries[0].DeviceIDs: NUMA node \"zero\" is not an integer", true},
       {R"({"Data":{"PodDeviceEntries":[{"DeviceIDs":{"0":["a",1]}}]}})",
-       ": Data.PodDeviceEntries[0].DeviceIDs[\"0\"][1]: expected a string, got number"},
+       ": Data.PodDeviceEntries[0].DeviceIDs[\"0\"][1]: expected a string, got number", true},
       {R"({"Data":{"RegisteredDevices":{"nvidia.com/gpu":true}}})",
-       ": Data.RegisteredDevices[\"nvidia.com/gpu\"]: expected a list of strings, got boolean"},
+       ": Data.RegisteredDevices[\"nvidia.com/gpu\"]: expected a list of strings, got boolean",
+       true},
   };
   for (const Case& c : cases) {
     INFO(c.json);
     auto checkpoint = ParseCheckpoint(c.json, kSource);
-    REQUIRE_FALSE(checkpoint.ok());
-    CHECK(checkpoint.status().message() == std::string(kSource) + c.message);
+    if (c.entry) {
+      REQUIRE(checkpoint.ok());
+      CHECK(checkpoint->entries.empty());
+      CHECK(checkpoint->skipped == std::vector<std::string>{std::string(kSource) + c.message});
+    } else {
+      REQUIRE_FALSE(checkpoint.ok());
+      CHECK(checkpoint.status().message() == std::string(kSource) + c.message);
+    }
   }
 }
 

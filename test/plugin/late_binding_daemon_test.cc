@@ -352,6 +352,40 @@ TEST_CASE("Late binding releases a binding when its pod leaves the checkpoint",
   }
 }
 
+TEST_CASE("Late binding releases bindings although a checkpoint entry cannot be parsed",
+          "[late-binding][daemon][concurrency]") {
+  LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  // Another resource's entry the plugin cannot parse: once, it made the
+  // whole checkpoint unreadable and no binding was ever released again.
+  node.kubelet().AddCheckpointEntryForTest(
+      R"({"PodUID":"x","ContainerName":"c","ResourceName":"example.com/widget",)"
+      R"("DeviceIDs":{"0":["w0"]},"AllocResp":"%%"})");
+  REQUIRE(node.Admit("u1", 1, 4, true).ok());
+  REQUIRE(node.Admit("u2", 1, 4, false).ok());
+  REQUIRE(node.binder().Bindings().size() == 2);
+  const fs::path spec1 = node.SpecOf("u1");
+  REQUIRE(node.kubelet().RemovePod("u1").ok());
+  REQUIRE(node.binder().WaitForCountsForTest(
+      [](const LateBindingCounts& c) { return c.released >= 1; }, kDeadline));
+  CHECK_FALSE(fs::exists(spec1));
+  CHECK(node.binder().BoundEfas(node.Tokens("u2")) == node.PhysicalEfas("u2"));
+  CHECK(node.daemon().checkpoint_entries_skipped() == 1);
+  efa::plugin::MonitorOptions monitor_options;
+  monitor_options.sysfs_root = node.sim().sys();  // never the host's
+  efa::plugin::DaemonMonitor monitor(monitor_options);
+  monitor.Watch(&node.daemon());
+  CHECK(monitor.Metrics().body.find("efa_device_plugin_checkpoint_entries_skipped 1\n") !=
+        std::string::npos);
+
+  // With pod-resources down the checkpoint alone cannot show that u2's
+  // binding is dead (the skipped entry might be anyone's): it is kept.
+  node.kubelet().StopPodResources();
+  REQUIRE(node.kubelet().RemovePod("u2").ok());
+  CHECK_FALSE(node.binder().WaitForCountsForTest(
+      [](const LateBindingCounts& c) { return c.released >= 2; }, 500ms));
+  CHECK(node.binder().Bindings().size() == 1);
+}
+
 TEST_CASE("Late bindings survive a daemon restart and are never given twice",
           "[late-binding][daemon][concurrency]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);

@@ -137,53 +137,114 @@ TEST_CASE("An nvidia-device-plugin process with the flag shows MOFED on, without
           "[mofed]") {
   TempDir dir;
   FakeProc proc(dir.path() / "proc");
+  const auto plugins = dir.path() / "device-plugins";
+  const auto socket = plugins / "nvidia-gpu.sock";
   proc.AddProcess(1, {"/sbin/init"}, {});
   auto report = [&] {
-    return MofedFromProcesses(FindNvidiaPluginProcesses(proc.root()), proc.root());
+    return MofedFromProcesses(FindNvidiaPluginProcesses(proc.root(), plugins), proc.root());
   };
   auto none = report();
   CHECK(none.state == MofedState::kOff);
   CHECK(none.findings == Findings{"no nvidia-device-plugin process under " + proc.root().string()});
 
-  proc.AddProcess(4242, {"nvidia-device-plugin", "--fail-on-init-error=false"}, {"PATH=/bin"});
+  proc.AddProcess(4242, {"nvidia-device-plugin", "--fail-on-init-error=false"}, {"PATH=/bin"}, "",
+                  socket);
   auto without = report();
   CHECK(without.state == MofedState::kOff);
   CHECK(without.findings ==
         Findings{"process 4242 (nvidia-device-plugin version unknown): MOFED not set by flag or "
                  "environment"});
 
-  proc.AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"PATH=/bin"});
+  proc.AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"PATH=/bin"}, "", socket);
   auto with_flag = report();
   CHECK(with_flag.state == MofedState::kOn);
   CHECK(with_flag.findings ==
         Findings{"process 4242 (nvidia-device-plugin version unknown): command line sets "
                  "--mofed-enabled=true"});
 
-  proc.AddProcess(4242, {"nvidia-device-plugin"}, {"MOFED_ENABLED=true"}, "v0.19.3");
+  proc.AddProcess(4242, {"nvidia-device-plugin"}, {"MOFED_ENABLED=true"}, "v0.19.3", socket);
   auto with_env = report();
   CHECK(with_env.state == MofedState::kOn);
   CHECK(with_env.findings ==
         Findings{"process 4242 (nvidia-device-plugin v0.19.3): environment sets "
                  "MOFED_ENABLED=true"});
 
-  proc.AddProcess(4242, {"nvidia-device-plugin"}, {}, "v0.19.0");
+  proc.AddProcess(4242, {"nvidia-device-plugin"}, {}, "v0.19.0", socket);
   auto by_default = report();
   CHECK(by_default.state == MofedState::kOn);
   CHECK(by_default.findings ==
         Findings{"process 4242 (nvidia-device-plugin v0.19.0): MOFED is on by default in v0.19.0"});
 
-  proc.AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled=false"}, {}, "v0.19.0");
+  proc.AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled=false"}, {}, "v0.19.0", socket);
   auto disabled = report();
   CHECK(disabled.state == MofedState::kOff);
   CHECK(disabled.findings ==
         Findings{"process 4242 (nvidia-device-plugin v0.19.0): command line sets "
                  "--mofed-enabled=false"});
+
+  // Anyone can name a process nvidia-device-plugin: one that does not hold
+  // the plugin's socket is no evidence.
+  proc.AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"MOFED_ENABLED=true"});
+  auto impostor = report();
+  CHECK(impostor.state == MofedState::kOff);
+  CHECK(impostor.findings ==
+        Findings{"process 4242 (nvidia-device-plugin version unknown): not the NVIDIA device "
+                 "plugin (" +
+                 (proc.root() / "4242/net/unix").string() +
+                 ": no listening nvidia-*.sock socket); ignored"});
+}
+
+TEST_CASE("A process that binds its own nvidia-gpu.sock is not the NVIDIA device plugin",
+          "[mofed]") {
+  TempDir dir;
+  FakeProc proc(dir.path() / "proc");
+  const auto plugins = dir.path() / "device-plugins";
+  proc.AddProcess(77, {"nvidia-device-plugin"}, {}, "",
+                  plugins / "nvidia-gpu.sock");  // the real one
+  auto report = [&] {
+    return MofedFromProcesses(FindNvidiaPluginProcesses(proc.root(), plugins), proc.root());
+  };
+  // A tenant in its own root binds <its root>/evil/nvidia-gpu.sock, where
+  // /evil is an absolute symlink to the host's device-plugins path: looked
+  // up from outside, the path would lead to the real socket, but inside
+  // the tenant's root it is the tenant's own.
+  const auto tenant = dir.path() / "tenant-root";
+  std::filesystem::create_directories(tenant / "var");
+  std::filesystem::create_symlink(plugins, tenant / "evil");
+  proc.AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {});
+  const auto pid_dir = proc.root() / "4242";
+  std::filesystem::create_symlink(tenant, pid_dir / "root");
+  std::filesystem::create_symlink("socket:[555]", pid_dir / "fd/3");
+  WriteFileAtomically(pid_dir / "net/unix",
+                      "Num       RefCount Protocol Flags    Type St Inode Path\n"
+                      "0000000000000000: 00000002 00000000 00010000 0001 01 555 "
+                      "/evil/nvidia-gpu.sock\n");
+  auto evidence = report();
+  CHECK(evidence.state == MofedState::kOff);
+  CHECK(evidence.findings ==
+        Findings{"process 77 (nvidia-device-plugin version unknown): MOFED not set by flag or "
+                 "environment",
+                 "process 4242 (nvidia-device-plugin version unknown): not the NVIDIA device "
+                 "plugin (its nvidia-*.sock sockets are not the ones in " +
+                     plugins.string() + "); ignored"});
+  // The real plugin's socket named by a process that does not hold it.
+  WriteFileAtomically(pid_dir / "net/unix",
+                      "Num       RefCount Protocol Flags    Type St Inode Path\n"
+                      "0000000000000000: 00000002 00000000 00010000 0001 01 100077 " +
+                          (plugins / "nvidia-gpu.sock").string() + "\n");
+  std::filesystem::remove(pid_dir / "root");
+  std::filesystem::create_symlink("/", pid_dir / "root");
+  CHECK(report().findings[1] ==
+        "process 4242 (nvidia-device-plugin version unknown): not the NVIDIA device plugin "
+        "(holds no socket of " +
+            (plugins / "nvidia-gpu.sock").string() + "); ignored");
 }
 
 TEST_CASE("Without a visible procfs the process source is only a finding", "[mofed]") {
   TempDir dir;
-  auto evidence =
-      MofedFromProcesses(FindNvidiaPluginProcesses(dir.path() / "proc"), dir.path() / "proc");
+  auto evidence = MofedFromProcesses(
+      FindNvidiaPluginProcesses(dir.path() / "proc", dir.path() / "device-plugins"),
+      dir.path() / "proc");
   CHECK(evidence.state == MofedState::kOff);
   CHECK(evidence.findings ==
         Findings{(dir.path() / "proc").string() + ": No such file or directory"});
@@ -210,7 +271,7 @@ TEST_CASE("MofedGuard reads every configured source", "[mofed]") {
   const auto checkpoint = dir.path() / "kubelet/device-plugins/kubelet_internal_checkpoint";
   const auto cdi = dir.path() / "etc/cdi";
   FakeProc proc(dir.path() / "proc");
-  MofedGuard guard({checkpoint, {cdi}, proc.root()});
+  MofedGuard guard({checkpoint, {cdi}, proc.root(), checkpoint.parent_path()});
   auto absent = guard.Check();
   CHECK(absent.state == MofedState::kOff);
   CHECK(absent.evidence ==
@@ -224,7 +285,8 @@ TEST_CASE("MofedGuard reads every configured source", "[mofed]") {
         checkpoint.string() +
             ": Data.PodDeviceEntries[0] (pod , container \"\", ): AllocResp is not valid base64");
 
-  proc.AddProcess(9, {"nvidia-device-plugin", "-mofed-enabled=true"}, {});
+  proc.AddProcess(9, {"nvidia-device-plugin", "-mofed-enabled=true"}, {}, "",
+                  checkpoint.parent_path() / "nvidia-gpu.sock");
   auto on = guard.Check();
   CHECK(on.state == MofedState::kOn);
   CHECK(on.evidence[0] ==

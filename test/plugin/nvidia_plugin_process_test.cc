@@ -1,7 +1,16 @@
 #include "plugin/nvidia_plugin_process.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "plugin/go_build_info.h"
@@ -65,6 +74,12 @@ TEST_CASE("MofedEnvFromEnviron reads MOFED_ENABLED", "[nvidia]") {
   CHECK(MofedEnvFromEnviron(Nul({"PATH=/bin", "MOFED_ENABLED=true"})) == true);
   CHECK(MofedEnvFromEnviron(Nul({"MOFED_ENABLED=False"})) == false);
   CHECK(MofedEnvFromEnviron(Nul({"MOFED_ENABLED="})) == std::nullopt);
+  // Go's os.Getenv reads the first entry of a repeated variable: a later
+  // one, bool or not, changes nothing.
+  CHECK(MofedEnvFromEnviron(Nul({"MOFED_ENABLED=true", "MOFED_ENABLED=maybe"})) == true);
+  CHECK(MofedEnvFromEnviron(Nul({"MOFED_ENABLED=true", "MOFED_ENABLED=false"})) == true);
+  CHECK(MofedEnvFromEnviron(Nul({"MOFED_ENABLED=false", "MOFED_ENABLED=true"})) == false);
+  CHECK(MofedEnvFromEnviron(Nul({"MOFED_ENABLED=x", "MOFED_ENABLED=true"})) == std::nullopt);
   CHECK(MofedEnvFromEnviron(Nul({"NVIDIA_MOFED_ENABLED=true"})) == std::nullopt);
   CHECK(MofedEnvFromEnviron("") == std::nullopt);
 }
@@ -146,11 +161,13 @@ TEST_CASE("FindNvidiaPluginProcesses reads a fake procfs", "[nvidia]") {
   TempDir dir;
   FakeProc proc(dir.path() / "proc");
   proc.AddProcess(1, {"/sbin/init"}, {});
-  proc.AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"PATH=/bin"}, "v0.19.3");
+  const auto plugins = dir.path() / "device-plugins";
+  proc.AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"PATH=/bin"}, "v0.19.3",
+                  plugins / "nvidia-gpu.sock");
   proc.AddProcess(77, {"/usr/bin/nvidia-device-plugin"}, {"MOFED_ENABLED=false"});
   std::filesystem::create_directories(dir.path() / "proc/sys");  // not a process
 
-  auto found = FindNvidiaPluginProcesses(proc.root());
+  auto found = FindNvidiaPluginProcesses(proc.root(), plugins);
   REQUIRE(found.ok());
   REQUIRE(found->size() == 2);
   CHECK((*found)[0].pid == 77);
@@ -158,13 +175,93 @@ TEST_CASE("FindNvidiaPluginProcesses reads a fake procfs", "[nvidia]") {
   CHECK((*found)[0].mofed_env == false);
   CHECK((*found)[0].environ_readable);
   CHECK((*found)[0].version.empty());
+  CHECK((*found)[0].plugin_socket.empty());
+  CHECK((*found)[0].untrusted ==
+        (proc.root() / "77/net/unix").string() + ": no listening nvidia-*.sock socket");
   CHECK((*found)[1].pid == 4242);
+  CHECK((*found)[1].plugin_socket == (plugins / "nvidia-gpu.sock").string());
   CHECK((*found)[1].mofed_flag == true);
   CHECK((*found)[1].mofed_env == std::nullopt);
   CHECK((*found)[1].version == "v0.19.3");
 
-  auto missing = FindNvidiaPluginProcesses(dir.path() / "nope");
+  auto missing = FindNvidiaPluginProcesses(dir.path() / "nope", plugins);
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.status().message() ==
         (dir.path() / "nope").string() + ": No such file or directory");
+}
+
+namespace {
+
+// A real process named nvidia-device-plugin (argv[0]) with --mofed-enabled
+// that listens on a unix socket at `socket`: /bin/sh holding the socket,
+// reading its stdin until the object goes.
+class NamedProcess {
+ public:
+  explicit NamedProcess(const std::filesystem::path& socket) {
+    std::filesystem::create_directories(socket.parent_path());
+    int s = ::socket(AF_UNIX, SOCK_STREAM, 0);  // inherited by the child
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket.c_str(), sizeof addr.sun_path - 1);
+    REQUIRE(s >= 0);
+    REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(s, 4) == 0);
+    int in[2], out[2];
+    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      ::execl("/bin/sh", "nvidia-device-plugin", "-c", "echo ready; read x", "sh",
+              "--mofed-enabled", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(s);
+    ::close(in[0]);
+    ::close(out[1]);
+    stdin_ = in[1];
+    // "ready" once the shell runs (the exec is done).
+    pollfd p{out[0], POLLIN, 0};
+    char buf[16] = {};
+    REQUIRE(::poll(&p, 1, 10000) == 1);
+    REQUIRE(::read(out[0], buf, sizeof buf - 1) > 0);
+    ::close(out[0]);
+    CHECK(std::string(buf) == "ready\n");
+  }
+  ~NamedProcess() {
+    ::close(stdin_);  // "read x" ends, the shell exits
+    ::waitpid(pid_, nullptr, 0);
+  }
+  int pid() const { return pid_; }
+
+ private:
+  int pid_ = -1;
+  int stdin_ = -1;
+};
+
+}  // namespace
+
+TEST_CASE("A real nvidia-device-plugin process is trusted only when it holds the plugin's socket",
+          "[nvidia][concurrency]") {
+  TempDir dir;
+  const auto plugins = dir.path() / "device-plugins";
+  NamedProcess plugin(plugins / "nvidia-gpu.sock");
+  // A tenant's process with the same name and flag and its own socket of
+  // the same name elsewhere.
+  NamedProcess tenant(dir.path() / "tenant/nvidia-gpu.sock");
+  auto found = FindNvidiaPluginProcesses("/proc", plugins);
+  REQUIRE(found.ok());
+  std::map<int, NvidiaPluginProcess> by_pid;
+  for (const auto& p : *found) by_pid[p.pid] = p;
+  REQUIRE(by_pid.count(plugin.pid()));
+  REQUIRE(by_pid.count(tenant.pid()));
+  CHECK(by_pid[plugin.pid()].mofed_flag == true);
+  CHECK(by_pid[plugin.pid()].plugin_socket == (plugins / "nvidia-gpu.sock").string());
+  CHECK(by_pid[tenant.pid()].mofed_flag == true);
+  CHECK(by_pid[tenant.pid()].plugin_socket.empty());
+  // It sees the plugin's socket in its network namespace, but does not hold it.
+  CHECK(by_pid[tenant.pid()].untrusted ==
+        "holds no socket of " + (plugins / "nvidia-gpu.sock").string());
 }

@@ -1,6 +1,7 @@
 #include "test/sim/machine_spec.h"
 
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -176,6 +177,11 @@ class TreeWriter {
     fs::create_directory_symlink(fs::relative(target, link.parent_path()), link, ec);
     if (ec) status_ = absl::ErrnoToStatus(ec.value(), link.string());
   }
+  // A character device node, as devtmpfs has them (needs CAP_MKNOD).
+  void CharDevice(const fs::path& path, unsigned major, unsigned minor) {
+    if (!status_.ok()) return;
+    status_ = MakeCharDevice(path, major, minor);
+  }
   void Dir(const fs::path& path) {
     std::error_code ec;
     if (status_.ok() && !fs::create_directories(path, ec) && ec) {
@@ -330,15 +336,40 @@ struct Machine {
     const fs::path uv = pci_dir / "infiniband_verbs" / name;
     w.File(uv / "ibdev", ibdev + "\n");
     // Minors 192..223 for the first 32 uverbs devices, dynamic beyond.
-    w.File(uv / "dev", absl::StrCat("231:", uverbs < 32 ? 192 + uverbs : uverbs - 32, "\n"));
+    const unsigned minor = uverbs < 32 ? 192 + uverbs : uverbs - 32;
+    w.File(uv / "dev", absl::StrCat("231:", minor, "\n"));
     w.File(uv / "abi_version", "1\n");
     w.Link(uv / "device", pci_dir);
     w.Link(sys / "class/infiniband_verbs" / name, uv);
-    w.File(root / "dev/infiniband" / name, "");
+    w.CharDevice(root / "dev/infiniband" / name, 231, minor);
   }
 };
 
 }  // namespace
+
+absl::Status MakeCharDevice(const std::filesystem::path& path, unsigned major, unsigned minor) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (::mknod(path.c_str(), S_IFCHR | 0666, makedev(major, minor)) != 0) {
+    const int err = errno;
+    return absl::ErrnoToStatus(
+        err, absl::StrCat(path.string(), ": cannot make character device ", major, ":", minor,
+                          err == EPERM ? " (needs root: CAP_MKNOD)" : ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreUverbsNode(const std::string& root, int uverbs) {
+  const std::string name = absl::StrCat("uverbs", uverbs);
+  const fs::path dev_file = fs::path(root) / "sys/class/infiniband_verbs" / name / "dev";
+  std::ifstream in(dev_file);
+  unsigned major = 0, minor = 0;
+  char colon = 0;
+  if (!(in >> major >> colon >> minor) || colon != ':') {
+    return absl::NotFoundError(absl::StrCat(dev_file.string(), ": no \"major:minor\""));
+  }
+  return MakeCharDevice(fs::path(root) / "dev/infiniband" / name, major, minor);
+}
 
 std::string VerbsName(Kind kind, const PciAddress& addr, int index, Naming naming) {
   if (naming == Naming::kKernel) {

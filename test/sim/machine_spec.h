@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,13 +53,23 @@ absl::StatusOr<MachineSpec> FindMachine(const std::string& name);
 enum class Naming { kUdev, kKernel };
 
 // Writes the machine under `root`: root/sys (for --sysfs-root, SYSFS_PATH
-// and, through root, HWLOC_FSROOT), root/dev/infiniband/uverbsN (plain
-// files standing in for the char devices) and root/hwloc.xml (the same
+// and, through root, HWLOC_FSROOT), root/dev/infiniband/uverbsN (character
+// devices with the numbers sysfs gives them, as on a node: mknod needs root)
+// and root/hwloc.xml (the same
 // machine exported by hwloc), and for each NVIDIA GPU the driver's
 // ROOT/proc/driver/nvidia/gpus/<bdf>/information. `root` must not exist or
 // be empty.
 absl::Status WriteMachine(const MachineSpec& spec, const std::string& root,
                           Naming naming = Naming::kUdev);
+
+// Makes a character device node at `path` (its directory created); the
+// error names the path.
+absl::Status MakeCharDevice(const std::filesystem::path& path, unsigned major, unsigned minor);
+
+// Puts root/dev/infiniband/uverbsN back as the character device that
+// root/sys/class/infiniband_verbs/uverbsN/dev names (after a test removed
+// it, as a device going away does).
+absl::Status RestoreUverbsNode(const std::string& root, int uverbs);
 
 // The UUID the simulated NVIDIA driver gives the GPU at `addr` (listed in
 // ROOT/proc/driver/nvidia/gpus/<bdf>/information, as on a real node).

@@ -31,6 +31,12 @@ class SimRoot {
   std::filesystem::path sys() const { return path_ / "sys"; }
   std::filesystem::path xml() const { return path_ / "hwloc.xml"; }
   topology::HostRoots roots() const { return {path_ / "sys", path_ / "dev", path_ / "proc"}; }
+  // Puts dev/infiniband/uverbsN back as its character device; throws on
+  // failure.
+  void RestoreUverbs(int n) const {
+    auto status = RestoreUverbsNode(path_.string(), n);
+    if (!status.ok()) throw std::runtime_error(std::string(status.message()));
+  }
 
  private:
   void Init(const MachineSpec& spec, Naming naming) {

@@ -244,3 +244,30 @@ TEST_CASE("EfaDiscovery on a root with no sysfs at all is an empty inventory", "
   CHECK(inv.devices.empty());
   CHECK(inv.skipped.empty());
 }
+
+TEST_CASE("EfaDiscovery reports a uverbs path that is not a character device as unhealthy",
+          "[topology]") {
+  SimRoot sim("p4d.24xlarge");
+  const fs::path node = sim.path() / "dev/infiniband/uverbs1";
+  REQUIRE(DiscoverEfaDevices(sim.roots()).devices[1].healthy());  // the sim's node is real
+
+  fs::remove(node);
+  { std::ofstream(node.string()) << "x"; }
+  Inventory inv = DiscoverEfaDevices(sim.roots());
+  CHECK(inv.devices[1].health_problem ==
+        node.string() + ": not a character device (a regular file)");
+
+  fs::remove(node);
+  fs::create_directory(node);
+  inv = DiscoverEfaDevices(sim.roots());
+  CHECK(inv.devices[1].health_problem == node.string() + ": not a character device (a directory)");
+
+  fs::remove(node);
+  REQUIRE(efa::sim::MakeCharDevice(node, 231, 7).ok());  // another device's numbers
+  inv = DiscoverEfaDevices(sim.roots());
+  CHECK(inv.devices[1].health_problem == node.string() + ": device 231:7, but sysfs says 231:193");
+
+  fs::remove(node);
+  sim.RestoreUverbs(1);
+  CHECK(DiscoverEfaDevices(sim.roots()).devices[1].healthy());
+}

@@ -1,10 +1,13 @@
 #include "topology/host_model.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -172,6 +175,29 @@ TEST_CASE("HostModel is the same from the hwloc XML and from the fake root", "[t
       CHECK(from_xml == from_root);
     }
   }
+}
+
+TEST_CASE("Loading a simulated root never changes the process environment",
+          "[topology][concurrency]") {
+  // setenv/unsetenv while other threads run is undefined behaviour in
+  // glibc; the daemon loads topologies while gRPC's threads run. A thread
+  // watches HWLOC_FSROOT during the loads: it must never appear.
+  REQUIRE(std::getenv("HWLOC_FSROOT") == nullptr);
+  SimRoot sim("p4d.24xlarge");
+  std::atomic<bool> done{false};
+  std::atomic<bool> seen{false};
+  std::thread watcher([&] {
+    while (!done) {
+      if (std::getenv("HWLOC_FSROOT") != nullptr) seen = true;
+    }
+  });
+  for (int i = 0; i < 5; ++i) {
+    auto topology = LoadTopology({sim.path().string(), ""});
+    CHECK(topology.ok());
+  }
+  done = true;
+  watcher.join();
+  CHECK_FALSE(seen);
 }
 
 TEST_CASE("HostModel rebuilt from plain placements equals the hwloc model", "[topology]") {
