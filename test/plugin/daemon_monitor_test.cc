@@ -551,7 +551,7 @@ TEST_CASE("A flood of idle and slow connections to the metrics address does not 
 // family the daemon exports, its type, HELP text and series (a counter's
 // family name is without _total, as the parser reports it).
 // The HELP texts and names are main's before prometheus-cpp, read the same
-// way from its exposition.
+// way from its exposition (checkpoint_entries_skipped came with issue 18).
 const std::string kExposition =
     "efa_device_plugin_alignment_decisions counter \"GetPreferredAllocation decisions: targeted (the container's accelerators were known), predicted (none known yet), degraded (pod-resources failed).\"\n"
     "  efa_device_plugin_alignment_decisions_total{decision=\"degraded\"}\n"
@@ -568,6 +568,8 @@ const std::string kExposition =
     "efa_device_plugin_allocations counter \"Allocate calls, by gRPC status code.\"\n"
     "  efa_device_plugin_allocations_total{code=\"INVALID_ARGUMENT\"}\n"
     "  efa_device_plugin_allocations_total{code=\"OK\"}\n"
+    "efa_device_plugin_checkpoint_entries_skipped gauge \"Entries of the kubelet checkpoint skipped at its latest read because they cannot be parsed (the others are still used).\"\n"
+    "  efa_device_plugin_checkpoint_entries_skipped{}\n"
     "efa_device_plugin_devices gauge \"EFAs advertised to the kubelet, by health (after the guards: none while withdrawn, all unhealthy under MOFED protect).\"\n"
     "  efa_device_plugin_devices{health=\"healthy\"}\n"
     "  efa_device_plugin_devices{health=\"unhealthy\"}\n"
