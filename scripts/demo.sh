@@ -29,12 +29,16 @@ if [ "$machine" = --list ]; then "$bin/test/efa-simnode" --list; echo no-efa; ex
 
 work=$(mktemp -d)
 daemon_pid=""
+# The simulated node's /dev/infiniband/uverbsN are character devices, as on a
+# node: mknod needs root. The daemon itself runs as you.
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 cleanup() {
   [ -z "$daemon_pid" ] || kill "$daemon_pid" 2>/dev/null || true
-  rm -rf "$work"
+  $SUDO rm -rf "$work"
 }
 trap cleanup EXIT
-"$bin/test/efa-simnode" "$machine" "$work/node" >/dev/null || fail "no simulated machine '$machine' (scripts/demo.sh --list)"
+$SUDO "$bin/test/efa-simnode" "$machine" "$work/node" >/dev/null || fail "no simulated machine '$machine' (scripts/demo.sh --list)"
 roots=(--sysfs-root "$work/node/sys" --dev-root "$work/node/dev" --proc-root "$work/node/proc")
 
 step "the node: a simulated $machine ($work/node); its EFAs and accelerators as the daemon sees them"
