@@ -140,6 +140,10 @@ DaemonMonitor::DaemonMonitor(MonitorOptions options)
            .AddHistogram(name("allocation_size"), "EFAs given to each container by Allocate.",
                          {1, 2, 4, 8, 16, 32})
            .Get();
+  efa_allocations_ = &registry_.AddCounter(
+      name("efa_allocations_total"),
+      "Containers given each physical EFA by Allocate (with sharing, its replicas' containers).",
+      {"efa"});
   auto& rpc = registry_.AddHistogram(
       name("rpc_duration_seconds"), "Time spent in the device-plugin RPC handlers, by method.",
       {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
@@ -206,6 +210,10 @@ void DaemonMonitor::RpcHandled(RpcMethod method, grpc::StatusCode code,
 
 void DaemonMonitor::ContainerAllocated(size_t devices) {
   allocation_size_->Observe(static_cast<double>(devices));
+}
+
+void DaemonMonitor::EfaAllocated(std::string_view ibdev) {
+  efa_allocations_->WithLabels({std::string(ibdev)}).Increment();
 }
 
 void DaemonMonitor::Collect() {

@@ -77,6 +77,7 @@ class DaemonMonitor final : public RpcObserver {
   void RpcHandled(RpcMethod method, grpc::StatusCode code,
                   std::chrono::nanoseconds elapsed) override;
   void ContainerAllocated(size_t devices) override;
+  void EfaAllocated(std::string_view ibdev) override;
 
  private:
   void Collect();
@@ -91,6 +92,7 @@ class DaemonMonitor final : public RpcObserver {
   Family<Counter>* allocations_ = nullptr;
   Counter* allocations_ok_ = nullptr;
   Histogram* allocation_size_ = nullptr;
+  Family<Counter>* efa_allocations_ = nullptr;
 
   // Set by Collect() from the daemon's state.
   Family<Gauge>* devices_ = nullptr;
