@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "plugin/http_server.h"
+#include "plugin/replica_id.h"
 #include "topology/sysfs.h"
 
 namespace efa::plugin {
@@ -51,6 +52,7 @@ struct Option {
   Check check = Check::kNone;
   int max = 0;               // integers: 0..max
   std::string example = {};  // resource lists: an example name
+  int min = 0;               // integers: min..max
   std::string flag() const;  // "rescan-interval"
   std::string env() const;   // "EFA_RESCAN_INTERVAL"
 };
@@ -130,6 +132,13 @@ const std::vector<Option>& Options() {
       {"expectedEfaCount", &Config::expected_efa_count,
        "EFAs this node should have (0: by instance type); fewer gives a warning", "N", Check::kNone,
        1024},
+      {"sharingReplicas", &Config::sharing_replicas,
+       "Device IDs per EFA: N > 1 lets N containers share each EFA (1: exclusive)", "N",
+       Check::kNone, kMaxReplicas, "", 1},
+      {"sharingRenameByDefault", &Config::sharing_rename_by_default,
+       "With sharingReplicas > 1, advertise vpc.amazonaws.com/efa.shared instead of "
+       "vpc.amazonaws.com/efa",
+       "BOOL"},
   };
   return *options;
 }
@@ -234,7 +243,7 @@ std::string Expected(const Option& o) {
   } else if constexpr (std::is_same_v<T, milliseconds>) {
     return "a duration like \"10s\"";
   } else if constexpr (std::is_same_v<T, int>) {
-    return absl::StrCat("an integer from 0 to ", o.max);
+    return absl::StrCat("an integer from ", o.min, " to ", o.max);
   } else if constexpr (std::is_same_v<T, Strings>) {
     return o.check == Check::kResources
                ? absl::StrCat("a list of resource names like [", o.example, "]")
@@ -311,7 +320,7 @@ absl::StatusOr<T> ParseText(const Option& o, std::string_view text) {
     int v = 0;
     const bool digits = !text.empty() && std::all_of(text.begin(), text.end(),
                                                      [](char c) { return c >= '0' && c <= '9'; });
-    if (!digits || !absl::SimpleAtoi(std::string(text), &v) || v > o.max) {
+    if (!digits || !absl::SimpleAtoi(std::string(text), &v) || v < o.min || v > o.max) {
       return Mismatch(Expected<T>(o), text);
     }
     return v;
@@ -677,6 +686,8 @@ Config DefaultConfig() {
   c.dra_policy = DraPolicy::kYield;
   c.cdi_spec_dirs = Strings{"/etc/cdi", "/var/run/cdi"};
   c.expected_efa_count = 0;
+  c.sharing_replicas = 1;
+  c.sharing_rename_by_default = false;
   return c;
 }
 
@@ -870,6 +881,9 @@ DaemonOptions ToDaemonOptions(const Config& c) {
   o.mofed_policy = *d.mofed_policy;
   o.dra_policy = *d.dra_policy;
   o.cdi_spec_dirs.assign(d.cdi_spec_dirs->begin(), d.cdi_spec_dirs->end());
+  o.replicas = *d.sharing_replicas;
+  o.resource_name =
+      *d.sharing_replicas > 1 && *d.sharing_rename_by_default ? kSharedResourceName : kResourceName;
   return o;
 }
 

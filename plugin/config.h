@@ -56,6 +56,8 @@ struct Config {
   std::optional<DraPolicy> dra_policy;
   std::optional<std::vector<std::string>> cdi_spec_dirs;
   std::optional<int> expected_efa_count;  // 0: from the instance type
+  std::optional<int> sharing_replicas;    // 1..kMaxReplicas (README, "Sharing")
+  std::optional<bool> sharing_rename_by_default;
 
   bool operator==(const Config&) const = default;
 };

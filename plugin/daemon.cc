@@ -112,21 +112,22 @@ struct Daemon::Fds {
 
 Daemon::Daemon(DaemonOptions options)
     : options_(std::move(options)),
-      service_(DevicePluginService::Options{options_.report_numa}),
+      service_(DevicePluginService::Options{options_.report_numa, options_.replicas}),
       fds_(std::make_unique<Fds>()) {
   fds_->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   fds_->inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   AlignerOptions aligner_options;
   aligner_options.kubelet_dir = options_.kubelet_dir;
   aligner_options.proc_root = options_.roots.proc;
-  aligner_options.efa_resource = kResourceName;
+  aligner_options.efa_resource = options_.resource_name;
   aligner_options.resources = options_.accelerator_resources;
   if (options_.alignment == AlignmentMode::kLateBinding) {
     LateBinderOptions late;
     late.cdi_dir = options_.cdi_dir;
     late.kubelet_dir = options_.kubelet_dir;
     late.proc_root = options_.roots.proc;
-    late.efa_resource = kResourceName;
+    late.efa_resource = options_.resource_name;
+    late.replicas = options_.replicas;
     late.resources = options_.accelerator_resources;
     late.on_bound = [this] {
       report_requested_ = true;  // judge the new binding now, not at the next rescan
@@ -139,6 +140,10 @@ Daemon::Daemon(DaemonOptions options)
         });
     aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {
       return late_binder_->BoundEfas(kubelet_ids);
+    };
+  } else if (options_.replicas > 1) {
+    aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {
+      return std::optional(service_.Table()->PhysicalEfas(kubelet_ids));
     };
   }
   if (options_.alignment != AlignmentMode::kOff) {
@@ -398,7 +403,7 @@ void Daemon::TryRegister() {
   v1beta1::RegisterRequest request;
   request.set_version(kApiVersion);
   request.set_endpoint(kPluginSocket);
-  request.set_resource_name(kResourceName);
+  request.set_resource_name(options_.resource_name);
   *request.mutable_options() = service_.PluginOptions();
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + kRegisterTimeout);
@@ -408,7 +413,8 @@ void Daemon::TryRegister() {
     registered_ = true;
     register_backoff_ = std::chrono::milliseconds(0);
     ++registrations_;
-    spdlog::info("registered {} with the kubelet at {}", kResourceName, kubelet_socket().string());
+    spdlog::info("registered {} with the kubelet at {}", options_.resource_name,
+                 kubelet_socket().string());
     return;
   }
   RetryRegistrationLater(absl::StrCat("registration with ", kubelet_socket().string(),

@@ -63,6 +63,9 @@ struct DaemonOptions {
   DraPolicy dra_policy = DraPolicy::kYield;
   // Where the NVIDIA MOFED CDI spec may be (host paths, like the roots).
   std::vector<std::filesystem::path> cdi_spec_dirs = {"/etc/cdi", "/var/run/cdi"};
+  // Sharing (README, "Sharing"): device IDs per EFA, and the resource name.
+  int replicas = 1;
+  std::string resource_name = kResourceName;
   // Observability hooks (not owned; may be null): told of every unary RPC
   // the service handles, and of every inventory a rescan finds (on the
   // owner thread; must be quick).

@@ -109,6 +109,12 @@ DaemonMonitor::DaemonMonitor(MonitorOptions options)
                           .Help("EFAs given to each container by Allocate.")
                           .Register(registry_)
                           .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32});
+  efa_allocations_ =
+      &prometheus::BuildCounter()
+           .Name(absl::StrCat(kPrefix, "efa_allocations_total"))
+           .Help("Containers given each physical EFA by Allocate (with sharing, its replicas' "
+                 "containers).")
+           .Register(registry_);
   auto& rpc =
       prometheus::BuildHistogram()
           .Name(absl::StrCat(kPrefix, "rpc_duration_seconds"))
@@ -145,6 +151,10 @@ void DaemonMonitor::RpcHandled(RpcMethod method, grpc::StatusCode code,
 
 void DaemonMonitor::ContainerAllocated(size_t devices) {
   allocation_size_->Observe(static_cast<double>(devices));
+}
+
+void DaemonMonitor::EfaAllocated(std::string_view ibdev) {
+  efa_allocations_->Add({{"efa", std::string(ibdev)}}).Increment();
 }
 
 void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) const {

@@ -87,6 +87,7 @@ class DaemonMonitor final : public RpcObserver {
   void RpcHandled(RpcMethod method, grpc::StatusCode code,
                   std::chrono::nanoseconds elapsed) override;
   void ContainerAllocated(size_t devices) override;
+  void EfaAllocated(std::string_view ibdev) override;
 
  private:
   // The families read from the daemon's state at each scrape.
@@ -102,6 +103,7 @@ class DaemonMonitor final : public RpcObserver {
   prometheus::Family<prometheus::Counter>* allocations_ = nullptr;
   prometheus::Counter* allocations_ok_ = nullptr;
   prometheus::Histogram* allocation_size_ = nullptr;
+  prometheus::Family<prometheus::Counter>* efa_allocations_ = nullptr;
 };
 
 // gRPC's name of a status code ("OK", "INVALID_ARGUMENT").

@@ -3,11 +3,13 @@
 #include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plugin/cdi_spec.h"
+#include "plugin/replica_id.h"
 
 namespace efa::plugin {
 namespace {
@@ -26,10 +28,12 @@ grpc::Status ToGrpc(const absl::Status& status) {
 v1beta1::ListAndWatchResponse BuildList(const DeviceTable& table, bool report_numa) {
   v1beta1::ListAndWatchResponse list;
   for (const topology::EfaDevice& d : table.devices) {
-    v1beta1::Device* out = list.add_devices();
-    out->set_id(d.ibdev);
-    out->set_health(d.healthy() ? kHealthy : kUnhealthy);
-    if (report_numa && d.numa_node) out->mutable_topology()->add_nodes()->set_id(*d.numa_node);
+    for (std::string& id : table.Ids(d)) {
+      v1beta1::Device* out = list.add_devices();
+      out->set_id(std::move(id));
+      out->set_health(d.healthy() ? kHealthy : kUnhealthy);
+      if (report_numa && d.numa_node) out->mutable_topology()->add_nodes()->set_id(*d.numa_node);
+    }
   }
   return list;
 }
@@ -37,8 +41,8 @@ v1beta1::ListAndWatchResponse BuildList(const DeviceTable& table, bool report_nu
 }  // namespace
 
 DeviceTable::DeviceTable(std::vector<topology::EfaDevice> devs,
-                         std::shared_ptr<const topology::HostModel> host_model)
-    : devices(std::move(devs)), model(std::move(host_model)) {
+                         std::shared_ptr<const topology::HostModel> host_model, int replica_count)
+    : devices(std::move(devs)), model(std::move(host_model)), replicas(replica_count) {
   for (size_t i = 0; i < devices.size(); ++i) by_id.emplace(devices[i].ibdev, i);
   if (!model) {
     std::vector<topology::EfaPlacement> placements;
@@ -49,26 +53,109 @@ DeviceTable::DeviceTable(std::vector<topology::EfaDevice> devs,
   }
 }
 
+namespace {
+
+topology::AllocationRequest PolicyRequest(const Targets& targets) {
+  topology::AllocationRequest r;
+  r.target_accelerators = targets.pci;
+  r.target_neuron_indices = targets.neuron_indices;
+  r.busy_known = targets.busy_known;
+  r.busy_accelerators = targets.busy;
+  return r;
+}
+
+// PreferredDevices with replicas > 1: the policy picks physical EFAs, in
+// rounds, from those with a free replica not yet in the answer.
+std::vector<std::string> PreferredReplicas(
+    const DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
+    const Targets& targets) {
+  std::map<const topology::EfaDevice*, std::map<int, std::string>> free;  // by replica
+  for (const std::string& id : request.available_deviceids()) {
+    const topology::EfaDevice* d = table.Find(id);
+    if (d != nullptr && d->healthy()) free[d][ParseReplicaId(id)->replica] = id;
+  }
+  std::vector<std::string> answer;
+  std::vector<std::string> must;  // their EFAs
+  for (const std::string& id : request.must_include_deviceids()) {
+    if (std::find(answer.begin(), answer.end(), id) != answer.end()) continue;
+    answer.push_back(id);
+    if (const topology::EfaDevice* d = table.Find(id)) {
+      free[d].erase(ParseReplicaId(id)->replica);
+      must.push_back(d->ibdev);
+    }
+  }
+  int need = request.allocation_size() - static_cast<int>(answer.size());
+  for (bool first = true; need > 0; first = false) {
+    topology::AllocationRequest r = PolicyRequest(targets);
+    for (const auto& [d, replicas] : free) {
+      if (replicas.empty()) continue;
+      r.available.push_back(d->ibdev);
+      r.shared[d->ibdev] = table.replicas - static_cast<int>(replicas.size());
+    }
+    if (r.available.empty()) break;
+    if (first) r.must_include = must;  // near them, and other EFAs first
+    std::sort(r.must_include.begin(), r.must_include.end());
+    r.must_include.erase(std::unique(r.must_include.begin(), r.must_include.end()),
+                         r.must_include.end());
+    r.size = need + static_cast<int>(r.must_include.size());
+    int got = 0;
+    for (const std::string& ibdev : topology::ChooseEfas(*table.model, r)) {
+      if (std::binary_search(r.must_include.begin(), r.must_include.end(), ibdev)) continue;
+      auto it = free.find(table.FindPhysical(ibdev));
+      if (it == free.end() || it->second.empty()) continue;
+      answer.push_back(it->second.begin()->second);
+      it->second.erase(it->second.begin());
+      ++got;
+    }
+    if (got == 0 && !first) break;  // (the first round may offer only must-include EFAs)
+    need -= got;
+  }
+  return answer;
+}
+
+}  // namespace
+
 std::vector<std::string> PreferredDevices(
     const DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
     const Targets& targets) {
-  topology::AllocationRequest r;
+  if (table.replicas > 1) return PreferredReplicas(table, request, targets);
+  topology::AllocationRequest r = PolicyRequest(targets);
   for (const std::string& id : request.available_deviceids()) {
     if (const auto* d = table.Find(id); d != nullptr && d->healthy()) r.available.push_back(id);
   }
   r.must_include.assign(request.must_include_deviceids().begin(),
                         request.must_include_deviceids().end());
   r.size = request.allocation_size();
-  r.target_accelerators = targets.pci;
-  r.target_neuron_indices = targets.neuron_indices;
-  r.busy_known = targets.busy_known;
-  r.busy_accelerators = targets.busy;
   return topology::ChooseEfas(*table.model, r);
 }
 
-const topology::EfaDevice* DeviceTable::Find(const std::string& id) const {
-  auto it = by_id.find(id);
+const topology::EfaDevice* DeviceTable::FindPhysical(const std::string& ibdev) const {
+  auto it = by_id.find(ibdev);
   return it == by_id.end() ? nullptr : &devices[it->second];
+}
+
+const topology::EfaDevice* DeviceTable::Find(const std::string& id) const {
+  if (replicas == 1) return FindPhysical(id);
+  std::optional<ReplicaRef> ref = ParseReplicaId(id);
+  return ref && ref->replica < replicas ? FindPhysical(ref->ibdev) : nullptr;
+}
+
+std::vector<std::string> DeviceTable::Ids(const topology::EfaDevice& device) const {
+  if (replicas == 1) return {device.ibdev};
+  std::vector<std::string> ids;
+  for (int n = 0; n < replicas; ++n) ids.push_back(ReplicaId(device.ibdev, n));
+  return ids;
+}
+
+std::vector<std::string> DeviceTable::PhysicalEfas(const std::vector<std::string>& ids) const {
+  std::vector<std::string> out;
+  for (const std::string& id : ids) {
+    const topology::EfaDevice* d = Find(id);
+    if (d != nullptr && std::find(out.begin(), out.end(), d->ibdev) == out.end()) {
+      out.push_back(d->ibdev);
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
@@ -91,7 +178,8 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
       return absl::FailedPreconditionError(
           absl::StrCat("device ", QuoteId(id), " is unhealthy: ", d->health_problem));
     }
-    chosen.push_back(d);
+    // Replicas of one EFA: its device node once.
+    if (std::find(chosen.begin(), chosen.end(), d) == chosen.end()) chosen.push_back(d);
   }
   std::sort(chosen.begin(), chosen.end(), [](auto* a, auto* b) { return a->pci < b->pci; });
   v1beta1::ContainerAllocateResponse response;
@@ -175,7 +263,8 @@ class DevicePluginService::Stream : public grpc::ServerWriteReactor<v1beta1::Lis
 
 DevicePluginService::DevicePluginService(Options options)
     : options_(options),
-      table_(std::make_shared<DeviceTable>(std::vector<topology::EfaDevice>{}, nullptr)),
+      table_(std::make_shared<DeviceTable>(std::vector<topology::EfaDevice>{}, nullptr,
+                                           options.replicas)),
       list_(std::make_shared<v1beta1::ListAndWatchResponse>()) {}
 
 DevicePluginService::~DevicePluginService() {
@@ -187,7 +276,8 @@ DevicePluginService::~DevicePluginService() {
 
 void DevicePluginService::SetDevices(std::vector<topology::EfaDevice> devices,
                                      std::shared_ptr<const topology::HostModel> model) {
-  auto table = std::make_shared<const DeviceTable>(std::move(devices), std::move(model));
+  auto table =
+      std::make_shared<const DeviceTable>(std::move(devices), std::move(model), options_.replicas);
   auto list = std::make_shared<const v1beta1::ListAndWatchResponse>(
       BuildList(*table, options_.report_numa));
   absl::MutexLock lock(&mu_);
@@ -332,6 +422,11 @@ grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerCont
   if (rpc_observer_) {
     for (const auto& c : request->container_requests()) {
       rpc_observer_->ContainerAllocated(static_cast<size_t>(c.devices_ids_size()));
+      if (binder_) continue;  // the IDs are tokens: no EFA is chosen yet
+      for (const std::string& efa :
+           devices->PhysicalEfas({c.devices_ids().begin(), c.devices_ids().end()})) {
+        rpc_observer_->EfaAllocated(efa);
+      }
     }
   }
   *response = std::move(result);

@@ -21,6 +21,8 @@
 namespace efa::plugin {
 
 inline constexpr char kResourceName[] = "vpc.amazonaws.com/efa";
+// The resource name with `sharing.renameByDefault` (README, "Sharing").
+inline constexpr char kSharedResourceName[] = "vpc.amazonaws.com/efa.shared";
 inline constexpr char kPluginSocket[] = "aws-efa-device-plugin.sock";
 inline constexpr char kApiVersion[] = "v1beta1";
 inline constexpr char kHealthy[] = "Healthy";
@@ -30,20 +32,31 @@ inline constexpr char kUnhealthy[] = "Unhealthy";
 inline constexpr char kEnvDevices[] = "EFA_DEVICES";
 inline constexpr char kEnvPciAddresses[] = "EFA_PCI_ADDRESSES";
 
-// The devices being served, indexed by device ID (the ibdev name), with
-// the host model the allocation policy places them by. Immutable once
+// The devices being served, indexed by ibdev name, with the host model the
+// allocation policy places them by. Each EFA is advertised as `replicas`
+// device IDs (plugin/replica_id.h): its ibdev name when 1. Immutable once
 // built; shared between the owner thread and gRPC threads.
 struct DeviceTable {
-  std::vector<topology::EfaDevice> devices;  // sorted by PCI address
-  absl::flat_hash_map<std::string, size_t> by_id;
+  std::vector<topology::EfaDevice> devices;          // sorted by PCI address
+  absl::flat_hash_map<std::string, size_t> by_id;    // by ibdev name
   std::shared_ptr<const topology::HostModel> model;  // never null
+  int replicas = 1;
 
   // A null `model` is replaced by one built from the devices alone (no
   // accelerators: the policy then keeps groups whole by root complex and
   // NUMA node).
   DeviceTable(std::vector<topology::EfaDevice> devs,
-              std::shared_ptr<const topology::HostModel> host_model);
+              std::shared_ptr<const topology::HostModel> host_model, int replica_count = 1);
+  // The EFA a device ID names (with replicas > 1 a replica ID, else an
+  // ibdev name), or null when it names none.
   const topology::EfaDevice* Find(const std::string& id) const;
+  // The EFA called `ibdev`, or null.
+  const topology::EfaDevice* FindPhysical(const std::string& ibdev) const;
+  // The device IDs advertised for `device`, replica 0 first.
+  std::vector<std::string> Ids(const topology::EfaDevice& device) const;
+  // The ibdev names of the EFAs that `ids` name, each once, in the order
+  // first named; IDs naming no EFA are left out.
+  std::vector<std::string> PhysicalEfas(const std::vector<std::string>& ids) const;
 };
 
 // Where the accelerators of the container being admitted are, for
@@ -57,13 +70,17 @@ using PreStartBinder = std::function<absl::Status(const DeviceTable& table,
                                                   const std::vector<std::string>& kubelet_ids)>;
 
 // The preferred EFAs for one container request: the policy's choice among
-// the available healthy devices, aligned with `targets`. Never fails. Pure.
+// the available healthy devices, aligned with `targets`. With replicas, the
+// policy chooses physical EFAs (distinct ones first, then second replicas,
+// and so on; the least shared among equally near ones) and each gets its
+// lowest free replica. Never fails. Pure.
 std::vector<std::string> PreferredDevices(
     const DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
     const Targets& targets);
 
 // Builds the Allocate answer for one container: DeviceSpecs for exactly the
-// requested devices' uverbs nodes and the EFA_* environment. Rejects an
+// requested devices' uverbs nodes and the EFA_* environment, each physical
+// EFA once (two replicas of one EFA give it once). Rejects an
 // empty request, unknown or repeated IDs (INVALID_ARGUMENT) and unhealthy
 // devices (FAILED_PRECONDITION), naming the device ID. Pure.
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
@@ -80,6 +97,7 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
  public:
   struct Options {
     bool report_numa = true;  // TopologyInfo on each device, for the Topology Manager
+    int replicas = 1;         // device IDs per EFA (README, "Sharing")
   };
   explicit DevicePluginService(Options options);
   ~DevicePluginService() override;
@@ -96,6 +114,8 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   // answers with a CDI device and PreStartContainer calls `binder`. Set
   // before serving.
   void SetLateBinding(PreStartBinder binder);
+  // The devices served now. Thread-safe.
+  std::shared_ptr<const DeviceTable> Table() const { return table(); }
   // The ListAndWatch message for the current devices. Thread-safe.
   v1beta1::ListAndWatchResponse CurrentList() const;
   // Ends every open ListAndWatch stream; later streams end at once.

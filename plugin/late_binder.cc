@@ -76,7 +76,7 @@ int LateBinder::Recover() {
   }
   std::sort(files.begin(), files.end());
   std::map<std::string, Binding> recovered;
-  std::map<std::string, std::string> owner_of;  // EFA -> claim
+  std::map<std::string, std::vector<std::string>> owners_of;  // EFA -> claims
   for (const fs::path& path : files) {
     const std::string claim = ClaimOfSpecFile(path.filename().string());
     absl::StatusOr<std::string> text = ReadSmallFile(path);
@@ -94,12 +94,16 @@ int LateBinder::Recover() {
       continue;
     }
     for (const std::string& efa : *efas) {
-      auto [it, inserted] = owner_of.emplace(efa, claim);
-      if (!inserted) {
+      std::vector<std::string>& owners = owners_of[efa];
+      owners.push_back(claim);
+      // With sharing, up to `replicas` claims bind one EFA.
+      if (static_cast<int>(owners.size()) > options_.replicas) {
         spdlog::error(
-            "late binding: EFA {} is bound twice, by {} and by {} ({} and {}): two containers "
-            "may share it; each is bound afresh at its next start",
-            efa, it->second, claim, SpecPath(it->second).string(), path.string());
+            "late binding: EFA {} is bound {} times, by {} and by {} ({} and {}): more "
+            "containers than its {} replica(s) may share it; each is bound afresh at its next "
+            "start",
+            efa, owners.size(), owners.front(), claim, SpecPath(owners.front()).string(),
+            path.string(), options_.replicas);
       }
     }
     recovered[claim] = Binding{Sorted(*efas), "", *std::move(text), 0};
@@ -280,22 +284,31 @@ absl::Status LateBinder::PreStart(const DeviceTable& table,
     // Bindings of containers that no longer hold their IDs are gone, and
     // their EFAs free.
     if (live) ReleaseLocked(*live, generation);
-    std::set<std::string> taken;
+    std::map<std::string, int> taken;  // EFA -> claims bound to it
     for (const auto& [other, binding] : bindings_) {
-      if (other != claim) taken.insert(binding.efas.begin(), binding.efas.end());
+      if (other == claim) continue;
+      for (const std::string& efa : binding.efas) ++taken[efa];
     }
     topology::AllocationRequest request;
     for (const topology::EfaDevice& d : table.devices) {
-      if (d.healthy() && !taken.count(d.ibdev)) request.available.push_back(d.ibdev);
+      auto uses = taken.find(d.ibdev);
+      if (!d.healthy() || (uses != taken.end() && uses->second >= table.replicas)) continue;
+      request.available.push_back(d.ibdev);
+      if (uses != taken.end() && table.replicas > 1) request.shared[d.ibdev] = uses->second;
     }
-    request.size = static_cast<int>(kubelet_ids.size());
+    // With sharing, a claim of more replicas than there are EFAs with room
+    // gets each of those once (a device node is given once anyway).
+    const size_t wanted = table.replicas > 1
+                              ? std::min(kubelet_ids.size(), request.available.size())
+                              : kubelet_ids.size();
+    request.size = static_cast<int>(wanted);
     request.target_accelerators = targets.pci;
     request.target_neuron_indices = targets.neuron_indices;
     std::vector<topology::EfaDevice> devices;
     for (const std::string& id : topology::ChooseEfas(*table.model, request)) {
       if (const topology::EfaDevice* d = table.Find(id)) devices.push_back(*d);
     }
-    if (devices.size() < kubelet_ids.size()) {
+    if (devices.size() < wanted || devices.empty()) {
       status = absl::FailedPreconditionError(
           absl::StrCat("cannot bind ", described, ": ", kubelet_ids.size(), " EFAs wanted, ",
                        request.available.size(), " healthy and free (", taken.size(),

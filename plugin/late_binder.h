@@ -6,7 +6,8 @@
 // The spec files in the CDI dir are the durable state: Recover() reads them
 // back after a restart. A binding is released when no container of the
 // kubelet's checkpoint holds its kubelet IDs any more. No physical EFA is
-// ever bound to two claims: each choice excludes every other binding.
+// ever bound to two claims, or with sharing to more claims than its
+// replicas: each choice excludes the EFAs other bindings fill.
 #pragma once
 
 #include <chrono>
@@ -33,6 +34,8 @@ struct LateBinderOptions {
   std::filesystem::path kubelet_dir = "/var/lib/kubelet";
   std::filesystem::path proc_root = "/proc";
   std::string efa_resource = "vpc.amazonaws.com/efa";
+  // Sharing: how many claims may bind one EFA (the table's replicas).
+  int replicas = 1;
   AcceleratorResources resources;
   PodResourcesClient::Options pod_resources;
   // Runs after each new binding, on the thread that made it (a gRPC

@@ -49,7 +49,8 @@ int RunTopology(const Config& c, const std::string& format) {
   auto report = efa::plugin::BuildTopologyReport({{*c.sysfs_root, *c.dev_root, *c.proc_root},
                                                   *c.topology_xml,
                                                   *c.instance_type,
-                                                  *c.expected_efa_count});
+                                                  *c.expected_efa_count,
+                                                  *c.sharing_replicas});
   auto text = efa::plugin::FormatTopology(report, format);
   if (!text.ok()) {
     std::fprintf(stderr, "%s\n", std::string(text.status().message()).c_str());

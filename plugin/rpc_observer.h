@@ -49,6 +49,9 @@ class RpcObserver {
                           std::chrono::nanoseconds elapsed) = 0;
   // Allocate gave one container `devices` EFAs.
   virtual void ContainerAllocated(size_t devices) = 0;
+  // Allocate gave a container the physical EFA `ibdev` (once per container,
+  // however many of its replicas; not with late binding). Default: nothing.
+  virtual void EfaAllocated(std::string_view /*ibdev*/) {}
 };
 
 // Times one handler and reports it when it goes out of scope; does nothing

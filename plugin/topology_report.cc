@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "plugin/replica_id.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 
@@ -112,6 +113,7 @@ TopologyReport BuildTopologyReport(const TopologyReportOptions& options) {
     report.model = HostModel::Create(report.instance_type, std::move(efas), {});
   }
   if (report.instance_type.empty()) report.instance_type_source.clear();
+  report.replicas = options.replicas;
   report.count = CheckEfaCount(report.instance_type, options.expected_efa_count,
                                static_cast<int>(report.inventory.devices.size()));
   return report;
@@ -127,6 +129,11 @@ std::string FormatTopologyTable(const TopologyReport& report) {
                       : absl::StrCat(report.instance_type, " (", report.instance_type_source, ")"),
                   "\n");
   absl::StrAppend(&out, "EFA count: ", report.count.Describe(), "\n");
+  if (report.replicas > 1) {
+    absl::StrAppend(&out, "Sharing: ", report.replicas, " replicas per EFA, device IDs ",
+                    ReplicaId("<ibdev>", 0), " to ", ReplicaId("<ibdev>", report.replicas - 1),
+                    " (", report.replicas * report.count.found, " in all)\n");
+  }
   if (!report.topology_error.empty()) {
     absl::StrAppend(&out, "PCI tree: unavailable (", report.topology_error,
                     "): accelerators and switches unknown\n");
@@ -218,6 +225,10 @@ std::string FormatTopologyJson(const TopologyReport& report) {
                                                               : Json("instanceType")},
                    {"ok", !report.count.short_of_expected()},
                    {"message", report.count.Describe()}};
+  if (report.replicas > 1) {
+    j["sharing"] = {{"replicas", report.replicas},
+                    {"deviceIds", report.replicas * report.count.found}};
+  }
   j["topologyError"] = report.topology_error.empty() ? Json() : Json(report.topology_error);
   j["neuronTable"] = model.neuron_table() ? Json(std::string(model.neuron_table()->name)) : Json();
   Json accelerators = Json::array();

@@ -22,6 +22,7 @@ struct TopologyReportOptions {
   std::string topology_xml;   // empty: hwloc reads the host (or the root above roots.sysfs)
   std::string instance_type;  // empty: the DMI product name
   int expected_efa_count = 0;
+  int replicas = 1;  // sharing.replicas: device IDs per EFA
 };
 
 struct TopologyReport {
@@ -31,6 +32,7 @@ struct TopologyReport {
   std::shared_ptr<const topology::HostModel> model;  // never null
   std::string topology_error;  // why the PCI tree could not be read (then no accelerators)
   EfaCountCheck count;
+  int replicas = 1;
 };
 
 // Discovers the EFAs, loads the PCI tree and checks the count. Never fails:

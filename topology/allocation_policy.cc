@@ -22,7 +22,7 @@ enum State : uint8_t { kUnavailable = 0, kFree = 1, kChosen = 2 };
 // Which EFAs are free and which are chosen; the answer in the making.
 class Selection {
  public:
-  explicit Selection(size_t efas) : state_(efas, kUnavailable) {}
+  explicit Selection(size_t efas) : state_(efas, kUnavailable), shared_(efas, 0) {}
 
   bool IsFree(size_t e) const { return state_[e] == kFree; }
   bool IsChosen(size_t e) const { return state_[e] == kChosen; }
@@ -35,9 +35,27 @@ class Selection {
     chosen_.push_back(e);
   }
   std::vector<size_t>& chosen() { return chosen_; }
+  // How many containers already use EFA `e` (sharing).
+  int Shared(size_t e) const { return shared_[e]; }
+  void SetShared(size_t e, int uses) {
+    shared_[e] = uses;
+    sharing_ = sharing_ || uses != 0;
+  }
+  bool sharing() const { return sharing_; }
+  // The least shared free EFA among list[from..] (list[from] must be free),
+  // the first of them on a tie: list[from] when nothing is shared.
+  size_t LeastShared(const std::vector<size_t>& list, size_t from) const {
+    size_t best = list[from];
+    for (size_t i = from + 1; sharing_ && i < list.size(); ++i) {
+      if (IsFree(list[i]) && Shared(list[i]) < Shared(best)) best = list[i];
+    }
+    return best;
+  }
 
  private:
   std::vector<uint8_t> state_;
+  std::vector<int> shared_;
+  bool sharing_ = false;
   std::vector<size_t> chosen_;
 };
 
@@ -75,7 +93,7 @@ class TierCursors {
       while (t.exact_cursor < t.exact->size() && !sel_.IsFree((*t.exact)[t.exact_cursor])) {
         ++t.exact_cursor;
       }
-      if (t.exact_cursor < t.exact->size()) return (*t.exact)[t.exact_cursor];
+      if (t.exact_cursor < t.exact->size()) return sel_.LeastShared(*t.exact, t.exact_cursor);
     }
     for (size_t level = 0; level < 3; ++level) {
       const int g = t.groups[level];
@@ -83,11 +101,16 @@ class TierCursors {
       const std::vector<size_t>& list = model_.GroupEfas(kTiers[level], g);
       size_t& c = cursors_[level][static_cast<size_t>(g)];
       while (c < list.size() && !sel_.IsFree(list[c])) ++c;
-      if (c < list.size()) return list[c];
+      if (c < list.size()) return sel_.LeastShared(list, c);
     }
     const size_t n = model_.efas().size();
     while (all_ < n && !sel_.IsFree(all_)) ++all_;
-    return all_ < n ? all_ : kNone;
+    if (all_ == n) return kNone;
+    if (!sel_.sharing()) return all_;
+    if (every_.empty()) {
+      for (size_t e = 0; e < n; ++e) every_.push_back(e);
+    }
+    return sel_.LeastShared(every_, all_);
   }
 
  private:
@@ -95,6 +118,7 @@ class TierCursors {
   Selection& sel_;
   std::vector<size_t> cursors_[3];
   size_t all_ = 0;
+  std::vector<size_t> every_;  // 0..n-1, made when first needed with sharing
 };
 
 std::vector<Target> ResolveTargets(const HostModel& model, const AllocationRequest& request) {
@@ -189,7 +213,10 @@ void ChooseNearTargets(const HostModel& model, std::vector<Target>& targets, int
 struct NodeStats {
   int depth = 0;  // root 0, NUMA node 1, root complex 2, leaf 3
   int free = 0;
-  int must = 0;          // must-include EFAs (already chosen) in the subtree
+  int must = 0;  // must-include EFAs (already chosen) in the subtree
+  // Sharing: the uses of the subtree's least shared free EFA (a group fills
+  // one layer of replicas before the next).
+  int shared = std::numeric_limits<int>::max();
   size_t key = kNone;    // first accelerator likely still free, by index (= PCI order)
   size_t first = kNone;  // first free EFA
 };
@@ -213,6 +240,7 @@ class GroupFiller {
       if (node.children.empty()) {
         for (size_t e : node.efas) {
           if (sel.IsFree(e)) {
+            s.shared = std::min(s.shared, sel.Shared(e));
             ++s.free;
             s.first = std::min(s.first, e);
           } else if (sel.IsChosen(e)) {
@@ -240,6 +268,7 @@ class GroupFiller {
           const NodeStats& cs = stats_[static_cast<size_t>(c)];
           s.free += cs.free;
           s.must += cs.must;
+          s.shared = std::min(s.shared, cs.shared);
           s.key = std::min(s.key, cs.key);
           s.first = std::min(s.first, cs.first);
         }
@@ -255,11 +284,15 @@ class GroupFiller {
   const NodeStats& Stats(int node) const { return stats_[static_cast<size_t>(node)]; }
 
   // Preference among groups: those holding must-include EFAs, then those
-  // whose likely free accelerator comes first, then PCI order.
+  // whose least shared free EFA is least shared (with sharing, predictions
+  // must not pile containers onto one group: a group's EFAs fill one layer
+  // of replicas before the next), then those whose likely free accelerator
+  // comes first, then PCI order.
   bool Before(int a, int b) const {
     const NodeStats& x = Stats(a);
     const NodeStats& y = Stats(b);
-    return std::tuple(-x.must, x.key, x.first) < std::tuple(-y.must, y.key, y.first);
+    return std::tuple(-x.must, x.shared, x.key, x.first) <
+           std::tuple(-y.must, y.shared, y.key, y.first);
   }
 
   // The group strictly below `node` with at least `need` free EFAs that is
@@ -300,13 +333,13 @@ class GroupFiller {
       return;
     }
     if (pn.children.empty()) {
+      std::vector<size_t> free;
       for (size_t e : pn.efas) {
-        if (need == 0) break;
-        if (sel_.IsFree(e)) {
-          sel_.Choose(e);
-          --need;
-        }
+        if (sel_.IsFree(e)) free.push_back(e);
       }
+      std::stable_sort(free.begin(), free.end(),
+                       [this](size_t a, size_t b) { return sel_.Shared(a) < sel_.Shared(b); });
+      for (size_t i = 0; i < free.size() && need > 0; ++i, --need) sel_.Choose(free[i]);
       return;
     }
     // The smallest group that holds the whole rest keeps it together.
@@ -346,6 +379,9 @@ class GroupFiller {
 std::vector<std::string> ChooseEfas(const HostModel& model, const AllocationRequest& request) {
   const size_t n = model.efas().size();
   Selection sel(n);
+  for (const auto& [id, uses] : request.shared) {
+    if (auto e = model.FindEfa(id)) sel.SetShared(*e, uses);
+  }
   std::vector<std::string> unknown_must;
   for (const std::string& id : request.must_include) {
     if (auto e = model.FindEfa(id)) {

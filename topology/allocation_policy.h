@@ -3,6 +3,7 @@
 // state), so the kubelet's GetPreferredAllocation can call it on any thread.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,11 @@ struct AllocationRequest {
   // free; when not, by a guess from how many of the group's EFAs are taken.
   bool busy_known = false;
   std::vector<PciAddress> busy_accelerators;
+  // With sharing (README, "Sharing"): how many containers already use each
+  // EFA, by ID; EFAs not listed: none. Among EFAs equally near, the least
+  // shared go first; without targets, groups by their least shared free
+  // EFA. Empty: nothing is shared (the choice is as without).
+  std::map<std::string, int> shared;
 };
 
 // Chooses the EFAs for `request`:
@@ -49,11 +55,15 @@ struct AllocationRequest {
 //    preference order and splits the last. Preferred are groups holding
 //    must-include EFAs, then those whose accelerators the accelerator plugins will hand
 //    out next (lowest PCI address first, counting a group's accelerators as
-//    taken in proportion to its taken EFAs), then PCI order.
+//    taken in proportion to its taken EFAs), then PCI order;
+//  - with `shared` uses, the least shared EFAs of each tier first, and
+//    without targets groups by their least shared free EFA (after
+//    must-include, before the accelerators).
 // Never fails: with too few EFAs it returns what there is. Deterministic and
 // independent of the order of the request's lists. The result lists known
 // EFAs in PCI order, then unknown IDs in lexicographic order. Runs in
-// O(n log n) for n EFAs (plus the targets). Thread-safe.
+// O(n log n) for n EFAs (plus the targets; O(n^2) with `shared` uses).
+// Thread-safe.
 std::vector<std::string> ChooseEfas(const HostModel& model, const AllocationRequest& request);
 
 }  // namespace efa::topology

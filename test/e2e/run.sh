@@ -14,7 +14,10 @@
 # guard; 8 `helm upgrade` of a release of a chart shaped like AWS's to the
 # Helm chart (the DaemonSet updated in place); 9 the chart's pod on the
 # kubelet, from the image built from the Dockerfile; 10 the upgrade of 8 with
-# the old release's pod running. Also a CTest test (e2e_real_kubelet, label
+# the old release's pod running; 11 (run after 8, the host daemon restarted
+# with --sharing-replicas 4 and restored after) sharing: 128 allocatable,
+# 8 pods of 1 GPU + 4 EFA and 16 of 1 EFA at once, each pod's device nodes
+# and env, the GPU pods aligned. Also a CTest test (e2e_real_kubelet, label
 # e2e), which sets EFA_E2E_BUILD_DIR to its own build dir.
 # Needs root. Environment: EFA_E2E_IMAGE_TAR (the image as `podman save`
 # writes it, as scripts/image.sh does; checks 9 and 10 are skipped, and say
@@ -81,7 +84,7 @@ setup_failed() {
   echo "FAIL setup: $*"
   failed=$((failed + 1))
   local n
-  for n in 1 2 3 4 5 6 7 8 9 10; do
+  for n in 1 2 3 4 5 6 7 8 9 10 11; do
     echo "FAIL check $n: not run (setup failed)"
     failed=$((failed + 1))
   done
@@ -222,7 +225,8 @@ verify_pod() {
   # The kubelet's checkpoint agrees.
   uid="$(pod_uid "$pod")"
   local sorted_names; sorted_names="$(tr , '\n' <<< "$names" | sort)"
-  local ck; ck="$(checkpoint_ids "$uid")"
+  # (With sharing the kubelet's IDs are replicas "<ibdev>::<n>" of the EFAs.)
+  local ck; ck="$(checkpoint_ids "$uid" | sed 's/::[0-9]*$//' | sort)"
   [ "$ck" = "$sorted_names" ] \
     || why "checkpoint lists [$(flat "$ck")] for $pod, the container has [$(flat "$sorted_names")]" || return 1
   local paths
@@ -909,6 +913,87 @@ Seccomp: 2"
   CHART_POD="$pod"
 }
 
+# --- check 11: sharing (issue 23) ---------------------------------------------
+readonly SHARING_REPLICAS=4
+readonly SHARED_GPU_PODS=8    # pods of 1 GPU + 4 EFA
+readonly SHARED_EFA_PODS=16   # pods of 1 EFA
+
+# The daemon restarted with `flags`, registered again and showing $1
+# allocatable EFAs.
+restart_host_daemon() {
+  local want="$1"; shift
+  local before; before="$(registrations)"
+  e2e_stop efa-plugin 10
+  start_daemon "$@"
+  e2e_wait_for 60 "the restarted daemon to register" registrations_above "$before" \
+    || why "the daemon restarted with [$*] did not register (see $E2E_LOGS/efa-plugin.log)" || return 1
+  e2e_wait_for 60 "node allocatable $EFA to be $want" node_efa_is allocatable "$want" \
+    || why "with the daemon restarted with [$*] allocatable $EFA is '$(node_field allocatable)', expected $want" || return 1
+}
+
+check_11_sharing() {
+  delete_all_pods || why "cannot delete the earlier checks' pods" || return 1
+  restart_fake_gpu_plugin || return 1
+  read_fake_gpus || why "the fake GPU plugin wrote ${#GPU_PCI_OF_UUID[@]} GPUs, expected $GPU_TOTAL" || return 1
+  local total=$((EFA_TOTAL * SHARING_REPLICAS))
+  restart_host_daemon "$total" --sharing-replicas "$SHARING_REPLICAS" || return 1
+  local ids; ids="$(jq -r --arg res "$EFA" '.Data.RegisteredDevices[$res][]?' "$CHECKPOINT" | sort -V | head -n 2 | paste -sd,)"
+  info "replicas $SHARING_REPLICAS: allocatable $EFA $(node_field allocatable), capacity $(node_field capacity); first IDs $ids"
+
+  # Two EFA-only pods, then a GPU pod, all created at once.
+  local -a pods=() gpu_pods=() efa_pods=()
+  local i g=0 e=0 manifests=""
+  for ((i = 0; i < SHARED_GPU_PODS + SHARED_EFA_PODS; i++)); do
+    if ((i % 3 == 2)); then
+      g=$((g + 1)); pods+=("shared-gpu-$g"); gpu_pods+=("shared-gpu-$g")
+      manifests+="$(pod_manifest "shared-gpu-$g" 4 1)"$'\n---\n'
+    else
+      e=$((e + 1)); pods+=("shared-efa-$e"); efa_pods+=("shared-efa-$e")
+      manifests+="$(pod_manifest "shared-efa-$e" 1)"$'\n---\n'
+    fi
+  done
+  e2e_kubectl apply -f - <<< "$manifests" >/dev/null || why "cannot create the sharing pods" || return 1
+  e2e_wait_for 240 "${#pods[@]} sharing pods to run" all_running "${pods[@]}" || {
+    local stuck="" pod
+    for pod in "${pods[@]}"; do
+      pod_running "$pod" || stuck+="${stuck:+; }$pod is '$(pod_phase "$pod")': $(pod_json "$pod" | jq -c '.status | {reason, message}')"
+    done
+    why "not every sharing pod runs: $stuck"
+    return 1
+  }
+
+  # Each pod's device nodes, env and checkpoint (physical EFAs, each once).
+  local pod uses=""
+  for pod in "${efa_pods[@]}"; do
+    verify_pod "$pod" 1 || { reason="$pod: $reason"; return 1; }
+    uses+="$VIEW_NAMES"$'\n'
+  done
+  local aligned=0 env gpu_pci efa_pci verdict
+  for pod in "${gpu_pods[@]}"; do
+    verify_pod "$pod" 4 || { reason="$pod: $reason"; return 1; }
+    uses+="$VIEW_NAMES"$'\n'
+    env="$(gpu_pod_env "$pod" 2>&1)" || why "kubectl exec $pod failed: $env" || return 1
+    gpu_pci="${GPU_PCI_OF_UUID[$(env_value "$env" GPU)]:-}"
+    efa_pci="$(env_value "$env" EFA_PCI)"
+    if efas_with_gpu "$efa_pci" "$gpu_pci"; then verdict=aligned; aligned=$((aligned + 1)); else verdict="NOT aligned"; fi
+    info "$pod: GPU $gpu_pci, EFAs $efa_pci: $verdict"
+  done
+  local most; most="$(grep . <<< "$uses" | sort | uniq -c | sort -rn | head -n1)"
+  local used; used="$(grep . <<< "$uses" | sort -u | grep -c .)"
+  info "$((SHARED_GPU_PODS + SHARED_EFA_PODS)) pods run at once on $used EFAs; the most shared: $(awk '{print $2" by "$1" containers"}' <<< "$most")"
+  echo "    sharing alignment rate: $aligned/$SHARED_GPU_PODS"
+  local percent=$((100 * aligned / SHARED_GPU_PODS))
+  [ "$percent" -ge "$ALIGN_MIN_PERCENT" ] \
+    || why "with sharing $aligned of $SHARED_GPU_PODS GPU pods are aligned ($percent%, below $ALIGN_MIN_PERCENT%)" || return 1
+  [ "$(awk '{print $1}' <<< "$most")" -le "$SHARING_REPLICAS" ] \
+    || why "an EFA is shared by more containers than its replicas: $most" || return 1
+
+  # Back to exclusive EFAs for the checks after this one.
+  delete_all_pods || why "cannot delete the sharing pods" || return 1
+  stop_fake_gpu_plugin
+  restart_host_daemon "$EFA_TOTAL" || return 1
+}
+
 check_8_upgrade_in_place() {
   no_release || return 1
   install_aws_shaped_release || return 1
@@ -1130,6 +1215,7 @@ main() {
   run_check 6 "alignment of $ALIGN_PODS pods of 1 GPU + 4 EFA with a fake NVIDIA plugin" check_6_alignment
   run_check 7 "the MOFED guard trips on NVIDIA_MOFED=enabled (warn, protect, cleared)" check_7_mofed_guard
   run_check 8 "helm upgrade of a release of AWS's chart updates its DaemonSet in place" check_8_upgrade_in_place
+  run_check 11 "sharing: replicas $SHARING_REPLICAS show $((EFA_TOTAL * SHARING_REPLICAS)) EFAs; $SHARED_GPU_PODS GPU pods and $SHARED_EFA_PODS EFA-only pods run at once" check_11_sharing
   if [ -n "${EFA_E2E_IMAGE_TAR:-}" ]; then
     run_check 9 "the Helm chart's pod runs on the kubelet and serves the node" check_9_chart_on_kubelet
     run_check 10 "helm upgrade replaces the running pod of AWS's chart with the chart's" check_10_upgrade_on_kubelet

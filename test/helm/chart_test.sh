@@ -412,7 +412,8 @@ if "$HELM_BIN" template aws-efa-k8s-device-plugin "$CHART" -n kube-system >"$TMP
 else fail "release named after the chart renders" "$(cat "$TMP/release.err")"; fi
 
 expect_render all -f "$ROOT/test/helm/values-all.yaml"
-expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "draPolicy", "expectedEfaCount", "gpuResources", "instanceType", "logFormat", "logLevel", "metricsAddress", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "reportNuma", "rescanInterval", "topologyXml", "version"]'
+expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "draPolicy", "expectedEfaCount", "gpuResources", "instanceType", "logFormat", "logLevel", "metricsAddress", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "reportNuma", "rescanInterval", "sharingRenameByDefault", "sharingReplicas", "topologyXml", "version"]'
+expect all '[config["sharingReplicas"], config["sharingRenameByDefault"]]' '[4, true]'
 expect all 'mounts["/etc/efa-topology"]["readOnly"]' 'true'
 expect all '[len(set(v["name"] for v in pod["volumes"])) == len(pod["volumes"]), len(mounts) == len(c["volumeMounts"])]' '[true, true]'
 checks all
@@ -432,6 +433,7 @@ expect_reject schema-port '/metrics/port' --set metrics.port=70000
 expect_reject schema-port-type '/metrics/port' --set-string metrics.port=http
 expect_reject schema-policy '/guards/mofed/policy' --set guards.mofed.policy=block
 expect_reject schema-dra '/guards/dra/policy' --set guards.dra.policy=share
+expect_reject schema-replicas '/sharing/replicas' --set sharing.replicas=0
 expect_reject schema-loglevel '/config/logLevel' --set config.logLevel=verbose
 expect_reject schema-duration '/config/rescanInterval' --set config.rescanInterval=10
 expect_reject schema-unknown 'config|logLvl' --set config.logLvl=debug
@@ -450,6 +452,8 @@ expect_reject schema-aliases '/additionalPodLabels/team' --set-json 'additionalP
 expect_reject contra-cdidir 'alignment.mode is late-binding but alignment.cdiDir is empty' \
   --set alignment.mode=late-binding --set alignment.cdiDir=
 expect_reject contra-probeport 'probePort and metrics.port are both 8080' --set probePort=8080
+expect_reject contra-sharing-rename 'sharing.renameByDefault is true but sharing.replicas is not above 1' \
+  --set sharing.renameByDefault=true
 expect_reject contra-servicemonitor 'metrics.serviceMonitor.enabled is true' --set metrics.enabled=false \
   --set livenessProbe.enabled=false --set readinessProbe.enabled=false --set metrics.serviceMonitor.enabled=true
 expect_reject contra-processcheck 'guards.mofed.processCheck is true but guards.mofed.policy is off' \

@@ -1,14 +1,19 @@
 // Alignment end to end: the daemon, the fake kubelet admitting pods one
 // resource at a time in a chosen or random order, and a fake GPU or Neuron
 // plugin, all over real unix sockets. Prints the alignment rates.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "plugin/alignment.h"
 #include "plugin/daemon.h"
+#include "plugin/replica_id.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
@@ -32,7 +37,7 @@ enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
 
 class AlignedNode {
  public:
-  AlignedNode(const std::string& machine, AcceleratorKind kind)
+  AlignedNode(const std::string& machine, AcceleratorKind kind, int replicas = 1)
       : sim_(machine),
         kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
         accelerators_(*efa::sim::FindMachine(machine), kind,
@@ -42,6 +47,7 @@ class AlignedNode {
     options.roots = sim_.roots();
     options.kubelet_dir = sim_.path() / "kubelet";
     options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
+    options.replicas = replicas;
     daemon_ = std::make_unique<Daemon>(options);
     thread_ = std::thread([this] { daemon_->Run(); });
     REQUIRE(accelerators_.Start().ok());
@@ -91,7 +97,11 @@ class AlignedNode {
   }
 
   bool Aligned(const std::string& uid) {
-    auto efas = kubelet_.container_devices(uid, "main", kEfa);
+    std::vector<std::string> efas;
+    for (const auto& id : kubelet_.container_devices(uid, "main", kEfa)) {
+      auto replica = efa::plugin::ParseReplicaId(id);
+      efas.push_back(replica ? replica->ibdev : id);
+    }
     std::vector<std::pair<std::string, std::string>> accels;
     for (const auto& id : kubelet_.container_devices(uid, "main", accelerators_.resource_name())) {
       accels.emplace_back(accelerators_.resource_name(), id);
@@ -101,6 +111,8 @@ class AlignedNode {
   }
 
   FakeKubelet& kubelet() { return kubelet_; }
+  const SimRoot& sim() const { return sim_; }
+  const std::string& accelerator_resource() const { return accelerators_.resource_name(); }
   Daemon& daemon() { return *daemon_; }
 
  private:
@@ -198,4 +210,61 @@ TEST_CASE("With pod-resources down or rate-limited, allocations succeed and are 
   REQUIRE(admitted.ok());
   CHECK(node.kubelet().container_devices("u1", "main", kEfa).size() == 4);
   CHECK(node.daemon().alignment_stats()->Get().degraded == 1);
+}
+
+TEST_CASE("Sharing: with 4 replicas a p5 runs 8 GPU pods and 16 EFA-only pods at once, aligned",
+          "[sharing][alignment][daemon][concurrency]") {
+  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, /*replicas=*/4);
+  FakeKubelet& kubelet = node.kubelet();
+  const auto advertised = kubelet.devices(kEfa);
+  REQUIRE(advertised.size() == 128);
+  CHECK(advertised[0].id() == "rdmap79s0::0");
+  CHECK(advertised[3].id() == "rdmap79s0::3");
+  CHECK(advertised[4].id() == "rdmap80s0::0");
+  std::map<std::string, std::string> uverbs;  // ibdev -> host path
+  for (const auto& d : efa::topology::DiscoverEfaDevices(node.sim().roots()).devices) {
+    uverbs[d.ibdev] = d.uverbs_path;
+  }
+  std::mt19937 rng(11);
+  std::map<std::string, int> uses;  // physical EFA -> containers
+  int gpu_pods = 0, aligned = 0;
+  // Two EFA-only pods, then a GPU pod (its resources in random order).
+  for (int i = 0; i < 24; ++i) {
+    const bool gpu = i % 3 == 2;
+    std::vector<std::pair<std::string, int>> requests = {{kEfa, gpu ? 4 : 1}};
+    if (gpu) requests.push_back({node.accelerator_resource(), 1});
+    if (rng() & 1) std::reverse(requests.begin(), requests.end());
+    const std::string uid = absl::StrCat("uid-", i);
+    auto admitted =
+        kubelet.AdmitContainer(absl::StrCat("pod-", i), "default", uid, "main", requests);
+    REQUIRE(admitted.ok());
+    for (const auto& a : admitted->allocations) {
+      if (a.resource != kEfa) continue;
+      // Distinct EFAs, each given once: its device node and its name in the env.
+      std::set<std::string> efas, nodes, paths;
+      for (const auto& id : a.device_ids) {
+        auto replica = efa::plugin::ParseReplicaId(id);
+        REQUIRE(replica);
+        efas.insert(replica->ibdev);
+        nodes.insert(uverbs.at(replica->ibdev));
+        ++uses[replica->ibdev];
+      }
+      CHECK(efas.size() == a.device_ids.size());
+      for (const auto& spec : a.response.devices()) paths.insert(spec.host_path());
+      CHECK(paths == nodes);
+      CHECK(a.response.devices_size() == static_cast<int>(efas.size()));
+      std::vector<std::string> env = absl::StrSplit(a.response.envs().at("EFA_DEVICES"), ',');
+      CHECK(std::set<std::string>(env.begin(), env.end()) == efas);
+    }
+    if (gpu) {
+      ++gpu_pods;
+      aligned += node.Aligned(uid) ? 1 : 0;
+    }
+  }
+  Report("p5 sharing x4: 1 GPU + 4 EFA among EFA-only", {aligned, gpu_pods});
+  CHECK(gpu_pods == 8);
+  CHECK(aligned == 8);
+  // 48 replicas spread over all 32 EFAs: none shared by more than 2.
+  CHECK(uses.size() == 32);
+  for (const auto& [efa, n] : uses) CHECK(n <= 2);
 }

@@ -153,7 +153,9 @@ TEST_CASE("Every option parses from the file", "[config]") {
       "mofedPolicy: protect\n"
       "draPolicy: ignore\n"
       "cdiSpecDirs: [/etc/cdi]\n"
-      "expectedEfaCount: 31\n",
+      "expectedEfaCount: 31\n"
+      "sharingReplicas: 4\n"
+      "sharingRenameByDefault: true\n",
       "config.yaml");
   REQUIRE(c.ok());
   Config want;
@@ -179,6 +181,8 @@ TEST_CASE("Every option parses from the file", "[config]") {
   want.dra_policy = DraPolicy::kIgnore;
   want.cdi_spec_dirs = std::vector<std::string>{"/etc/cdi"};
   want.expected_efa_count = 31;
+  want.sharing_replicas = 4;
+  want.sharing_rename_by_default = true;
   CHECK(*c == want);
 
   DaemonOptions o = ToDaemonOptions(MergeConfig(DefaultConfig(), *c));
@@ -198,6 +202,16 @@ TEST_CASE("Every option parses from the file", "[config]") {
   CHECK(o.mofed_policy == MofedPolicy::kProtect);
   CHECK(o.dra_policy == DraPolicy::kIgnore);
   CHECK(o.cdi_spec_dirs == std::vector<fs::path>{"/etc/cdi"});
+  CHECK(o.replicas == 4);
+  CHECK(o.resource_name == "vpc.amazonaws.com/efa.shared");
+  // Renaming applies only while sharing; by default the name stays.
+  c->sharing_replicas = 1;
+  CHECK(ToDaemonOptions(*c).resource_name == "vpc.amazonaws.com/efa");
+  CHECK(ToDaemonOptions(DefaultConfig()).replicas == 1);
+  CHECK(ToDaemonOptions(DefaultConfig()).resource_name == "vpc.amazonaws.com/efa");
+  c->sharing_replicas = 2;
+  c->sharing_rename_by_default = std::nullopt;
+  CHECK(ToDaemonOptions(*c).resource_name == "vpc.amazonaws.com/efa");
 }
 
 TEST_CASE("The printed configuration reads back as the same configuration", "[config]") {
@@ -231,7 +245,9 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "mofedPolicy: warn\n"
         "draPolicy: yield\n"
         "cdiSpecDirs: [\"/etc/cdi\", \"/var/run/cdi\"]\n"
-        "expectedEfaCount: 0\n");
+        "expectedEfaCount: 0\n"
+        "sharingReplicas: 1\n"
+        "sharingRenameByDefault: false\n");
   auto back = ParseConfigYaml(yaml, "printed.yaml");
   REQUIRE(back.ok());
   CHECK(*back == c->config);
@@ -243,7 +259,8 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "gpuResources=[nvidia.com/gpu] neuronResources=[aws.amazon.com/neuron] "
         "neuroncoreResources=[aws.amazon.com/neuroncore] neuroncoresPerDevice=0 "
         "cdiDir=/var/run/cdi mofedPolicy=warn draPolicy=yield "
-        "cdiSpecDirs=[/etc/cdi,/var/run/cdi] expectedEfaCount=0");
+        "cdiSpecDirs=[/etc/cdi,/var/run/cdi] expectedEfaCount=0 sharingReplicas=1 "
+        "sharingRenameByDefault=false");
 }
 
 TEST_CASE("Invalid configuration files are refused with the place, the key and what was wrong",
@@ -282,6 +299,8 @@ TEST_CASE("Invalid configuration files are refused with the place, the key and w
        "\"gpu\""},
       {"version: v1\nneuroncoresPerDevice: -1\n",
        "config.yaml:2:23: neuroncoresPerDevice: expected an integer from 0 to 64, got \"-1\""},
+      {"version: v1\nsharingReplicas: 0\n",
+       "config.yaml:2:18: sharingReplicas: expected an integer from 1 to 64, got \"0\""},
       {"version: v1\nexpectedEfaCount: 5000\n",
        "config.yaml:2:19: expectedEfaCount: expected an integer from 0 to 1024, got \"5000\""},
       {"version: v1\nmetricsAddress: \"8080\"\n",
@@ -329,6 +348,12 @@ TEST_CASE("Invalid environment variables and flags are refused naming the variab
        {{"EFA_GPU_RESOURCES", "nvidia.com/gpu,,x"}},
        "EFA_GPU_RESOURCES: expected a resource name like \"nvidia.com/gpu\", got \"\""},
       {{}, {{"EFA_REPORT_NUMA", ""}}, "EFA_REPORT_NUMA: expected true or false, got \"\""},
+      {{"--sharing-replicas=65"},
+       {},
+       "--sharing-replicas: expected an integer from 1 to 64, got \"65\""},
+      {{},
+       {{"EFA_SHARING_REPLICAS", "two"}},
+       "EFA_SHARING_REPLICAS: expected an integer from 1 to 64, got \"two\""},
       {{},
        {{"EFA_DRA_POLICY", "Yield"}},
        "EFA_DRA_POLICY: expected one of yield, ignore, got \"Yield\""},

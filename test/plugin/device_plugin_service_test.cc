@@ -2,9 +2,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <set>
 
+#include "plugin/replica_id.h"
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -17,8 +20,8 @@ namespace {
 
 // The service on a real unix socket, with a client stub.
 struct ServedPlugin {
-  explicit ServedPlugin(const SimRoot& sim, bool report_numa = true)
-      : service(DevicePluginService::Options{report_numa}) {
+  explicit ServedPlugin(const SimRoot& sim, bool report_numa = true, int replicas = 1)
+      : service(DevicePluginService::Options{report_numa, replicas}) {
     service.SetDevices(efa::topology::DiscoverEfaDevices(sim.roots()).devices);
     socket = sim.path() / "plugin.sock";
     grpc::ServerBuilder builder;
@@ -207,4 +210,118 @@ TEST_CASE("GetPreferredAllocation aligns with the accelerators the target finder
   });
   CHECK(plugin.Preferred(all, {}, 4) ==
         std::vector<std::string>{"rdmap96s0", "rdmap97s0", "rdmap98s0", "rdmap99s0"});
+}
+
+TEST_CASE("Replica IDs name the EFA and the replica, in one spelling", "[plugin][sharing]") {
+  CHECK(ReplicaId("rdmap79s0", 3) == "rdmap79s0::3");
+  auto ref = ParseReplicaId("rdmap79s0::12");
+  REQUIRE(ref);
+  CHECK(ref->ibdev == "rdmap79s0");
+  CHECK(ref->replica == 12);
+  for (const char* bad : {"rdmap79s0", "rdmap79s0::", "::1", "rdmap79s0::01", "rdmap79s0::-1",
+                          "rdmap79s0::1x", "rdmap79s0::64", "rdmap79s0::99999999999"}) {
+    INFO(bad);
+    CHECK_FALSE(ParseReplicaId(bad));
+  }
+}
+
+TEST_CASE("Sharing: each EFA is listed as its replicas, which share its health",
+          "[plugin][sharing][concurrency]") {
+  SimRoot sim("p4d.24xlarge");
+  ServedPlugin plugin(sim, /*report_numa=*/true, /*replicas=*/3);
+  auto list = plugin.service.CurrentList();
+  REQUIRE(list.devices_size() == 12);
+  CHECK(list.devices(0).id() == "rdmap16s27::0");
+  CHECK(list.devices(2).id() == "rdmap16s27::2");
+  CHECK(list.devices(3).id() == "rdmap32s27::0");
+  CHECK(list.devices(11).topology().nodes(0).id() == 1);
+  auto devices = efa::topology::DiscoverEfaDevices(sim.roots()).devices;
+  devices[1].health_problem = "gone";
+  plugin.service.SetDevices(devices);
+  list = plugin.service.CurrentList();
+  for (int i = 0; i < 12; ++i) {
+    INFO(list.devices(i).id());
+    CHECK(list.devices(i).health() == (i / 3 == 1 ? "Unhealthy" : "Healthy"));
+  }
+  v1beta1::AllocateResponse response;
+  grpc::Status status = plugin.Allocate({{"rdmap32s27::1"}}, &response);
+  CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(status.error_message() == "device \"rdmap32s27::1\" is unhealthy: gone");
+}
+
+TEST_CASE("Sharing: Allocate gives each EFA once and names physical EFAs",
+          "[plugin][sharing][concurrency]") {
+  SimRoot sim("p4d.24xlarge");
+  ServedPlugin plugin(sim, /*report_numa=*/true, /*replicas=*/4);
+  v1beta1::AllocateResponse response;
+  REQUIRE(plugin.Allocate({{"rdmap32s27::3", "rdmap16s27::0", "rdmap32s27::1"}}, &response).ok());
+  const auto& c = response.container_responses(0);
+  REQUIRE(c.devices_size() == 2);
+  const std::string dev = (sim.path() / "dev/infiniband").string();
+  CHECK(c.devices(0).host_path() == dev + "/uverbs0");
+  CHECK(c.devices(1).host_path() == dev + "/uverbs1");
+  CHECK(c.envs().at("EFA_DEVICES") == "rdmap16s27,rdmap32s27");
+  CHECK(c.envs().at("EFA_PCI_ADDRESSES") == "0000:10:1b.0,0000:20:1b.0");
+
+  // The bare ibdev name, a replica beyond the count and a repeat are refused.
+  for (const auto& [ids, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"rdmap16s27"}, "unknown device \"rdmap16s27\": not an EFA of this node"},
+           {{"rdmap16s27::4"}, "unknown device \"rdmap16s27::4\": not an EFA of this node"},
+           {{"rdmap16s27::1", "rdmap16s27::1"}, "device \"rdmap16s27::1\" requested twice"}}) {
+    grpc::Status status = plugin.Allocate({ids}, &response);
+    CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(status.error_message() == message);
+  }
+}
+
+TEST_CASE("Sharing: GetPreferredAllocation spreads over distinct EFAs, then the least shared",
+          "[plugin][sharing][concurrency]") {
+  SimRoot sim("p5.48xlarge");
+  ServedPlugin plugin(sim, /*report_numa=*/true, /*replicas=*/2);
+  auto inv = efa::topology::DiscoverEfaDevices(sim.roots());
+  auto topo = efa::topology::LoadTopology({sim.path().string(), ""});
+  REQUIRE(topo.ok());
+  plugin.service.SetDevices(inv.devices, efa::topology::HostModel::FromHwloc(inv, topo->get()));
+  std::vector<std::string> all;
+  for (const auto& d : inv.devices) {
+    all.push_back(d.ibdev + "::0");
+    all.push_back(d.ibdev + "::1");
+  }
+  auto without = [&](std::vector<std::string> ids) {
+    std::vector<std::string> out;
+    for (const auto& id : all) {
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) out.push_back(id);
+    }
+    return out;
+  };
+  // No targets: the switch of the lowest GPU, four different EFAs.
+  CHECK(plugin.Preferred(all, {}, 4) ==
+        std::vector<std::string>{"rdmap79s0::0", "rdmap80s0::0", "rdmap81s0::0", "rdmap82s0::0"});
+  // One EFA there already shared: the rest of that switch goes first.
+  CHECK(plugin.Preferred(without({"rdmap79s0::0", "rdmap80s0::0", "rdmap81s0::0"}), {}, 1) ==
+        std::vector<std::string>{"rdmap82s0::0"});
+  plugin.service.SetTargetFinder([](const efa::topology::HostModel&) {
+    Targets t;
+    t.pci = {*efa::topology::PciAddress::Parse("0000:64:00.0")};
+    return t;
+  });
+  // Beside the GPU, least shared first.
+  CHECK(plugin.Preferred(without({"rdmap96s0::0", "rdmap98s0::0"}), {}, 2) ==
+        std::vector<std::string>{"rdmap97s0::0", "rdmap99s0::0"});
+  // Asked for more than the switch's EFAs: distinct EFAs first, the switch's
+  // then the nearest others (same NUMA node), not second replicas.
+  auto six = plugin.Preferred(all, {}, 6);
+  REQUIRE(six.size() == 6);
+  std::set<std::string> efas;
+  for (const auto& id : six) efas.insert(ParseReplicaId(id)->ibdev);
+  CHECK(efas == std::set<std::string>{"rdmap79s0", "rdmap80s0", "rdmap96s0", "rdmap97s0",
+                                      "rdmap98s0", "rdmap99s0"});
+  // Second replicas only beyond the EFAs with a free replica: two EFAs left,
+  // three asked: both, then a second replica of the nearer.
+  auto three = plugin.Preferred({"rdmap96s0::0", "rdmap96s0::1", "rdmap79s0::1"}, {}, 3);
+  CHECK(three == std::vector<std::string>{"rdmap79s0::1", "rdmap96s0::0", "rdmap96s0::1"});
+  // Must-include replicas stay; bad IDs are ignored; never fails.
+  auto must = plugin.Preferred(all, {"rdmap96s0::1"}, 2);
+  CHECK(must == std::vector<std::string>{"rdmap96s0::1", "rdmap97s0::0"});
+  CHECK(plugin.Preferred({"bogus", "rdmap96s0", "rdmap96s0::7"}, {}, 2).empty());
 }

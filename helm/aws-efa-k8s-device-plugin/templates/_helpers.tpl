@@ -121,6 +121,12 @@ defaults win; the options the chart's mounts depend on are always written.
 {{- with .Values.alignment.mode }}
 {{- $_ := set $cfg "alignment" . }}
 {{- end }}
+{{- if not (kindIs "invalid" .Values.sharing.replicas) }}
+{{- $_ := set $cfg "sharingReplicas" .Values.sharing.replicas }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.sharing.renameByDefault) }}
+{{- $_ := set $cfg "sharingRenameByDefault" .Values.sharing.renameByDefault }}
+{{- end }}
 {{- if include "efa.lateBinding" . }}
 {{- $_ := set $cfg "cdiDir" .Values.alignment.cdiDir }}
 {{- end }}
