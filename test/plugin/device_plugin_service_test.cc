@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <set>
@@ -20,9 +21,12 @@ namespace {
 
 // The service on a real unix socket, with a client stub.
 struct ServedPlugin {
-  explicit ServedPlugin(const SimRoot& sim, bool report_numa = true, int replicas = 1)
+  explicit ServedPlugin(const SimRoot& sim, bool report_numa = true, int replicas = 1,
+                        TargetFinder finder = nullptr)
       : service(DevicePluginService::Options{report_numa, replicas}) {
     service.SetDevices(efa::topology::DiscoverEfaDevices(sim.roots()).devices);
+    // The finder is set before serving, as the service's contract says.
+    if (finder) service.SetTargetFinder(std::move(finder));
     socket = sim.path() / "plugin.sock";
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
@@ -192,7 +196,13 @@ TEST_CASE("ListAndWatch reports IDs, health and NUMA nodes, and each change",
 TEST_CASE("GetPreferredAllocation aligns with the accelerators the target finder reports",
           "[plugin][concurrency]") {
   SimRoot sim("p5.48xlarge");
-  ServedPlugin plugin(sim);
+  // Targets once `aligned` is set: the finder itself is set before serving.
+  std::atomic<bool> aligned{false};
+  ServedPlugin plugin(sim, true, 1, [&aligned](const efa::topology::HostModel&) {
+    Targets t;
+    if (aligned) t.pci = {*efa::topology::PciAddress::Parse("0000:64:00.0")};
+    return t;
+  });
   auto inv = efa::topology::DiscoverEfaDevices(sim.roots());
   auto topo = efa::topology::LoadTopology({sim.path().string(), ""});
   REQUIRE(topo.ok());
@@ -203,11 +213,7 @@ TEST_CASE("GetPreferredAllocation aligns with the accelerators the target finder
   // No targets: one whole switch group, the one of the lowest GPU.
   CHECK(plugin.Preferred(all, {}, 4) ==
         std::vector<std::string>{"rdmap79s0", "rdmap80s0", "rdmap81s0", "rdmap82s0"});
-  plugin.service.SetTargetFinder([](const efa::topology::HostModel&) {
-    Targets t;
-    t.pci = {*efa::topology::PciAddress::Parse("0000:64:00.0")};
-    return t;
-  });
+  aligned = true;
   CHECK(plugin.Preferred(all, {}, 4) ==
         std::vector<std::string>{"rdmap96s0", "rdmap97s0", "rdmap98s0", "rdmap99s0"});
 }
