@@ -112,21 +112,20 @@ DaemonMonitor::DaemonMonitor(MonitorOptions options)
   efa_allocations_ =
       &prometheus::BuildCounter()
            .Name(absl::StrCat(kPrefix, "efa_allocations_total"))
-           .Help("Containers given each physical EFA by Allocate (with sharing, its replicas' "
-                 "containers).")
+           .Help(
+               "Containers given each physical EFA by Allocate (with sharing, its replicas' "
+               "containers).")
            .Register(registry_);
-  auto& rpc =
-      prometheus::BuildHistogram()
-          .Name(absl::StrCat(kPrefix, "rpc_duration_seconds"))
-          .Help("Time spent in the device-plugin RPC handlers, by method.")
-          .Register(registry_);
+  auto& rpc = prometheus::BuildHistogram()
+                  .Name(absl::StrCat(kPrefix, "rpc_duration_seconds"))
+                  .Help("Time spent in the device-plugin RPC handlers, by method.")
+                  .Register(registry_);
   for (RpcMethod m : {RpcMethod::kGetDevicePluginOptions, RpcMethod::kGetPreferredAllocation,
                       RpcMethod::kAllocate, RpcMethod::kPreStartContainer}) {
-    rpc_duration_[static_cast<size_t>(m)] =
-        &rpc.Add({{"method", std::string(RpcMethodName(m))}},
-                 prometheus::Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025,
-                                                         0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                         0.5, 1, 2.5});
+    rpc_duration_[static_cast<size_t>(m)] = &rpc.Add(
+        {{"method", std::string(RpcMethodName(m))}},
+        prometheus::Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5});
   }
 }
 

@@ -122,15 +122,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   // IPV6_V6ONLY), else IPv4 alone.
   int bound = -1;
   errno = 0;
-  for (const std::string& h : host.empty() ? std::vector<std::string>{"::", "0.0.0.0"}
-                                           : std::vector<std::string>{host}) {
+  for (const std::string& h :
+       host.empty() ? std::vector<std::string>{"::", "0.0.0.0"} : std::vector<std::string>{host}) {
     bound = port == 0 ? server->bind_to_any_port(h) : (server->bind_to_port(h, port) ? port : -1);
     if (bound >= 0 || errno == EADDRINUSE || errno == EACCES) break;
   }
   if (bound < 0) {
     const int err = errno;
-    return absl::UnavailableError(absl::StrCat("\"", std::string(address), "\": bind: ",
-                                               err != 0 ? std::strerror(err) : "cannot listen"));
+    return absl::UnavailableError(absl::StrCat(
+        "\"", std::string(address), "\": bind: ", err != 0 ? std::strerror(err) : "cannot listen"));
   }
   std::unique_ptr<HttpServer> http(new HttpServer(std::move(server), static_cast<uint16_t>(bound)));
   return http;

@@ -45,11 +45,11 @@ struct HttpResponse {
 using HttpHandler = std::function<HttpResponse()>;
 
 struct HttpServerOptions {
-  size_t threads = 2;                                  // requests served at once
-  size_t max_queued = 8;                               // accepted, waiting for a worker
-  std::chrono::seconds first_byte_timeout{1};          // connect to the request's first byte
-  std::chrono::milliseconds read_timeout{1000};        // each read of the request
-  std::chrono::milliseconds write_timeout{1000};       // each write of the response
+  size_t threads = 2;                             // requests served at once
+  size_t max_queued = 8;                          // accepted, waiting for a worker
+  std::chrono::seconds first_byte_timeout{1};     // connect to the request's first byte
+  std::chrono::milliseconds read_timeout{1000};   // each read of the request
+  std::chrono::milliseconds write_timeout{1000};  // each write of the response
 };
 
 // A listen address split into host and port: "host:port", ":port" (every

@@ -695,13 +695,14 @@ class Suite {
     const double used = efa::bench::CpuSeconds(daemon_->pid()) - cpu;
     const double idle = p5_idle_cpu_per_minute_ / 60 * elapsed;
     const double share = (used - idle) / elapsed;
-    rows_.push_back({8,
-                     absl::StrFormat("/metrics scraped 10×/s for %.0f s (%d scrapes of %d bytes): "
-                                     "CPU added",
-                                     elapsed, took.size(), bytes),
-                     absl::StrFormat("%.2f %% of a core (%.0f ms)", share * 100, (used - idle) * 1e3),
-                     absl::StrFormat("idle (5) for as long: %.0f ms", idle * 1e3), NAN,
-                     "≤ 2 % of a core", share <= 0.02});
+    rows_.push_back(
+        {8,
+         absl::StrFormat("/metrics scraped 10×/s for %.0f s (%d scrapes of %d bytes): "
+                         "CPU added",
+                         elapsed, took.size(), bytes),
+         absl::StrFormat("%.2f %% of a core (%.0f ms)", share * 100, (used - idle) * 1e3),
+         absl::StrFormat("idle (5) for as long: %.0f ms", idle * 1e3), NAN, "≤ 2 % of a core",
+         share <= 0.02});
     rows_.push_back({8, "one scrape, round trip: p50 / p99",
                      absl::StrFormat("%s / %s", Ms(Median(took)), Ms(Percentile(took, 0.99))), "",
                      NAN, "–", std::nullopt});
@@ -772,7 +773,7 @@ class Suite {
   std::vector<std::string> ids_;          // the p5 EFAs, as listed
   std::vector<Row> rows_;
   std::vector<std::pair<std::string, std::vector<double>>> policy_curve_;
-  std::vector<std::string> details_;  // printed under the table
+  std::vector<std::string> details_;   // printed under the table
   double p5_idle_cpu_per_minute_ = 0;  // measure 5, for measure 8
 };
 

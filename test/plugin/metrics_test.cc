@@ -16,10 +16,8 @@ using efa::testing::SummarizeExposition;
 TEST_CASE("Scrape-time families and registry metrics read back with their HELP, labels and values",
           "[metrics]") {
   prometheus::Registry registry;
-  auto& rpcs = prometheus::BuildCounter()
-                   .Name("demo_rpcs_total")
-                   .Help("RPCs handled.")
-                   .Register(registry);
+  auto& rpcs =
+      prometheus::BuildCounter().Name("demo_rpcs_total").Help("RPCs handled.").Register(registry);
   rpcs.Add({{"method", "Allocate"}, {"code", "OK"}}).Increment(3);
   prometheus::BuildHistogram()
       .Name("demo_size")
@@ -33,8 +31,8 @@ TEST_CASE("Scrape-time families and registry metrics read back with their HELP, 
                          prometheus::MetricType::Gauge);
   AddSample(info, 1, {{"path", "a\"b\\c\nd"}});
   AddSample(info, 0.00025, {{"path", "x"}});
-  AddSample(AddFamily(families, "demo_restarts_total", "Restarts.", prometheus::MetricType::Counter),
-            7);
+  AddSample(
+      AddFamily(families, "demo_restarts_total", "Restarts.", prometheus::MetricType::Counter), 7);
 
   const auto summary = SummarizeExposition(SerializeMetrics(families));
   REQUIRE(summary.exit_status == 0);

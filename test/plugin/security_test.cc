@@ -75,8 +75,8 @@ TEST_CASE(
   ChildProcess daemon(
       {EFA_PLUGIN_BINARY, "--kubelet-dir", (sim.path() / "kubelet").string(), "--sysfs-root",
        sim.sys().string(), "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
-       (sim.path() / "etc/cdi").string(), "--log-level", "warn", "--metrics-address",
-       "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
+       (sim.path() / "etc/cdi").string(), "--log-level", "warn", "--metrics-address", "127.0.0.1:0",
+       "--probe-address", "127.0.0.1:0"},
       sim.path() / "daemon.log");
   REQUIRE(kubelet.WaitForRegistrations("vpc.amazonaws.com/efa", 1, 10s));
   REQUIRE(kubelet.WaitForStreaming("vpc.amazonaws.com/efa", true, 10s));
