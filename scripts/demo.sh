@@ -6,7 +6,7 @@
 # its GPU's PCIe switch.
 #   scripts/demo.sh [machine] [count]    (default p5.48xlarge 4; `--list` lists machines)
 # A machine without GPUs or Neuron devices gets a plain allocation of COUNT
-# EFAs.
+# EFAs; one without EFA (no-efa) shows the daemon idling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 machine="${1:-p5.48xlarge}"
@@ -59,7 +59,9 @@ case "$machine" in
   trn*) request="aws.amazon.com/neuron=1,vpc.amazonaws.com/efa=$count" ;;
   *) request="" ;;
 esac
-if [ -n "$request" ]; then
+if [ -z "$(ls "$work/node/sys/class/infiniband" 2>/dev/null)" ]; then
+  request="none"
+elif [ -n "$request" ]; then
   step "the kubelet: the daemon registers; a container asks for $request"
   kubelet+=(--accelerators "$machine" --pod-resources-socket "$work/kubelet/pod-resources/kubelet.sock"
     --admit "$request")
@@ -68,10 +70,20 @@ else
   kubelet+=(--allocate "$count")
 fi
 status=0
-"${kubelet[@]}" | sed 's/^/  /' || status=$?
-
-step "why these EFAs: the daemon's decision"
-grep -E "GetPreferredAllocation|alignment:" "$log" | sed 's/^/  /' || echo "  (no accelerator: any $count healthy EFAs)"
+if [ "$request" = none ]; then
+  # No EFA is a normal state: the daemon idles and registers nothing. Wait
+  # (10 s at most) for its log to say so.
+  step "a node without EFA: the daemon registers nothing and idles"
+  status=1
+  for _ in $(seq 100); do
+    if grep -q "no EFA on this node" "$log"; then status=0; break; fi
+    sleep 0.1
+  done
+else
+  "${kubelet[@]}" | sed 's/^/  /' || status=$?
+  step "why these EFAs: the daemon's decision"
+  grep -E "GetPreferredAllocation|alignment:" "$log" | sed 's/^/  /' || echo "  (no accelerator: any $count healthy EFAs)"
+fi
 
 kill -TERM "$daemon_pid"
 wait "$daemon_pid" || { cat "$log" >&2; fail "the daemon exited with $? on SIGTERM"; }
@@ -81,5 +93,5 @@ awk '/found EFA/ {n++; next} {print "  " $0} END {if (n) print "  (" n " \"found
 if [ -e "$work/kubelet/device-plugins/aws-efa-device-plugin.sock" ]; then
   fail "the daemon left its socket behind after SIGTERM"
 fi
-[ "$status" -eq 0 ] || fail "the fake kubelet could not admit the container (its error is above)"
+[ "$status" -eq 0 ] || fail "the container was not admitted, or the node without EFA did not idle (see above)"
 step "done in $((SECONDS - started)) s: the daemon stopped on SIGTERM and removed its socket"

@@ -21,13 +21,14 @@ say() { echo "image: $*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
 started=$SECONDS
 
-for p in podman mmdebstrap runc; do
-  if ! command -v "$p" >/dev/null; then
-    say "installing $p"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$p" >/dev/null || die "apt-get install $p failed"
-  fi
-done
+missing=()
+for p in podman mmdebstrap runc; do command -v "$p" >/dev/null || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
+    die "apt-get install ${missing[*]} failed"
+fi
 
 # The sandbox may not raise RLIMIT_NOFILE: without default_ulimits = [] runc
 # fails with "error setting rlimit type 7: operation not permitted". runc, not
