@@ -7,17 +7,6 @@
 #include "spdlog/spdlog.h"
 
 namespace efa::plugin {
-namespace {
-
-std::string Describe(const Targets& t) {
-  std::vector<std::string> parts;
-  for (const auto& pci : t.pci) parts.push_back(pci.ToString());
-  for (int n : t.neuron_indices) parts.push_back("neuron" + std::to_string(n));
-  return absl::StrJoin(parts, ", ");
-}
-
-}  // namespace
-
 AlignmentStats::Counts AlignmentStats::Get() const {
   absl::MutexLock lock(&mu_);
   return counts_;
@@ -107,7 +96,7 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
   }
   stats_.Add(&AlignmentStats::Counts::targeted);
   spdlog::info("GetPreferredAllocation: aligning with the accelerators of {} ({})",
-               admitted->Name(), Describe(targets));
+               admitted->Name(), DescribeTargets(targets));
   return targets;
 }
 
@@ -148,8 +137,8 @@ bool Aligner::Report(const topology::HostModel& model) {
     Targets targets = ResolveTargets(c.accelerators, options_.resources, gpus, model);
     const bool aligned = !targets.empty() && IsAligned(model, efas, targets);
     stats_.Add(aligned ? &AlignmentStats::Counts::aligned : &AlignmentStats::Counts::unaligned);
-    spdlog::info("alignment: {} {}: EFAs {} with accelerators {}", c.Name(),
-                 aligned ? "aligned" : "NOT aligned", absl::StrJoin(efas, ","), Describe(targets));
+    spdlog::info("alignment: {} {}: EFAs {} with {}", c.Name(), aligned ? "aligned" : "NOT aligned",
+                 absl::StrJoin(efas, ","), DescribeTargets(targets));
   }
   // Forget containers that are gone, so the set does not grow.
   std::erase_if(reported_, [&](const std::string& k) { return !present.count(k); });

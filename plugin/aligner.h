@@ -16,13 +16,14 @@
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment.h"
 #include "plugin/pod_resources_client.h"
+#include "plugin/resource_name.h"
 
 namespace efa::plugin {
 
 struct AlignerOptions {
   std::filesystem::path kubelet_dir = "/var/lib/kubelet";
   std::filesystem::path proc_root = "/proc";
-  std::string efa_resource = "vpc.amazonaws.com/efa";
+  std::string efa_resource = kResourceName;
   AcceleratorResources resources;
   PodResourcesClient::Options pod_resources;
   // Late binding: the physical EFAs bound for a container's kubelet device

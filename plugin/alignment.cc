@@ -4,6 +4,8 @@
 #include <charconv>
 #include <map>
 
+#include "absl/strings/str_join.h"
+
 namespace efa::plugin {
 namespace {
 
@@ -165,6 +167,13 @@ std::optional<ContainerDevices> FindAdmittedContainer(
   if (candidates != nullptr) *candidates = count;
   if (count != 1) return std::nullopt;
   return found;
+}
+
+std::string DescribeTargets(const Targets& targets) {
+  std::vector<std::string> parts;
+  for (const auto& pci : targets.pci) parts.push_back(pci.ToString());
+  for (int n : targets.neuron_indices) parts.push_back("neuron" + std::to_string(n));
+  return parts.empty() ? "no known accelerators" : "accelerators " + absl::StrJoin(parts, ", ");
 }
 
 Targets ResolveTargets(const std::vector<std::pair<std::string, std::string>>& accelerators,

@@ -93,6 +93,8 @@ struct Targets {
   std::vector<topology::PciAddress> busy;
   bool empty() const { return pci.empty() && neuron_indices.empty(); }
 };
+// For logs: "accelerators 0000:53:00.0, neuron3", or "no known accelerators".
+std::string DescribeTargets(const Targets& targets);
 Targets ResolveTargets(const std::vector<std::pair<std::string, std::string>>& accelerators,
                        const AcceleratorResources& resources,
                        const std::vector<topology::NvidiaGpu>& gpus,

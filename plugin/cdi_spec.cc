@@ -15,7 +15,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
-#include "plugin/device_plugin_service.h"
 
 namespace efa::plugin {
 namespace fs = std::filesystem;

@@ -23,12 +23,18 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "plugin/resource_name.h"
 #include "topology/efa_device.h"
 
 namespace efa::plugin {
 
-inline constexpr char kCdiKind[] = "vpc.amazonaws.com/efa";
+inline constexpr const char* kCdiKind = kResourceName;
 inline constexpr char kCdiVersion[] = "0.5.0";
+// Environment variables a container is given (by Allocate, or by its CDI
+// spec): the allocated devices' ibdev names and PCI addresses,
+// comma-separated, in PCI order.
+inline constexpr char kEnvDevices[] = "EFA_DEVICES";
+inline constexpr char kEnvPciAddresses[] = "EFA_PCI_ADDRESSES";
 // Spec files are <prefix><claim><suffix>.
 inline constexpr char kCdiSpecPrefix[] = "vpc.amazonaws.com-efa_";
 inline constexpr char kCdiSpecSuffix[] = ".json";

@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -19,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "plugin/http_server.h"
-#include "plugin/replica_id.h"
+#include "topology/replica_id.h"
 #include "topology/sysfs.h"
 
 namespace efa::plugin {
@@ -78,6 +76,9 @@ std::string Option::env() const {
   return out;
 }
 
+// A configuration is a few hundred bytes; this bounds a wrong path (a log, a
+// device) without refusing any real one.
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 constexpr milliseconds kMinRescan{100};
 constexpr milliseconds kMaxRescan{3600 * 1000};
 
@@ -134,7 +135,7 @@ const std::vector<Option>& Options() {
        1024},
       {"sharingReplicas", &Config::sharing_replicas,
        "Device IDs per EFA: N > 1 lets N containers share each EFA (1: exclusive)", "N",
-       Check::kNone, kMaxReplicas, "", 1},
+       Check::kNone, topology::kMaxReplicas, "", 1},
       {"sharingRenameByDefault", &Config::sharing_rename_by_default,
        "With sharingReplicas > 1, advertise vpc.amazonaws.com/efa.shared instead of "
        "vpc.amazonaws.com/efa",
@@ -728,16 +729,9 @@ absl::StatusOr<Config> ParseConfigYaml(std::string_view text, const std::string&
 }
 
 absl::StatusOr<Config> ReadConfigFile(const std::filesystem::path& path) {
-  // A directory opens as an empty stream.
-  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
-    return topology::PathError(path, EISDIR);
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return topology::PathError(path, errno);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return topology::PathError(path, errno);
-  return ParseConfigYaml(text.str(), path.string());
+  absl::StatusOr<std::string> text = topology::ReadFileBounded(path, kMaxConfigBytes);
+  if (!text.ok()) return text.status();
+  return ParseConfigYaml(*text, path.string());
 }
 
 absl::StatusOr<Config> ConfigFromEnvironment(const EnvLookup& env) {

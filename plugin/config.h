@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "plugin/daemon.h"
+#include "plugin/logging.h"
 
 namespace CLI {
 class App;
@@ -29,9 +30,6 @@ class Option;
 }  // namespace CLI
 
 namespace efa::plugin {
-
-enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
-enum class LogFormat { kText, kJson };
 
 struct Config {
   std::optional<std::string> sysfs_root;

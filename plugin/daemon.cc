@@ -135,7 +135,7 @@ Daemon::Daemon(DaemonOptions options)
     };
     late_binder_ = std::make_unique<LateBinder>(std::move(late));
     service_.SetLateBinding(
-        [this](const DeviceTable& table, const std::vector<std::string>& kubelet_ids) {
+        [this](const topology::DeviceTable& table, const std::vector<std::string>& kubelet_ids) {
           return late_binder_->PreStart(table, kubelet_ids);
         });
     aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {

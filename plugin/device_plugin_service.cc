@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plugin/cdi_spec.h"
-#include "plugin/replica_id.h"
+#include "topology/replica_id.h"
 
 namespace efa::plugin {
 namespace {
@@ -25,7 +25,7 @@ grpc::Status ToGrpc(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
-v1beta1::ListAndWatchResponse BuildList(const DeviceTable& table, bool report_numa) {
+v1beta1::ListAndWatchResponse BuildList(const topology::DeviceTable& table, bool report_numa) {
   v1beta1::ListAndWatchResponse list;
   for (const topology::EfaDevice& d : table.devices) {
     for (std::string& id : table.Ids(d)) {
@@ -39,19 +39,6 @@ v1beta1::ListAndWatchResponse BuildList(const DeviceTable& table, bool report_nu
 }
 
 }  // namespace
-
-DeviceTable::DeviceTable(std::vector<topology::EfaDevice> devs,
-                         std::shared_ptr<const topology::HostModel> host_model, int replica_count)
-    : devices(std::move(devs)), model(std::move(host_model)), replicas(replica_count) {
-  for (size_t i = 0; i < devices.size(); ++i) by_id.emplace(devices[i].ibdev, i);
-  if (!model) {
-    std::vector<topology::EfaPlacement> placements;
-    for (const auto& d : devices) {
-      placements.push_back({d.ibdev, d.pci, d.numa_node, d.root_complex, std::nullopt});
-    }
-    model = topology::HostModel::Create("", std::move(placements), {});
-  }
-}
 
 namespace {
 
@@ -67,12 +54,12 @@ topology::AllocationRequest PolicyRequest(const Targets& targets) {
 // PreferredDevices with replicas > 1: the policy picks physical EFAs, in
 // rounds, from those with a free replica not yet in the answer.
 std::vector<std::string> PreferredReplicas(
-    const DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
+    const topology::DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
     const Targets& targets) {
   std::map<const topology::EfaDevice*, std::map<int, std::string>> free;  // by replica
   for (const std::string& id : request.available_deviceids()) {
     const topology::EfaDevice* d = table.Find(id);
-    if (d != nullptr && d->healthy()) free[d][ParseReplicaId(id)->replica] = id;
+    if (d != nullptr && d->healthy()) free[d][topology::ParseReplicaId(id)->replica] = id;
   }
   std::vector<std::string> answer;
   std::vector<std::string> must;  // their EFAs
@@ -80,7 +67,7 @@ std::vector<std::string> PreferredReplicas(
     if (std::find(answer.begin(), answer.end(), id) != answer.end()) continue;
     answer.push_back(id);
     if (const topology::EfaDevice* d = table.Find(id)) {
-      free[d].erase(ParseReplicaId(id)->replica);
+      free[d].erase(topology::ParseReplicaId(id)->replica);
       must.push_back(d->ibdev);
     }
   }
@@ -116,7 +103,7 @@ std::vector<std::string> PreferredReplicas(
 }  // namespace
 
 std::vector<std::string> PreferredDevices(
-    const DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
+    const topology::DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
     const Targets& targets) {
   if (table.replicas > 1) return PreferredReplicas(table, request, targets);
   topology::AllocationRequest r = PolicyRequest(targets);
@@ -129,37 +116,8 @@ std::vector<std::string> PreferredDevices(
   return topology::ChooseEfas(*table.model, r);
 }
 
-const topology::EfaDevice* DeviceTable::FindPhysical(const std::string& ibdev) const {
-  auto it = by_id.find(ibdev);
-  return it == by_id.end() ? nullptr : &devices[it->second];
-}
-
-const topology::EfaDevice* DeviceTable::Find(const std::string& id) const {
-  if (replicas == 1) return FindPhysical(id);
-  std::optional<ReplicaRef> ref = ParseReplicaId(id);
-  return ref && ref->replica < replicas ? FindPhysical(ref->ibdev) : nullptr;
-}
-
-std::vector<std::string> DeviceTable::Ids(const topology::EfaDevice& device) const {
-  if (replicas == 1) return {device.ibdev};
-  std::vector<std::string> ids;
-  for (int n = 0; n < replicas; ++n) ids.push_back(ReplicaId(device.ibdev, n));
-  return ids;
-}
-
-std::vector<std::string> DeviceTable::PhysicalEfas(const std::vector<std::string>& ids) const {
-  std::vector<std::string> out;
-  for (const std::string& id : ids) {
-    const topology::EfaDevice* d = Find(id);
-    if (d != nullptr && std::find(out.begin(), out.end(), d->ibdev) == out.end()) {
-      out.push_back(d->ibdev);
-    }
-  }
-  return out;
-}
-
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
-    const DeviceTable& table, const v1beta1::ContainerAllocateRequest& request) {
+    const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request) {
   if (request.devices_ids().empty()) {
     return absl::InvalidArgumentError("the container request names no devices");
   }
@@ -198,7 +156,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
 }
 
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainerLate(
-    const DeviceTable& table, const v1beta1::ContainerAllocateRequest& request) {
+    const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request) {
   if (auto checked = AllocateContainer(table, request); !checked.ok()) return checked.status();
   v1beta1::ContainerAllocateResponse response;
   std::vector<std::string> ids(request.devices_ids().begin(), request.devices_ids().end());
@@ -263,8 +221,8 @@ class DevicePluginService::Stream : public grpc::ServerWriteReactor<v1beta1::Lis
 
 DevicePluginService::DevicePluginService(Options options)
     : options_(options),
-      table_(std::make_shared<DeviceTable>(std::vector<topology::EfaDevice>{}, nullptr,
-                                           options.replicas)),
+      table_(std::make_shared<topology::DeviceTable>(std::vector<topology::EfaDevice>{}, nullptr,
+                                                     options.replicas)),
       list_(std::make_shared<v1beta1::ListAndWatchResponse>()) {}
 
 DevicePluginService::~DevicePluginService() {
@@ -276,8 +234,8 @@ DevicePluginService::~DevicePluginService() {
 
 void DevicePluginService::SetDevices(std::vector<topology::EfaDevice> devices,
                                      std::shared_ptr<const topology::HostModel> model) {
-  auto table =
-      std::make_shared<const DeviceTable>(std::move(devices), std::move(model), options_.replicas);
+  auto table = std::make_shared<const topology::DeviceTable>(std::move(devices), std::move(model),
+                                                             options_.replicas);
   auto list = std::make_shared<const v1beta1::ListAndWatchResponse>(
       BuildList(*table, options_.report_numa));
   absl::MutexLock lock(&mu_);
@@ -295,7 +253,7 @@ v1beta1::ListAndWatchResponse DevicePluginService::CurrentList() const {
   return *list_;
 }
 
-std::shared_ptr<const DeviceTable> DevicePluginService::table() const {
+std::shared_ptr<const topology::DeviceTable> DevicePluginService::table() const {
   absl::MutexLock lock(&mu_);
   return table_;
 }

@@ -14,50 +14,18 @@
 #include "absl/synchronization/mutex.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "plugin/alignment.h"
+#include "plugin/resource_name.h"
 #include "plugin/rpc_observer.h"
+#include "topology/device_table.h"
 #include "topology/efa_device.h"
 #include "topology/host_model.h"
 
 namespace efa::plugin {
 
-inline constexpr char kResourceName[] = "vpc.amazonaws.com/efa";
-// The resource name with `sharing.renameByDefault` (README, "Sharing").
-inline constexpr char kSharedResourceName[] = "vpc.amazonaws.com/efa.shared";
 inline constexpr char kPluginSocket[] = "aws-efa-device-plugin.sock";
 inline constexpr char kApiVersion[] = "v1beta1";
 inline constexpr char kHealthy[] = "Healthy";
 inline constexpr char kUnhealthy[] = "Unhealthy";
-// Environment variables Allocate sets in the container: the allocated
-// devices' ibdev names and PCI addresses, comma-separated, in PCI order.
-inline constexpr char kEnvDevices[] = "EFA_DEVICES";
-inline constexpr char kEnvPciAddresses[] = "EFA_PCI_ADDRESSES";
-
-// The devices being served, indexed by ibdev name, with the host model the
-// allocation policy places them by. Each EFA is advertised as `replicas`
-// device IDs (plugin/replica_id.h): its ibdev name when 1. Immutable once
-// built; shared between the owner thread and gRPC threads.
-struct DeviceTable {
-  std::vector<topology::EfaDevice> devices;          // sorted by PCI address
-  absl::flat_hash_map<std::string, size_t> by_id;    // by ibdev name
-  std::shared_ptr<const topology::HostModel> model;  // never null
-  int replicas = 1;
-
-  // A null `model` is replaced by one built from the devices alone (no
-  // accelerators: the policy then keeps groups whole by root complex and
-  // NUMA node).
-  DeviceTable(std::vector<topology::EfaDevice> devs,
-              std::shared_ptr<const topology::HostModel> host_model, int replica_count = 1);
-  // The EFA a device ID names (with replicas > 1 a replica ID, else an
-  // ibdev name), or null when it names none.
-  const topology::EfaDevice* Find(const std::string& id) const;
-  // The EFA called `ibdev`, or null.
-  const topology::EfaDevice* FindPhysical(const std::string& ibdev) const;
-  // The device IDs advertised for `device`, replica 0 first.
-  std::vector<std::string> Ids(const topology::EfaDevice& device) const;
-  // The ibdev names of the EFAs that `ids` name, each once, in the order
-  // first named; IDs naming no EFA are left out.
-  std::vector<std::string> PhysicalEfas(const std::vector<std::string>& ids) const;
-};
 
 // Where the accelerators of the container being admitted are, for
 // GetPreferredAllocation; empty targets when unknown (the policy then
@@ -66,7 +34,7 @@ using TargetFinder = std::function<Targets(const topology::HostModel& model)>;
 
 // Late binding: binds physical EFAs for the kubelet's device IDs at
 // PreStartContainer (plugin/late_binder.h). Called on gRPC threads.
-using PreStartBinder = std::function<absl::Status(const DeviceTable& table,
+using PreStartBinder = std::function<absl::Status(const topology::DeviceTable& table,
                                                   const std::vector<std::string>& kubelet_ids)>;
 
 // The preferred EFAs for one container request: the policy's choice among
@@ -75,7 +43,7 @@ using PreStartBinder = std::function<absl::Status(const DeviceTable& table,
 // and so on; the least shared among equally near ones) and each gets its
 // lowest free replica. Never fails. Pure.
 std::vector<std::string> PreferredDevices(
-    const DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
+    const topology::DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
     const Targets& targets);
 
 // Builds the Allocate answer for one container: DeviceSpecs for exactly the
@@ -84,14 +52,14 @@ std::vector<std::string> PreferredDevices(
 // empty request, unknown or repeated IDs (INVALID_ARGUMENT) and unhealthy
 // devices (FAILED_PRECONDITION), naming the device ID. Pure.
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
-    const DeviceTable& table, const v1beta1::ContainerAllocateRequest& request);
+    const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request);
 
 // The late-binding Allocate answer for one container: the request checked as
 // AllocateContainer does, answered with only the CDI device
 // vpc.amazonaws.com/efa=<claim> of its IDs (plugin/cdi_spec.h); the device
 // nodes and environment come from the claim's CDI spec. Pure.
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainerLate(
-    const DeviceTable& table, const v1beta1::ContainerAllocateRequest& request);
+    const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request);
 
 class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService {
  public:
@@ -115,7 +83,7 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   // before serving.
   void SetLateBinding(PreStartBinder binder);
   // The devices served now. Thread-safe.
-  std::shared_ptr<const DeviceTable> Table() const { return table(); }
+  std::shared_ptr<const topology::DeviceTable> Table() const { return table(); }
   // The ListAndWatch message for the current devices. Thread-safe.
   v1beta1::ListAndWatchResponse CurrentList() const;
   // Ends every open ListAndWatch stream; later streams end at once.
@@ -158,11 +126,11 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   class Stream;
   friend class Stream;
   void StreamDone(Stream* stream);
-  std::shared_ptr<const DeviceTable> table() const;
+  std::shared_ptr<const topology::DeviceTable> table() const;
 
   const Options options_;
   mutable absl::Mutex mu_;
-  std::shared_ptr<const DeviceTable> table_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const topology::DeviceTable> table_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const v1beta1::ListAndWatchResponse> list_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<Stream*> streams_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,8 +1,6 @@
 #include "plugin/late_binder.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include "absl/strings/escaping.h"
@@ -15,12 +13,15 @@
 #include "spdlog/spdlog.h"
 #include "topology/allocation_policy.h"
 #include "topology/nvidia_gpus.h"
+#include "topology/sysfs.h"
 
 namespace efa::plugin {
 namespace fs = std::filesystem;
 namespace {
 
 constexpr mode_t kSpecMode = 0644;  // the runtime reads it; only we write it
+// Our specs are a few hundred bytes; a larger file is not ours.
+constexpr size_t kMaxCdiSpecBytes = 64 * 1024;
 
 std::vector<std::string> Sorted(std::vector<std::string> ids) {
   std::sort(ids.begin(), ids.end());
@@ -34,21 +35,6 @@ std::string DescribeClaim(const std::string& claim, const std::vector<std::strin
     quoted.push_back(absl::StrCat("\"", absl::CHexEscape(id.substr(0, 64)), "\""));
   }
   return absl::StrCat(claim, " (kubelet devices ", absl::StrJoin(quoted, ", "), ")");
-}
-
-std::string DescribeTargets(const Targets& t) {
-  std::vector<std::string> parts;
-  for (const auto& pci : t.pci) parts.push_back(pci.ToString());
-  for (int n : t.neuron_indices) parts.push_back("neuron" + std::to_string(n));
-  return parts.empty() ? "no known accelerators" : "accelerators " + absl::StrJoin(parts, ", ");
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 }  // namespace
@@ -79,7 +65,7 @@ int LateBinder::Recover() {
   std::map<std::string, std::vector<std::string>> owners_of;  // EFA -> claims
   for (const fs::path& path : files) {
     const std::string claim = ClaimOfSpecFile(path.filename().string());
-    absl::StatusOr<std::string> text = ReadSmallFile(path);
+    absl::StatusOr<std::string> text = topology::ReadFileBounded(path, kMaxCdiSpecBytes);
     absl::StatusOr<std::vector<std::string>> efas =
         text.ok() ? ParseCdiSpec(*text, claim, path.string())
                   : absl::StatusOr<std::vector<std::string>>(text.status());
@@ -199,7 +185,7 @@ absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& 
                                                    " to ", path.string(), ": ", written.message()));
 }
 
-absl::Status LateBinder::PreStart(const DeviceTable& table,
+absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
                                   const std::vector<std::string>& kubelet_ids) {
   const std::string claim = ClaimName(kubelet_ids);
   const std::string described = DescribeClaim(claim, kubelet_ids);

@@ -24,8 +24,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment.h"
-#include "plugin/device_plugin_service.h"
 #include "plugin/pod_resources_client.h"
+#include "plugin/resource_name.h"
+#include "topology/device_table.h"
 
 namespace efa::plugin {
 
@@ -33,7 +34,7 @@ struct LateBinderOptions {
   std::filesystem::path cdi_dir = "/var/run/cdi";
   std::filesystem::path kubelet_dir = "/var/lib/kubelet";
   std::filesystem::path proc_root = "/proc";
-  std::string efa_resource = "vpc.amazonaws.com/efa";
+  std::string efa_resource = kResourceName;
   // Sharing: how many claims may bind one EFA (the table's replicas).
   int replicas = 1;
   AcceleratorResources resources;
@@ -75,7 +76,8 @@ class LateBinder {
   // free healthy EFAs (FAILED_PRECONDITION) or the spec cannot be written
   // (the error of the path that failed); then nothing is bound or written.
   // Thread-safe.
-  absl::Status PreStart(const DeviceTable& table, const std::vector<std::string>& kubelet_ids);
+  absl::Status PreStart(const topology::DeviceTable& table,
+                        const std::vector<std::string>& kubelet_ids);
 
   // Releases every binding older than this call whose kubelet IDs no
   // container holds any more, deleting its spec. Which containers hold EFAs

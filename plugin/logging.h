@@ -5,10 +5,12 @@
 
 #include <memory>
 
-#include "plugin/config.h"
 #include "spdlog/formatter.h"
 
 namespace efa::plugin {
+
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
+enum class LogFormat { kText, kJson };
 
 // Sets the default logger's level and format, and sends it to stderr when
 // `to_stderr` (commands whose stdout is their output) instead of stdout.

@@ -27,28 +27,15 @@ namespace {
 
 constexpr std::string_view kMofedFlag = "mofed-enabled";
 constexpr std::string_view kMofedEnv = "MOFED_ENABLED=";
-// cmdline and environ are limited by ARG_MAX; this is far above what a real
-// device plugin has.
-constexpr size_t kMaxProcFileBytes = 1 << 20;
+// cmdline and environ are limited by ARG_MAX (a quarter of the stack limit),
+// /proc/net/unix by the node's sockets (about 100 bytes each): far below this.
+constexpr size_t kMaxProcFileBytes = size_t{16} << 20;
 
 // Reads a whole /proc file; nullopt when it cannot be opened or read.
 std::optional<std::string> ReadProcFile(const fs::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::string data;
-  char buf[4096];
-  while (data.size() < kMaxProcFileBytes) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      return std::nullopt;
-    }
-    if (n == 0) break;
-    data.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return data;
+  absl::StatusOr<std::string> data = topology::ReadFileBounded(path, kMaxProcFileBytes);
+  if (!data.ok()) return std::nullopt;
+  return *std::move(data);
 }
 
 // __SO_ACCEPTCON in /proc/net/unix's Flags: a listening socket.

@@ -9,9 +9,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "plugin/replica_id.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
+#include "topology/replica_id.h"
 
 namespace efa::plugin {
 namespace {
@@ -131,8 +131,9 @@ std::string FormatTopologyTable(const TopologyReport& report) {
   absl::StrAppend(&out, "EFA count: ", report.count.Describe(), "\n");
   if (report.replicas > 1) {
     absl::StrAppend(&out, "Sharing: ", report.replicas, " replicas per EFA, device IDs ",
-                    ReplicaId("<ibdev>", 0), " to ", ReplicaId("<ibdev>", report.replicas - 1),
-                    " (", report.replicas * report.count.found, " in all)\n");
+                    topology::ReplicaId("<ibdev>", 0), " to ",
+                    topology::ReplicaId("<ibdev>", report.replicas - 1), " (",
+                    report.replicas * report.count.found, " in all)\n");
   }
   if (!report.topology_error.empty()) {
     absl::StrAppend(&out, "PCI tree: unavailable (", report.topology_error,

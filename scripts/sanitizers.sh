@@ -39,7 +39,13 @@ run_preset() {
     say "$preset: sanitizer reports in $reports:"
     for f in "$reports"/*; do
       echo "---- $f"
-      head -60 "$f"
+      cat "$f"
+    done
+    # Again the start of each (the kind of report and the racing stacks), so
+    # the end of the log, which is what a CI summary shows, names them.
+    for f in "$reports"/*; do
+      say "$preset: start of $f:"
+      head -40 "$f"
     done
     return 1
   fi

@@ -32,6 +32,13 @@ std::string Quote(std::string_view text) {
   return out + "\"";
 }
 
+// "64 MiB", "64 KiB" or "100 bytes": the largest unit that is exact.
+std::string SizeText(size_t bytes) {
+  if (bytes > 0 && bytes % (size_t{1} << 20) == 0) return absl::StrCat(bytes >> 20, " MiB");
+  if (bytes > 0 && bytes % 1024 == 0) return absl::StrCat(bytes >> 10, " KiB");
+  return absl::StrCat(bytes, " bytes");
+}
+
 std::string_view Trim(std::string_view t) {
   while (!t.empty() && absl::ascii_isspace(static_cast<unsigned char>(t.front())))
     t.remove_prefix(1);
@@ -87,28 +94,36 @@ absl::StatusOr<std::pair<uint32_t, uint32_t>> ParseDevNumbers(std::string_view t
       absl::StrCat("expected a device number like \"231:192\", got ", Quote(text)));
 }
 
-absl::StatusOr<std::string> ReadAttribute(const fs::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+absl::StatusOr<std::string> ReadFileBounded(const fs::path& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return PathError(path, errno);
   std::string data;
-  char buf[4096];
+  char buf[16384];
+  absl::Status status;
   while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return PathError(path, err);
+      status = PathError(path, errno);
+      break;
     }
     if (n == 0) break;
-    data.append(buf, static_cast<size_t>(n));
-    if (data.size() > kMaxAttributeBytes) {
-      ::close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat(path.string(), ": larger than ", kMaxAttributeBytes, " bytes"));
+    if (static_cast<size_t>(n) > max_bytes - data.size()) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat(path.string(), ": larger than ", SizeText(max_bytes)));
+      break;
     }
+    data.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
+  if (!status.ok()) return status;
+  return data;
+}
+
+absl::StatusOr<std::string> ReadAttribute(const fs::path& path) {
+  absl::StatusOr<std::string> read = ReadFileBounded(path, kMaxAttributeBytes);
+  if (!read.ok()) return read.status();
+  std::string data = *std::move(read);
   while (!data.empty() && absl::ascii_isspace(static_cast<unsigned char>(data.back()))) {
     data.pop_back();
   }

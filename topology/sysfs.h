@@ -5,6 +5,7 @@
 // All functions are thread-safe (they share no state).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -30,6 +31,12 @@ absl::StatusOr<uint32_t> ParseHex(std::string_view text);
 absl::StatusOr<int64_t> ParseInt(std::string_view text);
 // Parses a char device number "231:192".
 absl::StatusOr<std::pair<uint32_t, uint32_t>> ParseDevNumbers(std::string_view text);
+
+// Reads a whole file of at most `max_bytes`. Errors name the path: those of
+// open and read keep errno ("<path>: Permission denied", with the status
+// code that fits it, as PathError); a longer file is ResourceExhausted
+// ("<path>: larger than 64 KiB"). A directory is an error (EISDIR).
+absl::StatusOr<std::string> ReadFileBounded(const std::filesystem::path& path, size_t max_bytes);
 
 // Reads a whole attribute file (at most 64 KiB) with trailing white space
 // removed.

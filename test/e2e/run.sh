@@ -356,26 +356,31 @@ readonly GPU_TOTAL=8
 readonly ALIGN_PODS=20          # pods of 1 GPU + 4 EFA
 readonly ALIGN_MIN_PERCENT=95   # issue 5: >= 95 % over random allocation orders
 
-# The p5.48xlarge's groups, from AWS's layout (one GPU and four EFAs behind
-# each Nitro switch): EFAs on buses 4f-52 belong with the GPU on 53, 60-63
-# with 64, 71-74 with 75, 82-85 with 86, 93-96 with 97, a4-a7 with a8, b5-b8
-# with b9, c6-c9 with ca. Written out, not derived from the daemon's model.
-declare -A P5_GPU_OF_EFA_BUS=(
-  [4f]=53 [50]=53 [51]=53 [52]=53  [60]=64 [61]=64 [62]=64 [63]=64
-  [71]=75 [72]=75 [73]=75 [74]=75  [82]=86 [83]=86 [84]=86 [85]=86
-  [93]=97 [94]=97 [95]=97 [96]=97  [a4]=a8 [a5]=a8 [a6]=a8 [a7]=a8
-  [b5]=b9 [b6]=b9 [b7]=b9 [b8]=b9  [c6]=ca [c7]=ca [c8]=ca [c9]=ca
-)
-bus_of() { local b="${1#*:}"; echo "${b%%:*}"; }   # 0000:4f:00.0 -> 4f
+# EFA PCI address -> the GPU behind the same PCIe switch, as the daemon's own
+# `topology --format json` reports the simulated node (relation "SW"). On
+# the p5.48xlarge each of the 8 GPUs has 4 EFAs behind its switch; a layout
+# of another shape fails the check before any pod runs.
+declare -A GPU_OF_EFA=()
+read_layout() {
+  GPU_OF_EFA=()
+  local efa gpu
+  while read -r efa gpu; do
+    [ -n "$efa" ] && GPU_OF_EFA[$efa]="$gpu"
+  done < <("$PLUGIN_BIN" topology --sysfs-root "$SIM/sys" --dev-root "$DEV_ROOT" --format json \
+    | jq -r '(.accelerators | map({(.name): .pci}) | add) as $pci | .efas[] | .pci as $efa
+        | [.relations | to_entries[] | select(.value == "SW") | $pci[.key]]
+        | select(length == 1) | "\($efa) \(.[0])"')
+  [ "${#GPU_OF_EFA[@]}" -eq 32 ] \
+    && [ "$(printf '%s\n' "${GPU_OF_EFA[@]}" | sort | uniq -c | awk '$1 == 4' | wc -l)" -eq "$GPU_TOTAL" ]
+}
 
 # Whether EFA PCI addresses (comma-separated) all sit with the GPU at $2.
 efas_with_gpu() {
-  local -a pcis; local p gpu_bus
-  gpu_bus="$(bus_of "$2")"
+  local -a pcis; local p
   IFS=, read -r -a pcis <<< "$1"
   [ "${#pcis[@]}" -gt 0 ] || return 1
   for p in "${pcis[@]}"; do
-    [ "${P5_GPU_OF_EFA_BUS[$(bus_of "$p")]:-}" = "$gpu_bus" ] || return 1
+    [ "${GPU_OF_EFA[$p]:-}" = "$2" ] || return 1
   done
 }
 
@@ -457,6 +462,7 @@ probe_gpu_only_pod() {
 check_6_alignment() {
   # Every EFA and GPU free: efa-4 of check 2 (and whatever a failed check left) goes.
   delete_all_pods || why "cannot delete the earlier checks' pods" || return 1
+  read_layout || why "the topology command does not show 32 EFAs, 4 behind each GPU's PCIe switch: $(printf '%s ' "${!GPU_OF_EFA[@]}" | wc -w) EFAs with one" || return 1
   start_fake_gpu_plugin || return 1
   read_fake_gpus || why "the fake GPU plugin wrote ${#GPU_PCI_OF_UUID[@]} GPUs under $FAKE_PROC/driver/nvidia/gpus, expected $GPU_TOTAL" || return 1
 
@@ -494,7 +500,7 @@ check_6_alignment() {
       [ "$(tr , '\n' <<< "$efa_pci" | grep -c .)" -eq 4 ] \
         || why "$pod has EFA_PCI_ADDRESSES='$efa_pci', expected 4 addresses" || return 1
 
-      # The script's own verdict, from the p5 layout.
+      # The verdict from the layout the topology command reports.
       if efas_with_gpu "$efa_pci" "$gpu_pci"; then verdict=aligned; else verdict="NOT aligned"; fi
       [ "$verdict" = aligned ] && aligned=$((aligned + 1))
 
@@ -528,13 +534,13 @@ check_6_alignment() {
         named=$((named + 1))
       fi
 
-      # The daemon's report agrees with the script's verdict.
+      # The daemon's report agrees with the layout's verdict.
       e2e_wait_for 30 "the daemon's alignment report of $pod" has_report "$pod" \
         || why "the daemon logged no 'alignment: default/$pod/main ...' line" || return 1
       line="$(report_line "$pod")"
       if grep -qF "/main aligned: " <<< "$line"; then daemon=aligned; else daemon="NOT aligned"; fi
       [ "$daemon" = "$verdict" ] \
-        || disagree+="${disagree:+; }$pod: daemon '$daemon', script '$verdict' (GPU $gpu_pci, EFAs $efa_pci)"
+        || disagree+="${disagree:+; }$pod: daemon '$daemon', layout '$verdict' (GPU $gpu_pci, EFAs $efa_pci)"
       local reported_efas reported_gpu
       reported_efas="$(sed -E 's/.*: EFAs ([^ ]*) with accelerators.*/\1/' <<< "$line" | tr , '\n' | sort | paste -sd,)"
       reported_gpu="$(sed -E 's/.* with accelerators (.*)$/\1/' <<< "$line")"

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "plugin/cdi_spec.h"
 #include "plugin/device_plugin_service.h"
 #include "test/fuzz/fuzz_check.h"
 
@@ -35,8 +36,8 @@ constexpr int kEfasPerGpu = 2;
 
 PciAddress Pci(int bus) { return PciAddress{0, static_cast<uint8_t>(bus), 0, 0}; }
 
-const DeviceTable& Table() {
-  static const DeviceTable* table = [] {
+const efa::topology::DeviceTable& Table() {
+  static const efa::topology::DeviceTable* table = [] {
     std::vector<EfaDevice> devices;
     std::vector<EfaPlacement> placements;
     std::vector<Accelerator> gpus;
@@ -69,13 +70,13 @@ const DeviceTable& Table() {
       }
     }
     auto model = efa::topology::HostModel::Create("p5.48xlarge", placements, gpus);
-    return new DeviceTable(std::move(devices), std::move(model));
+    return new efa::topology::DeviceTable(std::move(devices), std::move(model));
   }();
   return *table;
 }
 
 void CheckAllocate(const v1beta1::ContainerAllocateRequest& request) {
-  const DeviceTable& table = Table();
+  const efa::topology::DeviceTable& table = Table();
   auto response = AllocateContainer(table, request);
   if (!response.ok()) {
     FUZZ_CHECK(response.status().code() == absl::StatusCode::kInvalidArgument ||
@@ -100,7 +101,7 @@ void CheckAllocate(const v1beta1::ContainerAllocateRequest& request) {
 
 void CheckPreferred(const v1beta1::ContainerPreferredAllocationRequest& request,
                     const Targets& targets) {
-  const DeviceTable& table = Table();
+  const efa::topology::DeviceTable& table = Table();
   const std::vector<std::string> chosen = PreferredDevices(table, request, targets);
   const std::set<std::string> unique(chosen.begin(), chosen.end());
   FUZZ_CHECK(unique.size() == chosen.size());

@@ -13,12 +13,12 @@
 #include "absl/strings/str_split.h"
 #include "plugin/alignment.h"
 #include "plugin/daemon.h"
-#include "plugin/replica_id.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
+#include "topology/replica_id.h"
 
 using namespace std::chrono_literals;
 using efa::plugin::Daemon;
@@ -99,7 +99,7 @@ class AlignedNode {
   bool Aligned(const std::string& uid) {
     std::vector<std::string> efas;
     for (const auto& id : kubelet_.container_devices(uid, "main", kEfa)) {
-      auto replica = efa::plugin::ParseReplicaId(id);
+      auto replica = efa::topology::ParseReplicaId(id);
       efas.push_back(replica ? replica->ibdev : id);
     }
     std::vector<std::pair<std::string, std::string>> accels;
@@ -243,7 +243,7 @@ TEST_CASE("Sharing: with 4 replicas a p5 runs 8 GPU pods and 16 EFA-only pods at
       // Distinct EFAs, each given once: its device node and its name in the env.
       std::set<std::string> efas, nodes, paths;
       for (const auto& id : a.device_ids) {
-        auto replica = efa::plugin::ParseReplicaId(id);
+        auto replica = efa::topology::ParseReplicaId(id);
         REQUIRE(replica);
         efas.insert(replica->ibdev);
         nodes.insert(uverbs.at(replica->ibdev));

@@ -216,3 +216,11 @@ TEST_CASE("IsAligned compares an allocation with the best placement", "[alignmen
   CHECK(IsAligned(*tm, {"rdmap201s0"}, neuron0));        // c9:00.0, the table's choice
   CHECK_FALSE(IsAligned(*tm, {"rdmap202s0"}, neuron0));  // ca:00.0, same switch only
 }
+
+TEST_CASE("DescribeTargets names GPUs by PCI address and Neuron devices by index", "[alignment]") {
+  CHECK(DescribeTargets({}) == "no known accelerators");
+  Targets targets;
+  targets.pci = {*PciAddress::Parse("0000:53:00.0"), *PciAddress::Parse("0000:64:00.0")};
+  targets.neuron_indices = {3};
+  CHECK(DescribeTargets(targets) == "accelerators 0000:53:00.0, 0000:64:00.0, neuron3");
+}

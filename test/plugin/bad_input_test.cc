@@ -617,7 +617,7 @@ TEST_CASE("Empty, overflowing, NUL-filled and directory attributes skip that dev
       {"numa_node", std::string("0\0\0\0", 4), "expected an integer, got \"0\\x00\\x00\\x00\""},
       {"numa_node", "99999999999999999999\n", "expected an integer, got \"99999999999999999999\""},
       {"numa_node", "+1\n", "expected an integer, got \"+1\""},
-      {"numa_node", std::string(70000, '1'), "larger than 65536 bytes"},
+      {"numa_node", std::string(70000, '1'), "larger than 64 KiB"},
   };
   for (const Case& c : cases) {
     INFO(c.attribute << " = " << c.content.substr(0, 40));

@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <set>
 
-#include "plugin/replica_id.h"
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
+#include "topology/replica_id.h"
 
 namespace fs = std::filesystem;
 using namespace efa::plugin;
@@ -218,19 +218,6 @@ TEST_CASE("GetPreferredAllocation aligns with the accelerators the target finder
         std::vector<std::string>{"rdmap96s0", "rdmap97s0", "rdmap98s0", "rdmap99s0"});
 }
 
-TEST_CASE("Replica IDs name the EFA and the replica, in one spelling", "[plugin][sharing]") {
-  CHECK(ReplicaId("rdmap79s0", 3) == "rdmap79s0::3");
-  auto ref = ParseReplicaId("rdmap79s0::12");
-  REQUIRE(ref);
-  CHECK(ref->ibdev == "rdmap79s0");
-  CHECK(ref->replica == 12);
-  for (const char* bad : {"rdmap79s0", "rdmap79s0::", "::1", "rdmap79s0::01", "rdmap79s0::-1",
-                          "rdmap79s0::1x", "rdmap79s0::64", "rdmap79s0::99999999999"}) {
-    INFO(bad);
-    CHECK_FALSE(ParseReplicaId(bad));
-  }
-}
-
 TEST_CASE("Sharing: each EFA is listed as its replicas, which share its health",
           "[plugin][sharing][concurrency]") {
   SimRoot sim("p4d.24xlarge");
@@ -319,7 +306,7 @@ TEST_CASE("Sharing: GetPreferredAllocation spreads over distinct EFAs, then the 
   auto six = plugin.Preferred(all, {}, 6);
   REQUIRE(six.size() == 6);
   std::set<std::string> efas;
-  for (const auto& id : six) efas.insert(ParseReplicaId(id)->ibdev);
+  for (const auto& id : six) efas.insert(efa::topology::ParseReplicaId(id)->ibdev);
   CHECK(efas == std::set<std::string>{"rdmap79s0", "rdmap80s0", "rdmap96s0", "rdmap97s0",
                                       "rdmap98s0", "rdmap99s0"});
   // Second replicas only beyond the EFAs with a free replica: two EFAs left,

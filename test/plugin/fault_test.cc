@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "plugin/cdi_spec.h"
@@ -164,14 +165,18 @@ std::vector<std::string> DeviceIds(const std::vector<v1beta1::Device>& devices) 
 
 }  // namespace
 
-TEST_CASE("100 kubelet restarts in a row: registered every time, nothing leaks",
+TEST_CASE("Kubelet restarts in a row: registered every time, nothing leaks",
           "[fault][process][concurrency]") {
   DaemonNode node("p5.48xlarge");
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
-  std::printf("100 kubelet restarts (p5.48xlarge, daemon pid %d):\n", node.pid());
+  // Each restart serves afresh on a new gRPC server, whose threads TSan sees
+  // hand work to each other through gRPC's uninstrumented queues; fewer
+  // under the sanitizers (the ci preset's 100 check that nothing piles up).
+  const int restarts = kSanitized ? 25 : 100;
+  std::printf("%d kubelet restarts (p5.48xlarge, daemon pid %d):\n", restarts, node.pid());
   Footprint after10;
-  for (int i = 1; i <= 100; ++i) {
+  for (int i = 1; i <= restarts; ++i) {
     REQUIRE(node.kubelet().Restart().ok());
     INFO("restart " << i);
     REQUIRE(node.kubelet().WaitForRegistrations(kEfa, i + 1, kDeadline));
@@ -180,18 +185,26 @@ TEST_CASE("100 kubelet restarts in a row: registered every time, nothing leaks",
   }
   REQUIRE(node.kubelet().WaitForDevices(
       kEfa, [](const auto& d) { return d.size() == 32; }, kDeadline));
-  const Footprint after100 = Measure(node.pid());
+  // gRPC starts threads under load and ends them once idle (its executor);
+  // what leaks never goes. Wait (bounded) for the count to come back.
+  Footprint last = Measure(node.pid());
+  for (const auto until = std::chrono::steady_clock::now() + kDeadline;
+       (last.threads > after10.threads + 2 || last.fds > after10.fds + 2) &&
+       std::chrono::steady_clock::now() < until;
+       last = Measure(node.pid())) {
+    std::this_thread::sleep_for(50ms);
+  }
   Print("after restart 10:", after10);
-  Print("after restart 100:", after100);
+  Print(absl::StrCat("after restart ", restarts, ":").c_str(), last);
   // At least once per restart (the loop waited for each); a stream the
   // restart ended may add one more, which is harmless.
-  CHECK(node.kubelet().registrations(kEfa) >= 101);
+  CHECK(node.kubelet().registrations(kEfa) >= restarts + 1);
   // Flat: what the first restarts set up (gRPC's thread pools, the channel
   // to the kubelet) is reused, not piled up.
-  CHECK(after100.fds <= after10.fds + 2);  // a connection being made may be open
-  CHECK(after100.threads <= after10.threads + 2);
+  CHECK(last.fds <= after10.fds + 2);  // a connection being made may be open
+  CHECK(last.threads <= after10.threads + 2);
   // Sanitizers keep freed memory (quarantine, race history): no RSS bound.
-  if (!kSanitized) CHECK(after100.rss_kib <= after10.rss_kib + 2048);
+  if (!kSanitized) CHECK(last.rss_kib <= after10.rss_kib + 2048);
 }
 
 TEST_CASE("16 clients calling at once while devices come and go", "[fault][process][concurrency]") {

@@ -51,7 +51,7 @@ class Node {
     auto inventory = efa::topology::DiscoverEfaDevices(sim_.roots());
     auto topo = efa::topology::LoadTopology({sim_.path().string(), ""});
     REQUIRE(topo.ok());
-    table_ = std::make_shared<DeviceTable>(
+    table_ = std::make_shared<efa::topology::DeviceTable>(
         inventory.devices, efa::topology::HostModel::FromHwloc(inventory, topo->get()));
     for (const auto& d : inventory.devices) efas_.push_back(d.ibdev);
     fs::create_directories(kubelet_dir() / "device-plugins");
@@ -75,11 +75,11 @@ class Node {
 
   fs::path cdi_dir() const { return sim_.path() / "cdi"; }
   fs::path kubelet_dir() const { return sim_.path() / "kubelet"; }
-  const DeviceTable& table() const { return *table_; }
+  const efa::topology::DeviceTable& table() const { return *table_; }
 
  private:
   efa::sim::SimRoot sim_;
-  std::shared_ptr<DeviceTable> table_;
+  std::shared_ptr<efa::topology::DeviceTable> table_;
   std::vector<std::string> efas_;  // PCI order
 };
 

@@ -19,12 +19,13 @@ namespace {
 struct LatePlugin {
   explicit LatePlugin(const efa::sim::SimRoot& sim) : service(DevicePluginService::Options{true}) {
     service.SetDevices(efa::topology::DiscoverEfaDevices(sim.roots()).devices);
-    service.SetLateBinding([this](const DeviceTable& table, const std::vector<std::string>& ids) {
-      absl::MutexLock lock(&mu);
-      calls.push_back(ids);
-      tables.push_back(table.devices.size());
-      return result;
-    });
+    service.SetLateBinding(
+        [this](const efa::topology::DeviceTable& table, const std::vector<std::string>& ids) {
+          absl::MutexLock lock(&mu);
+          calls.push_back(ids);
+          tables.push_back(table.devices.size());
+          return result;
+        });
     const fs::path socket = sim.path() / "plugin.sock";
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "test/temp_dir.h"
+
 namespace fs = std::filesystem;
 using namespace efa::topology;
 
@@ -46,4 +48,28 @@ TEST_CASE("sysfs reads name the path on failure", "[topology]") {
   CHECK(ListDirectory(dir / "missing").status().code() == absl::StatusCode::kNotFound);
   CHECK(*ListDirectory(dir) == std::vector<std::string>{"dangling", "numa_node"});
   fs::remove_all(dir);
+}
+
+TEST_CASE("The bounded reader reads up to its limit and keeps errno in its errors", "[topology]") {
+  efa::testing::TempDir dir;
+  std::ofstream(dir.path() / "exact") << std::string(20000, 'x');  // more than one read()
+  std::ofstream(dir.path() / "empty");
+
+  absl::StatusOr<std::string> exact = ReadFileBounded(dir.path() / "exact", 20000);
+  REQUIRE(exact.ok());
+  CHECK(*exact == std::string(20000, 'x'));
+  CHECK(ReadFileBounded(dir.path() / "empty", 0).value().empty());
+
+  absl::Status longer = ReadFileBounded(dir.path() / "exact", 19999).status();
+  CHECK(longer.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(longer.message() == (dir.path() / "exact").string() + ": larger than 19999 bytes");
+  CHECK(ReadFileBounded(dir.path() / "exact", 16 * 1024).status().message() ==
+        (dir.path() / "exact").string() + ": larger than 16 KiB");
+
+  absl::Status missing = ReadFileBounded(dir.path() / "missing", 100).status();
+  CHECK(missing.code() == absl::StatusCode::kNotFound);
+  CHECK(missing.message() == (dir.path() / "missing").string() + ": No such file or directory");
+  absl::Status directory = ReadFileBounded(dir.path(), 100).status();
+  CHECK(directory.code() == absl::StatusCode::kFailedPrecondition);  // EISDIR
+  CHECK(directory.message() == dir.path().string() + ": Is a directory");
 }

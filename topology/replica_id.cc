@@ -1,9 +1,9 @@
-#include "plugin/replica_id.h"
+#include "topology/replica_id.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace efa::plugin {
+namespace efa::topology {
 
 std::string ReplicaId(std::string_view ibdev, int replica) {
   return absl::StrCat(std::string(ibdev), kReplicaSeparator, replica);
@@ -25,4 +25,4 @@ std::optional<ReplicaRef> ParseReplicaId(std::string_view id) {
   return ReplicaRef{std::string(id.substr(0, sep)), replica};
 }
 
-}  // namespace efa::plugin
+}  // namespace efa::topology

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace efa::plugin {
+namespace efa::topology {
 
 inline constexpr char kReplicaSeparator[] = "::";
 // The largest `sharing.replicas`.
@@ -28,4 +28,4 @@ std::string ReplicaId(std::string_view ibdev, int replica);
 // Pure.
 std::optional<ReplicaRef> ParseReplicaId(std::string_view id);
 
-}  // namespace efa::plugin
+}  // namespace efa::topology
