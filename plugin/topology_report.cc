@@ -141,13 +141,12 @@ std::string FormatTopologyTable(const TopologyReport& report) {
     // What the kubelet will show: allocatable counts the healthy devices.
     const int healthy = HealthyEfas(report);
     const int unhealthy = static_cast<int>(report.inventory.devices.size()) - healthy;
-    absl::StrAppend(&out, "Sharing: ", report.resource_name, ", ", report.replicas,
-                    " replicas per EFA (device IDs ", ReplicaId("<ibdev>", 0), " to ",
-                    ReplicaId("<ibdev>", report.replicas - 1), "): ", report.replicas * healthy,
-                    " allocatable = ", report.replicas, " x ", healthy,
-                    unhealthy == 0 ? " EFAs"
-                                   : absl::StrCat(" healthy EFAs (", unhealthy, " unhealthy)"),
-                    "\n");
+    absl::StrAppend(
+        &out, "Sharing: ", report.resource_name, ", ", report.replicas,
+        " replicas per EFA (device IDs ", ReplicaId("<ibdev>", 0), " to ",
+        ReplicaId("<ibdev>", report.replicas - 1), "): ", report.replicas * healthy,
+        " allocatable = ", report.replicas, " x ", healthy,
+        unhealthy == 0 ? " EFAs" : absl::StrCat(" healthy EFAs (", unhealthy, " unhealthy)"), "\n");
   }
   if (!report.topology_error.empty()) {
     absl::StrAppend(&out, "PCI tree: unavailable (", report.topology_error,

@@ -44,14 +44,13 @@ int MetricsPort(const fs::path& log) {
 }
 
 // The samples of `family` in a scrape read back by the independent parser
-// (exposition_summary.py --values), e.g. `name{efa="rdmap16s27"}` -> "3.0".
-std::map<std::string, std::string> Samples(const std::string& values, const std::string& family) {
-  std::map<std::string, std::string> out;
+// (exposition_summary.py --values: sorted lines like
+// `name{efa="rdmap16s27"} 3.0`).
+std::string Samples(const std::string& values, const std::string& family) {
+  std::string out;
   std::istringstream in(values);
   for (std::string line; std::getline(in, line);) {
-    if (!absl::StartsWith(line, family + "{")) continue;
-    const size_t space = line.rfind(' ');
-    out[line.substr(0, space)] = line.substr(space + 1);
+    if (absl::StartsWith(line, family + "{")) absl::StrAppend(&out, line, "\n");
   }
   return out;
 }
@@ -121,13 +120,12 @@ TEST_CASE("With sharing the daemon binary counts allocations per physical EFA in
   FakeKubelet kubelet(FakeKubelet::ForKubeletDir(kubelet_dir));
   REQUIRE(kubelet.Start().ok());
   const fs::path log = sim.path() / "daemon.log";
-  ChildProcess daemon({EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root",
-                       sim.sys().string(), "--dev-root", (sim.path() / "dev").string(),
-                       "--proc-root", (sim.path() / "proc").string(), "--cdi-spec-dirs",
-                       (sim.path() / "etc/cdi").string(), "--log-level", "info",
-                       "--metrics-address", "127.0.0.1:0", "--probe-address", "",
-                       "--sharing-replicas", "4"},
-                      log);
+  ChildProcess daemon(
+      {EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
+       "--dev-root", (sim.path() / "dev").string(), "--proc-root", (sim.path() / "proc").string(),
+       "--cdi-spec-dirs", (sim.path() / "etc/cdi").string(), "--log-level", "info",
+       "--metrics-address", "127.0.0.1:0", "--probe-address", "", "--sharing-replicas", "4"},
+      log);
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(kubelet.WaitForDevices(
       kEfa, [](const auto& d) { return d.size() == 16; }, kDeadline));
@@ -165,8 +163,8 @@ TEST_CASE("With sharing the daemon binary counts allocations per physical EFA in
   // then Allocate): four of 2 EFAs each.
   for (int i = 0; i < 4; ++i) {
     const std::string uid = absl::StrCat("u", i);
-    REQUIRE(kubelet.AdmitContainer(absl::StrCat("pod-", i), "default", uid, "main", {{kEfa, 2}})
-                .ok());
+    REQUIRE(
+        kubelet.AdmitContainer(absl::StrCat("pod-", i), "default", uid, "main", {{kEfa, 2}}).ok());
     // Distinct EFAs: the policy spreads first.
     CHECK(given(kubelet.container_devices(uid, "main", kEfa)) == 2);
   }
@@ -174,10 +172,10 @@ TEST_CASE("With sharing the daemon binary counts allocations per physical EFA in
   CHECK(allocate({{"rdmap160s27::0", "rdmap160s27::4"}}).error_code() ==
         grpc::StatusCode::INVALID_ARGUMENT);
 
-  std::map<std::string, std::string> want_samples;
+  std::string want_samples;  // sorted, as the parser prints them
   for (const auto& [efa, n] : want) {
-    want_samples[absl::StrCat("efa_device_plugin_efa_allocations_total{efa=\"", efa, "\"}")] =
-        absl::StrCat(n, ".0");
+    absl::StrAppend(&want_samples, "efa_device_plugin_efa_allocations_total{efa=\"", efa, "\"} ", n,
+                    ".0\n");
   }
   // The counters are updated after each handler returns: scrape until the
   // last Allocate (the refused one) is counted.
@@ -196,16 +194,13 @@ TEST_CASE("With sharing the daemon binary counts allocations per physical EFA in
   }
   const auto parsed = efa::testing::SummarizeExposition(body, /*values=*/true);
   REQUIRE(parsed.exit_status == 0);
-  INFO(parsed.text);
   CHECK(Samples(parsed.text, "efa_device_plugin_efa_allocations_total") == want_samples);
   CHECK(want.at("rdmap16s27") >= 3);
   // Sizes are physical EFAs too: 3 replica IDs of 2 EFAs observe 2.
   CHECK(Samples(parsed.text, "efa_device_plugin_allocation_size_count") ==
-        std::map<std::string, std::string>{
-            {"efa_device_plugin_allocation_size_count{}", absl::StrCat(containers, ".0")}});
+        absl::StrCat("efa_device_plugin_allocation_size_count{} ", containers, ".0\n"));
   CHECK(Samples(parsed.text, "efa_device_plugin_allocation_size_sum") ==
-        std::map<std::string, std::string>{
-            {"efa_device_plugin_allocation_size_sum{}", absl::StrCat(efas_given, ".0")}});
+        absl::StrCat("efa_device_plugin_allocation_size_sum{} ", efas_given, ".0\n"));
   // No series anywhere names a replica.
   CHECK(parsed.text.find("::") == std::string::npos);
   CHECK(daemon.Stop(kDeadline) == 0);

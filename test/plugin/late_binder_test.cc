@@ -266,8 +266,9 @@ TEST_CASE("Sharing: the binder takes the least shared EFAs beside the GPU, up to
       {"a", Replicas(node.Group(0)[0], 0, 1)},
       {"b", Replicas(node.Group(0)[1], 0, 1)},
       {"c", Replicas(node.Group(0)[2], 0, 2)},
-      {"d", {ReplicaId(node.Group(0)[3], 0), ReplicaId(node.Group(0)[3], 1),
-             ReplicaId(node.Group(1)[1], 0), ReplicaId(node.Group(1)[1], 1)}},
+      {"d",
+       {ReplicaId(node.Group(0)[3], 0), ReplicaId(node.Group(0)[3], 1),
+        ReplicaId(node.Group(1)[1], 0), ReplicaId(node.Group(1)[1], 1)}},
       {"e", Replicas(node.Group(1)[0], 0, 2)}};
   std::vector<FakeCheckpointEntry> entries;
   for (const auto& [uid, ids] : claims) {

@@ -593,8 +593,9 @@ TEST_CASE(
     if (uids.size() < 2) continue;
     ++shared;
     for (const auto& uid : uids) {
-      CHECK(ReadFile(node.SpecOf(uid)).find("\"hostPath\":\"" + by_ibdev.at(efa)->uverbs_path +
-                                            "\"") != std::string::npos);
+      CHECK(ReadFile(node.SpecOf(uid))
+                .find("\"hostPath\":\"" + by_ibdev.at(efa)->uverbs_path + "\"") !=
+            std::string::npos);
     }
   }
   CHECK(shared == 16);

@@ -284,7 +284,8 @@ TEST_CASE("The binary's topology command shows sharing as configured, nothing wi
   // Sharing: the line names the resource the daemon would register.
   CHECK(RunTopology(sim, "EFA_SHARING_REPLICAS=4", "") ==
         std::make_pair(0, FormatTopologyTable(SharedReport(sim, 4, "vpc.amazonaws.com/efa"))));
-  const auto renamed = RunTopology(sim, "EFA_SHARING_RENAME_BY_DEFAULT=true", "--sharing-replicas 4");
+  const auto renamed =
+      RunTopology(sim, "EFA_SHARING_RENAME_BY_DEFAULT=true", "--sharing-replicas 4");
   REQUIRE(renamed.first == 0);
   CHECK(renamed.second ==
         FormatTopologyTable(SharedReport(sim, 4, "vpc.amazonaws.com/efa.shared")));
