@@ -34,6 +34,28 @@ namespace {
 constexpr char kEfa[] = "vpc.amazonaws.com/efa";
 constexpr auto kDeadline = 10s;
 
+// The daemon binary's command line on `sim` (its roots, a log level, the
+// HTTP addresses), then `extra`.
+std::vector<std::string> DaemonArgs(const SimRoot& sim, const std::string& log_level,
+                                    const std::string& probe_address,
+                                    const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {EFA_PLUGIN_BINARY};
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--kubelet-dir", (sim.path() / "kubelet").string()},
+           {"--sysfs-root", sim.sys().string()},
+           {"--dev-root", (sim.path() / "dev").string()},
+           {"--proc-root", (sim.path() / "proc").string()},
+           {"--cdi-spec-dirs", (sim.path() / "etc/cdi").string()},
+           {"--log-level", log_level},
+           {"--metrics-address", "127.0.0.1:0"},
+           {"--probe-address", probe_address}}) {
+    args.push_back(flag);
+    args.push_back(value);
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 // The port a daemon serves /metrics on: its "serving /metrics, ... (port N)"
 // log line (written before it registers); 0 when there is none.
 int MetricsPort(const fs::path& log) {
@@ -67,11 +89,7 @@ TEST_CASE(
   REQUIRE(kubelet.Start().ok());
 
   const auto start = std::chrono::steady_clock::now();
-  ChildProcess daemon({EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root",
-                       sim.sys().string(), "--dev-root", (sim.path() / "dev").string(),
-                       "--cdi-spec-dirs", (sim.path() / "etc/cdi").string(), "--log-level", "warn",
-                       "--metrics-address", "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
-                      sim.path() / "daemon.log");
+  ChildProcess daemon(DaemonArgs(sim, "warn", "127.0.0.1:0"), sim.path() / "daemon.log");
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   const auto registered = std::chrono::steady_clock::now();
   std::printf("start -> registered: %.1f ms\n",
@@ -103,32 +121,26 @@ TEST_CASE("The daemon binary removes a stale socket before serving",
   }
   FakeKubelet kubelet(kubelet_dir / "device-plugins");
   REQUIRE(kubelet.Start().ok());
-  ChildProcess daemon({EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root",
-                       sim.sys().string(), "--dev-root", (sim.path() / "dev").string(),
-                       "--cdi-spec-dirs", (sim.path() / "etc/cdi").string(), "--log-level", "warn",
-                       "--metrics-address", "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
-                      sim.path() / "daemon.log");
+  ChildProcess daemon(DaemonArgs(sim, "warn", "127.0.0.1:0"), sim.path() / "daemon.log");
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   daemon.Signal(SIGINT);
   CHECK(daemon.Wait(10s) == 0);
 }
 
-TEST_CASE("With sharing the daemon binary counts allocations per physical EFA in its metrics",
-          "[daemon][process][sharing][metrics][concurrency]") {
+TEST_CASE(
+    "With sharing the daemon binary counts allocations per physical EFA in its metrics, renamed",
+    "[daemon][process][sharing][metrics][concurrency]") {
+  // renameByDefault: the resource is vpc.amazonaws.com/efa.shared.
+  constexpr char kShared[] = "vpc.amazonaws.com/efa.shared";
   SimRoot sim("p4d.24xlarge");
-  const fs::path kubelet_dir = sim.path() / "kubelet";
-  FakeKubelet kubelet(FakeKubelet::ForKubeletDir(kubelet_dir));
+  FakeKubelet kubelet(FakeKubelet::ForKubeletDir(sim.path() / "kubelet"));
   REQUIRE(kubelet.Start().ok());
   const fs::path log = sim.path() / "daemon.log";
   ChildProcess daemon(
-      {EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
-       "--dev-root", (sim.path() / "dev").string(), "--proc-root", (sim.path() / "proc").string(),
-       "--cdi-spec-dirs", (sim.path() / "etc/cdi").string(), "--log-level", "info",
-       "--metrics-address", "127.0.0.1:0", "--probe-address", "", "--sharing-replicas", "4"},
-      log);
-  REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
+      DaemonArgs(sim, "info", "", {"--sharing-replicas", "4", "--sharing-rename-by-default"}), log);
+  REQUIRE(kubelet.WaitForRegistrations(kShared, 1, kDeadline));
   REQUIRE(kubelet.WaitForDevices(
-      kEfa, [](const auto& d) { return d.size() == 16; }, kDeadline));
+      kShared, [](const auto& d) { return d.size() == 16; }, kDeadline));
   const int port = MetricsPort(log);
   REQUIRE(port > 0);
 
@@ -149,7 +161,7 @@ TEST_CASE("With sharing the daemon binary counts allocations per physical EFA in
       for (const auto& id : ids) c->add_devices_ids(id);
     }
     v1beta1::AllocateResponse response;
-    grpc::Status status = kubelet.Allocate(kEfa, request, &response);
+    grpc::Status status = kubelet.Allocate(kShared, request, &response);
     if (status.ok()) {
       for (const auto& ids : containers_ids) given(ids);
     }
@@ -163,10 +175,10 @@ TEST_CASE("With sharing the daemon binary counts allocations per physical EFA in
   // then Allocate): four of 2 EFAs each.
   for (int i = 0; i < 4; ++i) {
     const std::string uid = absl::StrCat("u", i);
-    REQUIRE(
-        kubelet.AdmitContainer(absl::StrCat("pod-", i), "default", uid, "main", {{kEfa, 2}}).ok());
+    REQUIRE(kubelet.AdmitContainer(absl::StrCat("pod-", i), "default", uid, "main", {{kShared, 2}})
+                .ok());
     // Distinct EFAs: the policy spreads first.
-    CHECK(given(kubelet.container_devices(uid, "main", kEfa)) == 2);
+    CHECK(given(kubelet.container_devices(uid, "main", kShared)) == 2);
   }
   // A refused request counts nothing.
   CHECK(allocate({{"rdmap160s27::0", "rdmap160s27::4"}}).error_code() ==
@@ -192,6 +204,14 @@ TEST_CASE("With sharing the daemon binary counts allocations per physical EFA in
     }
     std::this_thread::sleep_for(10ms);
   }
+  // /readyz names the resource registered.
+  httplib::Client client("127.0.0.1", port);
+  auto ready = client.Get("/readyz");
+  REQUIRE(ready);
+  CHECK(ready->status == 200);
+  CHECK(ready->body == "ok: vpc.amazonaws.com/efa.shared is registered with the kubelet\n");
+  CHECK(kubelet.registrations(kEfa) == 0);
+
   const auto parsed = efa::testing::SummarizeExposition(body, /*values=*/true);
   REQUIRE(parsed.exit_status == 0);
   CHECK(Samples(parsed.text, "efa_device_plugin_efa_allocations_total") == want_samples);
