@@ -120,6 +120,9 @@ class Daemon {
   // the latest heartbeat. Thread-safe.
   bool registered() const { return registered_now_.load(); }
   int known_devices() const { return known_devices_.load(); }
+  // The resource it registers (vpc.amazonaws.com/efa, or .shared when
+  // sharing renames it). Thread-safe.
+  const std::string& resource_name() const { return options_.resource_name; }
   // Entries of the kubelet checkpoint skipped at its latest read because
   // they could not be parsed. Thread-safe.
   int checkpoint_entries_skipped() const { return checkpoint_entries_skipped_.load(); }

@@ -92,16 +92,18 @@ bool Daemon::CheckGuards() {
           "the EFA DRA driver ({}) serves this node's EFAs ({}): {} until it goes, so that no EFA "
           "is given out twice (--dra-policy=ignore serves anyway)",
           kDraDriverName, status.dra.evidence,
-          registered_ ? absl::StrCat("withdrawing ", kResourceName, " (advertising no devices)")
-                      : absl::StrCat("not registering ", kResourceName));
+          registered_
+              ? absl::StrCat("withdrawing ", options_.resource_name, " (advertising no devices)")
+              : absl::StrCat("not registering ", options_.resource_name));
     } else if (status.dra.present) {
       spdlog::warn(
           "the EFA DRA driver ({}) serves this node's EFAs ({}), and the DRA policy is ignore: "
           "still serving {}; the same EFA may be given to a DRA claim and to a pod",
-          kDraDriverName, status.dra.evidence, kResourceName);
+          kDraDriverName, status.dra.evidence, options_.resource_name);
     } else if (dra_present_) {
-      spdlog::info("the EFA DRA driver is gone ({}){}", status.dra.evidence,
-                   dra_yield_ ? absl::StrCat("; registering ", kResourceName, " again") : "");
+      spdlog::info(
+          "the EFA DRA driver is gone ({}){}", status.dra.evidence,
+          dra_yield_ ? absl::StrCat("; registering ", options_.resource_name, " again") : "");
     } else {
       spdlog::debug("no EFA DRA driver: {}", status.dra.evidence);
     }

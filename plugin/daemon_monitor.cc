@@ -78,19 +78,20 @@ ProbeVerdict Liveness(std::optional<Clock::time_point> heartbeat, Clock::time_po
   return {true, absl::StrCat("the owner loop ran ", Seconds(age), " ago")};
 }
 
-ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards) {
+ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards,
+                       const std::string& resource) {
   // Guard findings are logs and metrics, not readiness: a 503 here would
   // stall a DaemonSet rollout on every such node although the daemon
   // serves as configured.
   if (guards.withdrawn) {
     return {true,
             absl::StrCat("the EFA DRA driver (", kDraDriverName,
-                         ") serves this node's EFAs: ", kResourceName,
+                         ") serves this node's EFAs: ", resource,
                          " is withdrawn, as --dra-policy=yield asks (", guards.dra.evidence, ")")};
   }
-  if (registered) return {true, absl::StrCat(kResourceName, " is registered with the kubelet")};
+  if (registered) return {true, absl::StrCat(resource, " is registered with the kubelet")};
   if (known_devices == 0) return {true, "no EFA on this node, nothing to register"};
-  return {false, absl::StrCat(kResourceName, " is not registered with the kubelet yet")};
+  return {false, absl::StrCat(resource, " is not registered with the kubelet yet")};
 }
 
 constexpr char kPrefix[] = "efa_device_plugin_";
@@ -275,7 +276,8 @@ HttpResponse DaemonMonitor::Healthz() const {
 HttpResponse DaemonMonitor::Readyz() const {
   const Daemon* daemon = daemon_.load();
   if (daemon == nullptr) return Probe({false, "the daemon has not started"});
-  return Probe(Readiness(daemon->registered(), daemon->known_devices(), daemon->guard_status()));
+  return Probe(Readiness(daemon->registered(), daemon->known_devices(), daemon->guard_status(),
+                         daemon->resource_name()));
 }
 
 std::map<std::string, HttpHandler> DaemonMonitor::Routes() const {

@@ -60,8 +60,10 @@ ProbeVerdict Liveness(std::optional<std::chrono::steady_clock::time_point> heart
 // present under --dra-policy=yield. Guard findings (MOFED on, the DRA
 // driver beside the plugin under ignore) are logs and metrics, and under
 // MOFED protect the devices' health: never unreadiness, which would stall
-// every rolling update on such nodes. Pure.
-ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards);
+// every rolling update on such nodes. The reason names `resource`, the
+// resource the daemon registers. Pure.
+ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards,
+                       const std::string& resource = kResourceName);
 
 class DaemonMonitor final : public RpcObserver {
  public:

@@ -379,12 +379,15 @@ grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerCont
   }
   if (rpc_observer_) {
     for (const auto& c : request->container_requests()) {
-      rpc_observer_->ContainerAllocated(static_cast<size_t>(c.devices_ids_size()));
-      if (binder_) continue;  // the IDs are tokens: no EFA is chosen yet
-      for (const std::string& efa :
-           devices->PhysicalEfas({c.devices_ids().begin(), c.devices_ids().end()})) {
-        rpc_observer_->EfaAllocated(efa);
+      if (binder_) {  // the IDs are tokens: no EFA is chosen yet
+        rpc_observer_->ContainerAllocated(static_cast<size_t>(c.devices_ids_size()));
+        continue;
       }
+      // With sharing, two replicas of one EFA give it once: count EFAs.
+      const std::vector<std::string> efas =
+          devices->PhysicalEfas({c.devices_ids().begin(), c.devices_ids().end()});
+      rpc_observer_->ContainerAllocated(efas.size());
+      for (const std::string& efa : efas) rpc_observer_->EfaAllocated(efa);
     }
   }
   *response = std::move(result);

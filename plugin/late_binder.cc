@@ -291,8 +291,10 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
     request.target_accelerators = targets.pci;
     request.target_neuron_indices = targets.neuron_indices;
     std::vector<topology::EfaDevice> devices;
-    for (const std::string& id : topology::ChooseEfas(*table.model, request)) {
-      if (const topology::EfaDevice* d = table.Find(id)) devices.push_back(*d);
+    // The policy was offered ibdev names: it answers physical EFAs, which
+    // with sharing are no device IDs.
+    for (const std::string& ibdev : topology::ChooseEfas(*table.model, request)) {
+      if (const topology::EfaDevice* d = table.FindPhysical(ibdev)) devices.push_back(*d);
     }
     if (devices.size() < wanted || devices.empty()) {
       status = absl::FailedPreconditionError(

@@ -47,7 +47,9 @@ class RpcObserver {
   // A unary handler finished with `code` after `elapsed`.
   virtual void RpcHandled(RpcMethod method, grpc::StatusCode code,
                           std::chrono::nanoseconds elapsed) = 0;
-  // Allocate gave one container `devices` EFAs.
+  // Allocate gave one container `devices` EFAs: physical ones, each once
+  // however many of its replicas; with late binding the device IDs (the
+  // EFAs are bound later).
   virtual void ContainerAllocated(size_t devices) = 0;
   // Allocate gave a container the physical EFA `ibdev` (once per container,
   // however many of its replicas; not with late binding). Default: nothing.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "plugin/resource_name.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 #include "topology/replica_id.h"
@@ -36,6 +37,12 @@ std::vector<std::string> AcceleratorNames(const HostModel& model) {
 
 std::string NumaText(const std::optional<int>& numa) {
   return numa ? absl::StrCat(*numa) : std::string("-");
+}
+
+int HealthyEfas(const TopologyReport& report) {
+  return static_cast<int>(std::count_if(report.inventory.devices.begin(),
+                                        report.inventory.devices.end(),
+                                        [](const EfaDevice& d) { return d.healthy(); }));
 }
 
 const EfaDevice* FindDevice(const TopologyReport& report, const std::string& id) {
@@ -114,6 +121,7 @@ TopologyReport BuildTopologyReport(const TopologyReportOptions& options) {
   }
   if (report.instance_type.empty()) report.instance_type_source.clear();
   report.replicas = options.replicas;
+  report.resource_name = options.resource_name.empty() ? kResourceName : options.resource_name;
   report.count = CheckEfaCount(report.instance_type, options.expected_efa_count,
                                static_cast<int>(report.inventory.devices.size()));
   return report;
@@ -130,10 +138,15 @@ std::string FormatTopologyTable(const TopologyReport& report) {
                   "\n");
   absl::StrAppend(&out, "EFA count: ", report.count.Describe(), "\n");
   if (report.replicas > 1) {
-    absl::StrAppend(&out, "Sharing: ", report.replicas, " replicas per EFA, device IDs ",
-                    topology::ReplicaId("<ibdev>", 0), " to ",
-                    topology::ReplicaId("<ibdev>", report.replicas - 1), " (",
-                    report.replicas * report.count.found, " in all)\n");
+    // What the kubelet will show: allocatable counts the healthy devices.
+    const int healthy = HealthyEfas(report);
+    const int unhealthy = static_cast<int>(report.inventory.devices.size()) - healthy;
+    absl::StrAppend(
+        &out, "Sharing: ", report.resource_name, ", ", report.replicas,
+        " replicas per EFA (device IDs ", topology::ReplicaId("<ibdev>", 0), " to ",
+        topology::ReplicaId("<ibdev>", report.replicas - 1), "): ", report.replicas * healthy,
+        " allocatable = ", report.replicas, " x ", healthy,
+        unhealthy == 0 ? " EFAs" : absl::StrCat(" healthy EFAs (", unhealthy, " unhealthy)"), "\n");
   }
   if (!report.topology_error.empty()) {
     absl::StrAppend(&out, "PCI tree: unavailable (", report.topology_error,
@@ -228,7 +241,9 @@ std::string FormatTopologyJson(const TopologyReport& report) {
                    {"message", report.count.Describe()}};
   if (report.replicas > 1) {
     j["sharing"] = {{"replicas", report.replicas},
-                    {"deviceIds", report.replicas * report.count.found}};
+                    {"resourceName", report.resource_name},
+                    {"deviceIds", report.replicas * report.count.found},
+                    {"allocatable", report.replicas * HealthyEfas(report)}};
   }
   j["topologyError"] = report.topology_error.empty() ? Json() : Json(report.topology_error);
   j["neuronTable"] = model.neuron_table() ? Json(std::string(model.neuron_table()->name)) : Json();

@@ -23,6 +23,9 @@ struct TopologyReportOptions {
   std::string instance_type;  // empty: the DMI product name
   int expected_efa_count = 0;
   int replicas = 1;  // sharing.replicas: device IDs per EFA
+  // The resource the EFAs are advertised as (README, "Sharing"); empty:
+  // vpc.amazonaws.com/efa.
+  std::string resource_name{};
 };
 
 struct TopologyReport {
@@ -33,6 +36,7 @@ struct TopologyReport {
   std::string topology_error;  // why the PCI tree could not be read (then no accelerators)
   EfaCountCheck count;
   int replicas = 1;
+  std::string resource_name;  // never empty
 };
 
 // Discovers the EFAs, loads the PCI tree and checks the count. Never fails:
@@ -42,6 +46,10 @@ TopologyReport BuildTopologyReport(const TopologyReportOptions& options);
 // The relation code of a distance: "SW", "RC", "NUMA" or "X".
 std::string_view RelationCode(topology::Distance distance);
 
+// The formats. With replicas > 1 the table has a "Sharing:" line and the
+// JSON a "sharing" object (replicas, resource name, device IDs, allocatable =
+// replicas x healthy EFAs); with replicas 1 neither says anything about
+// sharing.
 std::string FormatTopologyTable(const TopologyReport& report);
 std::string FormatTopologyJson(const TopologyReport& report);
 std::string FormatTopologyDot(const TopologyReport& report);

@@ -386,6 +386,16 @@ TEST_CASE("Readiness follows serving as configured, not guard findings", "[monit
   CHECK(v.reason ==
         "the EFA DRA driver (dra.net) serves this node's EFAs: vpc.amazonaws.com/efa is "
         "withdrawn, as --dra-policy=yield asks (sock)");
+
+  // Sharing renamed the resource: the reasons name the one registered.
+  const char* shared = "vpc.amazonaws.com/efa.shared";
+  CHECK(Readiness(true, 4, clear, shared).reason ==
+        "vpc.amazonaws.com/efa.shared is registered with the kubelet");
+  CHECK(Readiness(false, 4, clear, shared).reason ==
+        "vpc.amazonaws.com/efa.shared is not registered with the kubelet yet");
+  CHECK(Readiness(false, 4, dra, shared).reason ==
+        "the EFA DRA driver (dra.net) serves this node's EFAs: vpc.amazonaws.com/efa.shared is "
+        "withdrawn, as --dra-policy=yield asks (sock)");
 }
 
 namespace {

@@ -1,15 +1,27 @@
-// The real binary, as a process: start-to-registered, SIGHUP and SIGTERM.
+// The real binary, as a process: start-to-registered, SIGHUP and SIGTERM;
+// its metrics under sharing, scraped over HTTP.
+#include <httplib.h>
 #include <signal.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
 #include <string>
+#include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/plugin/exposition.h"
 #include "test/sim/sim_root.h"
+#include "test/temp_dir.h"
+#include "topology/replica_id.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -20,6 +32,50 @@ using efa::testing::FakeKubelet;
 namespace {
 
 constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+constexpr auto kDeadline = 10s;
+
+// The daemon binary's command line on `sim` (its roots, a log level, the
+// HTTP addresses), then `extra`.
+std::vector<std::string> DaemonArgs(const SimRoot& sim, const std::string& log_level,
+                                    const std::string& probe_address,
+                                    const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {EFA_PLUGIN_BINARY};
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--kubelet-dir", (sim.path() / "kubelet").string()},
+           {"--sysfs-root", sim.sys().string()},
+           {"--dev-root", (sim.path() / "dev").string()},
+           {"--proc-root", (sim.path() / "proc").string()},
+           {"--cdi-spec-dirs", (sim.path() / "etc/cdi").string()},
+           {"--log-level", log_level},
+           {"--metrics-address", "127.0.0.1:0"},
+           {"--probe-address", probe_address}}) {
+    args.push_back(flag);
+    args.push_back(value);
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// The port a daemon serves /metrics on: its "serving /metrics, ... (port N)"
+// log line (written before it registers); 0 when there is none.
+int MetricsPort(const fs::path& log) {
+  const std::string text = efa::testing::ReadFile(log);
+  const size_t at = text.find("serving /metrics");
+  const size_t port = at == std::string::npos ? at : text.find("(port ", at);
+  return port == std::string::npos ? 0 : std::atoi(text.c_str() + port + 6);
+}
+
+// The samples of `family` in a scrape read back by the independent parser
+// (exposition_summary.py --values: sorted lines like
+// `name{efa="rdmap16s27"} 3.0`).
+std::string Samples(const std::string& values, const std::string& family) {
+  std::string out;
+  std::istringstream in(values);
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StartsWith(line, family + "{")) absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -33,11 +89,7 @@ TEST_CASE(
   REQUIRE(kubelet.Start().ok());
 
   const auto start = std::chrono::steady_clock::now();
-  ChildProcess daemon({EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root",
-                       sim.sys().string(), "--dev-root", (sim.path() / "dev").string(),
-                       "--cdi-spec-dirs", (sim.path() / "etc/cdi").string(), "--log-level", "warn",
-                       "--metrics-address", "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
-                      sim.path() / "daemon.log");
+  ChildProcess daemon(DaemonArgs(sim, "warn", "127.0.0.1:0"), sim.path() / "daemon.log");
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   const auto registered = std::chrono::steady_clock::now();
   std::printf("start -> registered: %.1f ms\n",
@@ -69,12 +121,107 @@ TEST_CASE("The daemon binary removes a stale socket before serving",
   }
   FakeKubelet kubelet(kubelet_dir / "device-plugins");
   REQUIRE(kubelet.Start().ok());
-  ChildProcess daemon({EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root",
-                       sim.sys().string(), "--dev-root", (sim.path() / "dev").string(),
-                       "--cdi-spec-dirs", (sim.path() / "etc/cdi").string(), "--log-level", "warn",
-                       "--metrics-address", "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
-                      sim.path() / "daemon.log");
+  ChildProcess daemon(DaemonArgs(sim, "warn", "127.0.0.1:0"), sim.path() / "daemon.log");
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   daemon.Signal(SIGINT);
   CHECK(daemon.Wait(10s) == 0);
+}
+
+TEST_CASE(
+    "With sharing the daemon binary counts allocations per physical EFA in its metrics, renamed",
+    "[daemon][process][sharing][metrics][concurrency]") {
+  // renameByDefault: the resource is vpc.amazonaws.com/efa.shared.
+  constexpr char kShared[] = "vpc.amazonaws.com/efa.shared";
+  SimRoot sim("p4d.24xlarge");
+  FakeKubelet kubelet(FakeKubelet::ForKubeletDir(sim.path() / "kubelet"));
+  REQUIRE(kubelet.Start().ok());
+  const fs::path log = sim.path() / "daemon.log";
+  ChildProcess daemon(
+      DaemonArgs(sim, "info", "", {"--sharing-replicas", "4", "--sharing-rename-by-default"}), log);
+  REQUIRE(kubelet.WaitForRegistrations(kShared, 1, kDeadline));
+  REQUIRE(kubelet.WaitForDevices(
+      kShared, [](const auto& d) { return d.size() == 16; }, kDeadline));
+  const int port = MetricsPort(log);
+  REQUIRE(port > 0);
+
+  std::map<std::string, int> want;  // physical EFA -> containers given it
+  int containers = 0, efas_given = 0;
+  auto given = [&](const std::vector<std::string>& ids) {
+    std::set<std::string> physical;
+    for (const auto& id : ids) physical.insert(efa::topology::ParseReplicaId(id)->ibdev);
+    for (const auto& efa : physical) ++want[efa];
+    ++containers;
+    efas_given += static_cast<int>(physical.size());
+    return physical.size();
+  };
+  auto allocate = [&](const std::vector<std::vector<std::string>>& containers_ids) {
+    v1beta1::AllocateRequest request;
+    for (const auto& ids : containers_ids) {
+      auto* c = request.add_container_requests();
+      for (const auto& id : ids) c->add_devices_ids(id);
+    }
+    v1beta1::AllocateResponse response;
+    grpc::Status status = kubelet.Allocate(kShared, request, &response);
+    if (status.ok()) {
+      for (const auto& ids : containers_ids) given(ids);
+    }
+    return status;
+  };
+  // Two replicas of one EFA in a container count once; two containers of
+  // one call sharing an EFA count twice.
+  REQUIRE(allocate({{"rdmap16s27::0", "rdmap16s27::2", "rdmap32s27::1"}}).ok());
+  REQUIRE(allocate({{"rdmap16s27::1"}, {"rdmap16s27::3", "rdmap144s27::0"}}).ok());
+  // Pods admitted by the kubelet's device manager (GetPreferredAllocation,
+  // then Allocate): four of 2 EFAs each.
+  for (int i = 0; i < 4; ++i) {
+    const std::string uid = absl::StrCat("u", i);
+    REQUIRE(kubelet.AdmitContainer(absl::StrCat("pod-", i), "default", uid, "main", {{kShared, 2}})
+                .ok());
+    // Distinct EFAs: the policy spreads first.
+    CHECK(given(kubelet.container_devices(uid, "main", kShared)) == 2);
+  }
+  // A refused request counts nothing.
+  CHECK(allocate({{"rdmap160s27::0", "rdmap160s27::4"}}).error_code() ==
+        grpc::StatusCode::INVALID_ARGUMENT);
+
+  std::string want_samples;  // sorted, as the parser prints them
+  for (const auto& [efa, n] : want) {
+    absl::StrAppend(&want_samples, "efa_device_plugin_efa_allocations_total{efa=\"", efa, "\"} ", n,
+                    ".0\n");
+  }
+  // The counters are updated after each handler returns: scrape until the
+  // last Allocate (the refused one) is counted.
+  std::string body;
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (std::chrono::steady_clock::now() < deadline) {
+    httplib::Client client("127.0.0.1", port);
+    auto result = client.Get("/metrics");
+    REQUIRE(result);
+    body = result->body;
+    // The series exists once the call is counted.
+    if (absl::StrContains(body, "efa_device_plugin_allocations_total{code=\"INVALID_ARGUMENT\"}")) {
+      break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  // /readyz names the resource registered.
+  httplib::Client client("127.0.0.1", port);
+  auto ready = client.Get("/readyz");
+  REQUIRE(ready);
+  CHECK(ready->status == 200);
+  CHECK(ready->body == "ok: vpc.amazonaws.com/efa.shared is registered with the kubelet\n");
+  CHECK(kubelet.registrations(kEfa) == 0);
+
+  const auto parsed = efa::testing::SummarizeExposition(body, /*values=*/true);
+  REQUIRE(parsed.exit_status == 0);
+  CHECK(Samples(parsed.text, "efa_device_plugin_efa_allocations_total") == want_samples);
+  CHECK(want.at("rdmap16s27") >= 3);
+  // Sizes are physical EFAs too: 3 replica IDs of 2 EFAs observe 2.
+  CHECK(Samples(parsed.text, "efa_device_plugin_allocation_size_count") ==
+        absl::StrCat("efa_device_plugin_allocation_size_count{} ", containers, ".0\n"));
+  CHECK(Samples(parsed.text, "efa_device_plugin_allocation_size_sum") ==
+        absl::StrCat("efa_device_plugin_allocation_size_sum{} ", efas_given, ".0\n"));
+  // No series anywhere names a replica.
+  CHECK(parsed.text.find("::") == std::string::npos);
+  CHECK(daemon.Stop(kDeadline) == 0);
 }

@@ -26,6 +26,7 @@
 #include "test/temp_dir.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
+#include "topology/replica_id.h"
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -50,8 +51,9 @@ enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
 
 class LateNode {
  public:
+  // `replicas`: device IDs per EFA (sharing).
   LateNode(const std::string& machine, AcceleratorKind kind, fs::path cdi_dir = {},
-           AlignmentMode mode = AlignmentMode::kLateBinding)
+           AlignmentMode mode = AlignmentMode::kLateBinding, int replicas = 1)
       : sim_(machine),
         kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
         accelerators_(*efa::sim::FindMachine(machine), kind,
@@ -61,6 +63,7 @@ class LateNode {
     options_.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
     options_.alignment = mode;
     options_.cdi_dir = cdi_dir.empty() ? sim_.path() / "var/run/cdi" : cdi_dir;
+    options_.replicas = replicas;
     REQUIRE(kubelet_.Start().ok());
     StartDaemon();
     REQUIRE(accelerators_.Start().ok());
@@ -139,24 +142,30 @@ class LateNode {
     return efas.size() == Tokens(uid).size() && efa::plugin::IsAligned(*model_, efas, targets);
   }
 
-  // No EFA is given to two of `live`'s containers, nor bound to two claims.
+  // No EFA is given to more of `live`'s containers than it has replicas (to
+  // two without sharing), nor bound to more claims; no container gets an EFA
+  // twice.
   void CheckDisjoint(const std::vector<std::string>& live) const {
-    std::map<std::string, std::string> holder;
+    const size_t most = static_cast<size_t>(options_.replicas);
+    std::map<std::string, std::vector<std::string>> holders;
     for (const auto& uid : live) {
-      for (const auto& efa : PhysicalEfas(uid)) {
-        auto [it, fresh] = holder.emplace(efa, uid);
-        INFO(efa << " held by " << it->second << " and " << uid);
-        CHECK(fresh);
-      }
+      const auto efas = PhysicalEfas(uid);
+      INFO(uid << " holds " << absl::StrJoin(efas, ","));
+      CHECK(std::set<std::string>(efas.begin(), efas.end()).size() == efas.size());
+      for (const auto& efa : efas) holders[efa].push_back(uid);
+    }
+    for (const auto& [efa, uids] : holders) {
+      INFO(efa << " held by " << absl::StrJoin(uids, ", "));
+      CHECK(uids.size() <= most);
     }
     if (!late()) return;
-    std::map<std::string, std::string> bound;
+    std::map<std::string, std::vector<std::string>> bound;
     for (const auto& [claim, efas] : daemon_->late_binder()->Bindings()) {
-      for (const auto& efa : efas) {
-        auto [it, fresh] = bound.emplace(efa, claim);
-        INFO(efa << " bound by " << it->second << " and " << claim);
-        CHECK(fresh);
-      }
+      for (const auto& efa : efas) bound[efa].push_back(claim);
+    }
+    for (const auto& [efa, claims] : bound) {
+      INFO(efa << " bound by " << absl::StrJoin(claims, ", "));
+      CHECK(claims.size() <= most);
     }
   }
 
@@ -528,4 +537,89 @@ TEST_CASE("Best effort through the same churn, for comparison",
               r.total ? 100.0 * r.aligned / r.total : 0.0);
   CHECK(r.total >= 30);
   CHECK(r.moved == 0);  // the kubelet's IDs are the EFAs
+}
+
+TEST_CASE(
+    "Sharing with late binding: 4 replicas on a p5 bind 8 GPU pods and 16 EFA-only pods, "
+    "each EFA once per container",
+    "[late-binding][sharing][daemon][concurrency]") {
+  LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, {}, AlignmentMode::kLateBinding,
+                /*replicas=*/4);
+  REQUIRE(node.kubelet().devices(kEfa).size() == 128);
+  std::map<std::string, const efa::topology::EfaDevice*> by_ibdev;
+  for (const auto& d : node.inventory().devices) by_ibdev[d.ibdev] = &d;
+  // The container's spec gives each of its EFAs' device nodes, once.
+  auto check_spec = [&](const std::string& uid) {
+    const auto efas = node.PhysicalEfas(uid);
+    std::vector<efa::topology::EfaDevice> devices;
+    for (const auto& efa : efas) {
+      REQUIRE(by_ibdev.count(efa) == 1);  // a physical EFA, not a replica ID
+      devices.push_back(*by_ibdev.at(efa));
+    }
+    CHECK(ReadFile(node.SpecOf(uid)) ==
+          efa::plugin::CdiSpecJson(efa::plugin::ClaimName(node.Tokens(uid)), devices));
+  };
+  std::mt19937 rng(11);
+  std::vector<std::string> live;
+  std::map<std::string, std::vector<std::string>> holders;  // EFA -> containers
+  int gpu_pods = 0, aligned = 0;
+  // Two EFA-only pods, then a GPU pod (its resources in random order).
+  for (int i = 0; i < 24; ++i) {
+    const bool gpu = i % 3 == 2;
+    const std::string uid = absl::StrCat("uid-", i);
+    auto admitted = node.Admit(uid, gpu ? 1 : 0, gpu ? 4 : 1, rng() & 1);
+    REQUIRE(admitted.ok());
+    REQUIRE(admitted->start_status.ok());
+    live.push_back(uid);
+    const auto efas = node.PhysicalEfas(uid);
+    CHECK(efas.size() == node.Tokens(uid).size());
+    check_spec(uid);
+    for (const auto& efa : efas) holders[efa].push_back(uid);
+    if (gpu) {
+      ++gpu_pods;
+      aligned += node.Aligned(uid) ? 1 : 0;
+    }
+  }
+  Report("p5 sharing x4: 1 GPU + 4 EFA among EFA-only", {aligned, gpu_pods});
+  CHECK(gpu_pods == 8);
+  CHECK(aligned == 8);
+  node.CheckDisjoint(live);
+  // 48 claims spread over all 32 EFAs: none shared by more than 2, and the
+  // sharers of one EFA all get its device node.
+  CHECK(holders.size() == 32);
+  int shared = 0;
+  for (const auto& [efa, uids] : holders) {
+    CHECK(uids.size() <= 2);
+    if (uids.size() < 2) continue;
+    ++shared;
+    for (const auto& uid : uids) {
+      CHECK(ReadFile(node.SpecOf(uid))
+                .find("\"hostPath\":\"" + by_ibdev.at(efa)->uverbs_path + "\"") !=
+            std::string::npos);
+    }
+  }
+  CHECK(shared == 16);
+  REQUIRE(node.daemon().alignment_stats()->WaitForJudgedForTest(8, kDeadline));
+  CHECK(node.daemon().alignment_stats()->Get().aligned == 8);
+  CHECK(node.daemon().alignment_stats()->Get().unaligned == 0);
+
+  // 40 replica IDs of the 80 left: more than the EFAs, so some name one EFA
+  // twice; the container gets every EFA, each once.
+  auto big = node.Admit("big", 0, 40, true);
+  REQUIRE(big.ok());
+  REQUIRE(big->start_status.ok());
+  std::set<std::string> token_efas;
+  for (const auto& id : node.Tokens("big")) {
+    auto replica = efa::topology::ParseReplicaId(id);
+    REQUIRE(replica);
+    token_efas.insert(replica->ibdev);
+  }
+  CHECK(token_efas.size() < 40);
+  const auto efas = node.PhysicalEfas("big");
+  CHECK(efas.size() == 32);
+  check_spec("big");
+  live.push_back("big");
+  node.CheckDisjoint(live);
+  CHECK(node.binder().counts().bound == 25);
+  CHECK(node.binder().counts().failed == 0);
 }
