@@ -64,7 +64,9 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
   }
   if (!list.ok()) {
     stats_.Add(&AlignmentStats::Counts::degraded);
-    spdlog::debug("GetPreferredAllocation: degraded ({})", std::string(list.status().message()));
+    if (spdlog::should_log(spdlog::level::debug)) {
+      spdlog::debug("GetPreferredAllocation: degraded ({})", std::string(list.status().message()));
+    }
     return {};
   }
   auto checkpointed = Checkpointed();
@@ -103,10 +105,13 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
       }
     }
     stats_.Add(&AlignmentStats::Counts::predicted);
-    spdlog::debug("GetPreferredAllocation: {}; placing EFAs where the accelerators will likely go",
-                  candidates == 0
-                      ? "no container with accelerators is being admitted"
-                      : std::to_string(candidates) + " containers could be the one being admitted");
+    if (spdlog::should_log(spdlog::level::debug)) {  // (the arguments cost allocations)
+      spdlog::debug(
+          "GetPreferredAllocation: {}; placing EFAs where the accelerators will likely go",
+          candidates == 0
+              ? "no container with accelerators is being admitted"
+              : std::to_string(candidates) + " containers could be the one being admitted");
+    }
     return prediction;
   }
   Targets targets = ResolveTargets(admitted->accelerators, options_.resources, gpus, model);
@@ -118,8 +123,10 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
     return targets;
   }
   stats_.Add(&AlignmentStats::Counts::targeted);
-  spdlog::debug("GetPreferredAllocation: aligning with the accelerators of {} ({})",
-                admitted->Name(), DescribeTargets(targets));
+  if (spdlog::should_log(spdlog::level::debug)) {
+    spdlog::debug("GetPreferredAllocation: aligning with the accelerators of {} ({})",
+                  admitted->Name(), DescribeTargets(targets));
+  }
   return targets;
 }
 

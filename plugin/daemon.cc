@@ -264,7 +264,7 @@ void Daemon::Publish() {
   for (const auto& [id, d] : known_) devices.push_back(d);
   std::sort(devices.begin(), devices.end(),
             [](const auto& a, const auto& b) { return a.pci < b.pci; });
-  service_.SetDevices(ApplyGuards(std::move(devices)), model_);
+  service_.SetDevices(ApplyGuards(std::move(devices)), model_, model_stale_);
 }
 
 void Daemon::UpdateModel() {
@@ -278,6 +278,7 @@ void Daemon::UpdateModel() {
   if (!topology.ok()) {
     spdlog::warn("no PCI topology ({}); placing EFAs by NUMA node and root complex only",
                  std::string(topology.status().message()));
+    Publish();  // no longer pending: the fallback it is
     return;
   }
   model_ = topology::HostModel::FromHwloc(inventory_, topology->get(), {options_.instance_type});
