@@ -151,9 +151,12 @@ class Daemon {
   // built, and publishes it. Runs after the registration: the kubelet must
   // not wait for hwloc.
   void UpdateModel();
-  // One pass of the periodic work: guards, rescan, alignment report.
+  // One pass of the periodic work: guards, a rescan if the devices'
+  // fingerprint changed, the alignment report if the checkpoint did.
   void PeriodicCheck();
-  void ReportAlignment();
+  // Judges the containers admitted since (Aligner::Report); `periodic`:
+  // only if the checkpoint changed since the last report.
+  void ReportAlignment(bool periodic = false);
   // Serves the device plugin API on a fresh socket (mode 0600); the error
   // names the socket and the cause.
   absl::Status StartServer();
@@ -194,13 +197,15 @@ class Daemon {
   std::chrono::steady_clock::time_point next_register_;
   std::chrono::milliseconds register_backoff_{0};
   std::chrono::steady_clock::time_point next_periodic_;
-  std::map<std::string, topology::EfaDevice> known_;    // every EFA seen, by PCI address
-  topology::Inventory inventory_;                       // the latest discovery
-  std::shared_ptr<const topology::HostModel> model_;    // rebuilt when the EFAs change
-  std::string model_key_;                               // the EFAs model_ was built from
-  bool model_stale_ = false;                            // the EFAs changed since
-  bool serving_started_ = false;                        // the first EFA was seen
-  std::chrono::steady_clock::time_point next_report_ =  // alignment report retry
+  std::map<std::string, topology::EfaDevice> known_;  // every EFA seen, by PCI address
+  topology::Inventory inventory_;                     // the latest discovery
+  std::shared_ptr<const topology::HostModel> model_;  // rebuilt when the EFAs change
+  std::string model_key_;                             // the EFAs model_ was built from
+  bool model_stale_ = false;                          // the EFAs changed since
+  bool serving_started_ = false;                      // the first EFA was seen
+  std::string fingerprint_;                           // DiscoveryFingerprint at the latest rescan
+  std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
+  std::chrono::steady_clock::time_point next_report_ =                  // alignment report retry
       std::chrono::steady_clock::time_point::max();
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
