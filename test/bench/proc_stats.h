@@ -61,6 +61,14 @@ inline double ThreadsCpuSeconds(pid_t pid) {
   return total;
 }
 
+// CPU time of one thread (schedstat, ns precision), in seconds; 0 if gone.
+inline double ThreadCpuSeconds(pid_t pid, pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/schedstat");
+  long long ns = 0;
+  in >> ns;
+  return static_cast<double>(ns) * 1e-9;
+}
+
 // Threads of the process now; -1 when it is gone.
 inline long long ThreadCount(pid_t pid) {
   return StatusField("/proc/" + std::to_string(pid) + "/status", "Threads");
@@ -71,6 +79,7 @@ inline long long ThreadCount(pid_t pid) {
 struct ThreadSwitches {
   std::string name;
   long long switches = 0;
+  long long voluntary = 0;  // of those, the times it slept and was woken
 };
 
 // Every thread of the process, by thread ID.
@@ -84,7 +93,7 @@ inline std::map<pid_t, ThreadSwitches> ContextSwitches(pid_t pid) {
     if (v < 0 || n < 0) continue;  // the thread just ended
     std::string name;
     std::getline(std::ifstream(task.path() / "comm"), name);
-    threads[std::stoi(task.path().filename().string())] = {name, v + n};
+    threads[std::stoi(task.path().filename().string())] = {name, v + n, v};
   }
   return threads;
 }
