@@ -360,12 +360,19 @@ class Suite {
       hwloc.push_back(Seconds(Clock::now() - start));
 
       const int before = kubelet_.registrations(kEfa);
+      const int lists = kubelet_.list_and_watch_messages(kEfa);
       start = Clock::now();
       auto daemon = std::make_unique<ChildProcess>(DaemonArgs(p5_), logs() / "daemon-p5.log");
       if (!kubelet_.WaitForRegistrations(kEfa, before + 1, kDeadline)) {
         Fail("the daemon did not register within 10 s");
       }
       registered.push_back(Seconds(Clock::now() - start));
+      // Its first device list too, which makes the kubelet rewrite its
+      // checkpoint: it must not come in the middle of measure 1's admission
+      // (the kubelet keeps the previous daemon's list meanwhile).
+      if (!kubelet_.WaitForListAndWatchMessages(kEfa, lists + 1, kDeadline)) {
+        Fail("the daemon sent no device list within 10 s of registering");
+      }
       if (i + 1 < settings_.starts) {
         if (daemon->Stop(kDeadline) != 0) Fail("the daemon did not stop cleanly on SIGTERM");
       } else {
@@ -520,8 +527,16 @@ class Suite {
     };
     auto check_aligned = [&] {
       if (daemon.preferred != aligned) {
-        Fail(absl::StrFormat("GetPreferredAllocation gave %s, not the EFAs beside the GPU (%s)",
-                             absl::StrJoin(daemon.preferred, ","), absl::StrJoin(aligned, ",")));
+        // The kubelet rewrites its checkpoint at every device list it gets:
+        // one that came during the admission shows the container as admitted.
+        const bool checkpointed =
+            ReadFile(kubelet_.checkpoint_path()).value_or("").find("uid-train-0") !=
+            std::string::npos;
+        Fail(absl::StrFormat(
+            "GetPreferredAllocation gave %s, not the EFAs beside the GPU (%s); the checkpoint %s "
+            "the container being admitted",
+            absl::StrJoin(daemon.preferred, ","), absl::StrJoin(aligned, ","),
+            checkpointed ? "holds" : "does not hold"));
       }
     };
     call_prefer(daemon, false);
