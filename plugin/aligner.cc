@@ -32,17 +32,41 @@ bool AlignmentStats::WaitForJudgedForTest(int n, std::chrono::milliseconds timeo
 
 Aligner::Aligner(AlignerOptions options)
     : options_(std::move(options)),
-      pod_resources_(options_.kubelet_dir / "pod-resources/kubelet.sock", options_.pod_resources) {}
+      pod_resources_(options_.kubelet_dir / "pod-resources/kubelet.sock", options_.pod_resources),
+      checkpoint_(options_.kubelet_dir / "device-plugins" / kCheckpointFile),
+      gpus_(options_.proc_root) {}
 
 Targets Aligner::ForAdmission(const topology::HostModel& model) {
+  const AcceleratorResources& r = options_.resources;
+  if (r.gpu.empty() && r.neuron.empty() && r.neuroncore.empty()) {
+    // Nothing to align with: nothing to ask.
+    stats_.Add(&AlignmentStats::Counts::predicted);
+    return {};
+  }
   // Admissions are serialized by the kubelet: not subject to our own limit.
   auto list = pod_resources_.List(/*rate_limited=*/false);
+  {
+    // Once per cause, not per call: an absent pod-resources socket would
+    // otherwise log at every admission.
+    absl::MutexLock lock(&failure_mu_);
+    const std::string failure = list.ok() ? "" : std::string(list.status().message());
+    if (failure != last_failure_) {
+      if (!list.ok()) {
+        spdlog::warn(
+            "cannot learn the admitted container's accelerators ({}); placing EFAs by prediction "
+            "until pod-resources answers",
+            failure);
+      } else {
+        spdlog::info("pod-resources answers again: aligning EFAs with admitted containers");
+      }
+      last_failure_ = failure;
+    }
+  }
   if (!list.ok()) {
     stats_.Add(&AlignmentStats::Counts::degraded);
-    spdlog::warn(
-        "cannot learn the admitted container's accelerators ({}); placing EFAs by "
-        "prediction",
-        std::string(list.status().message()));
+    if (spdlog::should_log(spdlog::level::debug)) {
+      spdlog::debug("GetPreferredAllocation: degraded ({})", std::string(list.status().message()));
+    }
     return {};
   }
   auto checkpointed = Checkpointed();
@@ -54,8 +78,9 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
     admitted = FindAdmittedContainer(containers, checkpointed ? &*checkpointed : nullptr,
                                      pod_names_, &candidates);
   }
-  std::vector<std::string> errors;
-  auto gpus = topology::ReadNvidiaGpus(options_.proc_root, &errors);
+  const auto gpu_list = gpus_.Get(model);
+  const std::vector<topology::NvidiaGpu>& gpus = gpu_list->gpus;
+  const std::vector<std::string>& errors = gpu_list->errors;
   if (!admitted) {
     // Place the EFAs where the accelerator plugins will put the next
     // accelerators: beside the lowest one nobody holds yet.
@@ -80,10 +105,13 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
       }
     }
     stats_.Add(&AlignmentStats::Counts::predicted);
-    spdlog::info("GetPreferredAllocation: {}; placing EFAs where the accelerators will likely go",
-                 candidates == 0
-                     ? "no container with accelerators is being admitted"
-                     : std::to_string(candidates) + " containers could be the one being admitted");
+    if (spdlog::should_log(spdlog::level::debug)) {  // (the arguments cost allocations)
+      spdlog::debug(
+          "GetPreferredAllocation: {}; placing EFAs where the accelerators will likely go",
+          candidates == 0
+              ? "no container with accelerators is being admitted"
+              : std::to_string(candidates) + " containers could be the one being admitted");
+    }
     return prediction;
   }
   Targets targets = ResolveTargets(admitted->accelerators, options_.resources, gpus, model);
@@ -95,15 +123,17 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
     return targets;
   }
   stats_.Add(&AlignmentStats::Counts::targeted);
-  spdlog::info("GetPreferredAllocation: aligning with the accelerators of {} ({})",
-               admitted->Name(), DescribeTargets(targets));
+  if (spdlog::should_log(spdlog::level::debug)) {
+    spdlog::debug("GetPreferredAllocation: aligning with the accelerators of {} ({})",
+                  admitted->Name(), DescribeTargets(targets));
+  }
   return targets;
 }
 
-std::optional<std::vector<ContainerDevices>> Aligner::Checkpointed() const {
-  auto checkpoint = ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile);
-  if (!checkpoint.ok()) return std::nullopt;
-  return CheckpointedContainers(*checkpoint, options_.resources, options_.efa_resource);
+std::optional<std::vector<ContainerDevices>> Aligner::Checkpointed() {
+  const auto checkpoint = checkpoint_.Get();
+  if (!checkpoint->ok()) return std::nullopt;
+  return CheckpointedContainers(**checkpoint, options_.resources, options_.efa_resource);
 }
 
 bool Aligner::Report(const topology::HostModel& model) {
@@ -115,8 +145,6 @@ bool Aligner::Report(const topology::HostModel& model) {
     LearnPodNames(containers, *checkpointed, pod_names_);
   }
   std::set<std::string> present;
-  std::vector<topology::NvidiaGpu> gpus;
-  bool gpus_read = false;
   for (const ContainerDevices& c : containers) {
     if (c.efas.empty() || c.accelerators.empty()) continue;
     std::vector<std::string> efas = c.efas;
@@ -130,11 +158,8 @@ bool Aligner::Report(const topology::HostModel& model) {
     const std::string key = c.Name() + "\n" + absl::StrJoin(efas, ",");
     present.insert(key);
     if (reported_.count(key)) continue;
-    if (!gpus_read) {
-      gpus = topology::ReadNvidiaGpus(options_.proc_root, nullptr);
-      gpus_read = true;
-    }
-    Targets targets = ResolveTargets(c.accelerators, options_.resources, gpus, model);
+    Targets targets =
+        ResolveTargets(c.accelerators, options_.resources, gpus_.Get(model)->gpus, model);
     const bool aligned = !targets.empty() && IsAligned(model, efas, targets);
     stats_.Add(aligned ? &AlignmentStats::Counts::aligned : &AlignmentStats::Counts::unaligned);
     spdlog::info("alignment: {} {}: EFAs {} with {}", c.Name(), aligned ? "aligned" : "NOT aligned",

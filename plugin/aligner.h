@@ -15,6 +15,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment.h"
+#include "plugin/checkpoint_cache.h"
+#include "plugin/nvidia_gpu_cache.h"
 #include "plugin/pod_resources_client.h"
 #include "plugin/resource_name.h"
 
@@ -60,8 +62,15 @@ class Aligner {
 
   // The accelerators of the container being admitted, or empty targets
   // (then the policy predicts). Never fails and never waits longer than
-  // the pod-resources timeout. Thread-safe.
+  // the pod-resources timeout; asks nothing when no accelerator resource
+  // is configured, and does no file I/O (the checkpoint and the GPU list
+  // are read when they change). Logs at debug level (the decision is
+  // counted in stats()), a failure to ask pod-resources once per cause.
+  // Thread-safe.
   Targets ForAdmission(const topology::HostModel& model);
+
+  // The kubelet checkpoint as of now (read once per change). Thread-safe.
+  std::shared_ptr<const CheckpointCache::Result> Checkpoint() { return checkpoint_.Get(); }
 
   // Judges every container that holds EFAs and accelerators and was not
   // judged before: one log line each and a counter. Returns false when
@@ -72,10 +81,14 @@ class Aligner {
 
  private:
   // The checkpoint's containers; nullopt when it cannot be read.
-  std::optional<std::vector<ContainerDevices>> Checkpointed() const;
+  std::optional<std::vector<ContainerDevices>> Checkpointed();
 
   const AlignerOptions options_;
   PodResourcesClient pod_resources_;
+  CheckpointCache checkpoint_;
+  NvidiaGpuCache gpus_;
+  absl::Mutex failure_mu_;
+  std::string last_failure_ ABSL_GUARDED_BY(failure_mu_);  // logged once
   AlignmentStats stats_;
   absl::Mutex names_mu_;
   PodNames pod_names_ ABSL_GUARDED_BY(names_mu_);  // learned by Report()

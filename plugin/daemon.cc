@@ -192,9 +192,11 @@ void Daemon::Stop() {
 }
 
 void Daemon::Rescan() {
-  topology::Inventory inv = topology::DiscoverEfaDevices(options_.roots);
-  topology::MarkVerbsProviders(inv);
-  UpdateModel(inv);
+  // libibverbs' own list (MarkVerbsProviders) is for the inventory command
+  // only: it would load the verbs providers and read sysfs again.
+  fingerprint_ = topology::DiscoveryFingerprint(options_.roots);  // first: a change after shows
+  inventory_ = topology::DiscoverEfaDevices(options_.roots);
+  const topology::Inventory& inv = inventory_;
   if (options_.on_inventory) options_.on_inventory(inv);
   for (const auto& s : inv.skipped) {
     if (!logged_skips_.insert(s.ibdev + "\n" + s.reason).second) continue;
@@ -209,7 +211,7 @@ void Daemon::Rescan() {
   // before udev finished), and the old name must not stay listed beside
   // the new one.
   std::set<std::string> present;
-  for (topology::EfaDevice& d : inv.devices) {
+  for (const topology::EfaDevice& d : inv.devices) {
     const std::string key = d.pci.ToString();
     present.insert(key);
     auto it = known_.find(key);
@@ -229,7 +231,7 @@ void Daemon::Rescan() {
         spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, d.health_problem);
       }
     }
-    known_[key] = std::move(d);
+    known_[key] = d;
   }
   // A device that vanished from sysfs stays listed, unhealthy, so that the
   // kubelet keeps its capacity honest and stops placing pods on it.
@@ -244,32 +246,43 @@ void Daemon::Rescan() {
       d.health_problem = problem;
     }
   }
+  // The health goes out now; a changed set of EFAs gets its hwloc model
+  // after (UpdateModel), the policy meanwhile placing by NUMA node and root
+  // complex.
+  std::string key;
+  for (const auto& d : inv.devices) key += d.ibdev + "@" + d.pci.ToString() + ";";
+  if (key != model_key_) {
+    model_key_ = std::move(key);
+    model_ = nullptr;
+  }
+  model_stale_ = !model_ && !inv.devices.empty();
+  Publish();
+  WatchDeviceDirs();
+}
+
+void Daemon::Publish() {
   std::vector<topology::EfaDevice> devices;
   for (const auto& [id, d] : known_) devices.push_back(d);
   std::sort(devices.begin(), devices.end(),
             [](const auto& a, const auto& b) { return a.pci < b.pci; });
-  service_.SetDevices(ApplyGuards(std::move(devices)), model_);
-  WatchDeviceDirs();
-  next_rescan_ = Clock::now() + options_.rescan_interval;
+  service_.SetDevices(ApplyGuards(std::move(devices)), model_, model_stale_);
 }
 
-void Daemon::UpdateModel(const topology::Inventory& inventory) {
+void Daemon::UpdateModel() {
   // hwloc takes milliseconds to load: only when the set of EFAs changes,
   // not on every rescan or health change.
-  std::string key;
-  for (const auto& d : inventory.devices) key += d.ibdev + "@" + d.pci.ToString() + ";";
-  if (model_ && key == model_key_) return;
-  model_key_ = key;
+  if (!model_stale_) return;
+  model_stale_ = false;
   topology::TopologySource source{"/", options_.topology_xml};
   if (options_.roots.sysfs != "/sys") source.fsroot = options_.roots.sysfs.parent_path().string();
   auto topology = topology::LoadTopology(source);
   if (!topology.ok()) {
     spdlog::warn("no PCI topology ({}); placing EFAs by NUMA node and root complex only",
                  std::string(topology.status().message()));
-    model_ = nullptr;
+    Publish();  // no longer pending: the fallback it is
     return;
   }
-  model_ = topology::HostModel::FromHwloc(inventory, topology->get(), {options_.instance_type});
+  model_ = topology::HostModel::FromHwloc(inventory_, topology->get(), {options_.instance_type});
   for (const std::string& w : model_->warnings()) spdlog::warn("topology: {}", w);
   size_t gpus = 0, neurons = 0;
   for (const auto& a : model_->accelerators()) {
@@ -280,6 +293,7 @@ void Daemon::UpdateModel(const topology::Inventory& inventory) {
       model_->instance_type().empty() ? "an unknown instance type" : model_->instance_type(),
       model_->efas().size(), gpus, neurons,
       model_->neuron_table() ? ", AWS Neuron-to-EFA table" : "");
+  Publish();
 }
 
 void Daemon::WatchDeviceDirs() {
@@ -488,21 +502,49 @@ void Daemon::HandleInotify() {
   if (report) ReportAlignment();
 }
 
-void Daemon::ReportAlignment() {
+void Daemon::PeriodicCheck() {
+  // One wake-up per interval for all periodic work, not one per kind.
+  next_periodic_ = Clock::now() + options_.rescan_interval;
+  // The fallback for changes no uevent or inotify event reported: a full
+  // discovery of a p5 costs about a thousand system calls, its fingerprint
+  // a tenth of that.
+  const bool guards_changed = CheckGuards();
+  if (guards_changed || topology::DiscoveryFingerprint(options_.roots) != fingerprint_) {
+    Rescan();
+  } else {
+    WatchDeviceDirs();  // a device directory created since
+  }
+  ReportAlignment(/*periodic=*/true);
+}
+
+void Daemon::ReportAlignment(bool periodic) {
   next_report_ = Clock::time_point::max();
+  if (known_.empty()) return;  // no EFA: no container holds one
   // Entries of the checkpoint that cannot be parsed are skipped one by one
   // wherever it is read; count them here (the file changed, or a rescan).
-  auto checkpoint = ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile);
-  const int skipped = checkpoint.ok() ? static_cast<int>(checkpoint->skipped.size()) : 0;
+  // The aligner keeps it parsed (once per change).
+  const auto checkpoint =
+      aligner_ ? aligner_->Checkpoint()
+               : std::make_shared<const CheckpointCache::Result>(
+                     ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile));
+  const int skipped = checkpoint->ok() ? static_cast<int>((*checkpoint)->skipped.size()) : 0;
   if (skipped != checkpoint_entries_skipped_.exchange(skipped)) {
     for (const std::string& why :
-         checkpoint.ok() ? checkpoint->skipped : std::vector<std::string>{}) {
+         checkpoint->ok() ? (*checkpoint)->skipped : std::vector<std::string>{}) {
       spdlog::warn("kubelet checkpoint: skipping an entry that cannot be parsed: {}", why);
     }
   }
   if (late_binder_) late_binder_->ReleaseGone();
-  if (aligner_ && model_ && !aligner_->Report(*model_)) {
-    next_report_ = Clock::now() + std::chrono::milliseconds(500);
+  // Admissions change the checkpoint (and are reported on its inotify
+  // event); a periodic pass over the same checkpoint would ask
+  // pod-resources for nothing new.
+  if (periodic && checkpoint == reported_checkpoint_) return;
+  if (aligner_ && model_) {
+    if (aligner_->Report(*model_)) {
+      reported_checkpoint_ = checkpoint;
+    } else {
+      next_report_ = Clock::now() + std::chrono::milliseconds(500);
+    }
   }
 }
 
@@ -528,18 +570,14 @@ int Daemon::Run() {
     spdlog::error("cannot watch {}: {}", plugin_dir.string(), std::strerror(errno));
     return 1;
   }
-  CheckGuards();
   Rescan();
   if (late_binder_) {
     // Before serving: no PreStartContainer may bind an EFA a spec holds.
     late_binder_->Recover();
     late_binder_->ReleaseGone();
   }
-  if (absl::Status served = StartServer(); !served.ok()) {
-    // Retried with the registration (TryRegister), whatever the cause.
-    spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
-  }
   next_register_ = Clock::now();
+  next_periodic_ = Clock::now() + options_.rescan_interval;
   bool announced_idle = false;
 
   while (!stop_) {
@@ -553,10 +591,23 @@ int Daemon::Run() {
       spdlog::info("no EFA on this node; idle until one appears");
       announced_idle = true;
     }
-    auto now = Clock::now();
-    if (have_devices && !registered_ && !dra_yield_ && now >= next_register_) TryRegister();
+    if (have_devices && !serving_started_) {
+      // The first EFA: the API is served (the guards look before the
+      // registration, in TryRegister). Until then the daemon runs no gRPC
+      // at all: no server, no threads. A device once seen stays listed, so
+      // serving never stops again.
+      serving_started_ = true;
+      if (absl::Status served = StartServer(); !served.ok()) {
+        // Retried with the registration (TryRegister), whatever the cause.
+        spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
+      }
+    }
+    if (have_devices && !registered_ && !dra_yield_ && Clock::now() >= next_register_) {
+      TryRegister();
+    }
+    UpdateModel();  // after the registration: the kubelet does not wait for hwloc
 
-    auto deadline = std::min({next_rescan_, next_guard_check_, next_report_});
+    auto deadline = std::min({next_periodic_, next_guard_check_, next_report_});
     if (have_devices && !registered_ && !dra_yield_ && IsSocket(kubelet_socket())) {
       deadline = std::min(deadline, next_register_);
     }
@@ -596,10 +647,7 @@ int Daemon::Run() {
     }
     if (Clock::now() >= next_guard_check_ && CheckGuards()) Rescan();
     if (report_requested_.exchange(false) || Clock::now() >= next_report_) ReportAlignment();
-    if (Clock::now() >= next_rescan_) {
-      Rescan();
-      ReportAlignment();  // also catches what a missed checkpoint event hid
-    }
+    if (Clock::now() >= next_periodic_) PeriodicCheck();
   }
   StopServer();
   spdlog::info("stopped; {} removed", plugin_socket().string());

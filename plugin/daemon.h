@@ -143,9 +143,23 @@ class Daemon {
 
  private:
   struct Fds;
+  // Discovers the EFAs and publishes them (with the host model when it is
+  // current, else the fallback model of the device table: NUMA node and
+  // root complex). The hwloc model is rebuilt later, by UpdateModel().
   void Rescan();
-  void UpdateModel(const topology::Inventory& inventory);
-  void ReportAlignment();
+  // Gives the service the known devices as the guards let them be
+  // advertised, with model_.
+  void Publish();
+  // Rebuilds model_ from hwloc when the set of EFAs changed since it was
+  // built, and publishes it. Runs after the registration: the kubelet must
+  // not wait for hwloc.
+  void UpdateModel();
+  // One pass of the periodic work: guards, a rescan if the devices'
+  // fingerprint changed, the alignment report if the checkpoint did.
+  void PeriodicCheck();
+  // Judges the containers admitted since (Aligner::Report); `periodic`:
+  // only if the checkpoint changed since the last report.
+  void ReportAlignment(bool periodic = false);
   // Serves the device plugin API on a fresh socket (mode 0600); the error
   // names the socket and the cause.
   absl::Status StartServer();
@@ -185,11 +199,16 @@ class Daemon {
   bool registered_ = false;
   std::chrono::steady_clock::time_point next_register_;
   std::chrono::milliseconds register_backoff_{0};
-  std::chrono::steady_clock::time_point next_rescan_;
-  std::map<std::string, topology::EfaDevice> known_;    // every EFA seen, by PCI address
-  std::shared_ptr<const topology::HostModel> model_;    // rebuilt when the EFAs change
-  std::string model_key_;                               // the EFAs model_ was built from
-  std::chrono::steady_clock::time_point next_report_ =  // alignment report retry
+  std::chrono::steady_clock::time_point next_periodic_;
+  std::map<std::string, topology::EfaDevice> known_;  // every EFA seen, by PCI address
+  topology::Inventory inventory_;                     // the latest discovery
+  std::shared_ptr<const topology::HostModel> model_;  // rebuilt when the EFAs change
+  std::string model_key_;                             // the EFAs model_ was built from
+  bool model_stale_ = false;                          // the EFAs changed since
+  bool serving_started_ = false;                      // the first EFA was seen
+  std::string fingerprint_;                           // DiscoveryFingerprint at the latest rescan
+  std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
+  std::chrono::steady_clock::time_point next_report_ =                  // alignment report retry
       std::chrono::steady_clock::time_point::max();
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
@@ -200,7 +219,9 @@ class Daemon {
   bool dra_yield_ = false;      // withdrawn while the DRA driver is present
   bool mofed_protect_ = false;  // every EFA held Unhealthy
   std::string mofed_problem_;   // their health problem meanwhile
-  std::chrono::steady_clock::time_point next_guard_check_;
+  // A guard check sooner than the periodic one (a DRA socket to probe again).
+  std::chrono::steady_clock::time_point next_guard_check_ =
+      std::chrono::steady_clock::time_point::max();
   // While a DRA registration socket refuses connections: the delay of the
   // next probe (doubling from 100 ms), since a driver binds its socket
   // before it listens and nothing signals the listen().

@@ -37,7 +37,12 @@ std::string Evidence(const MofedReport& report) { return absl::StrJoin(report.ev
 }  // namespace
 
 bool Daemon::CheckGuards() {
-  next_guard_check_ = std::chrono::steady_clock::now() + options_.rescan_interval;
+  // The periodic pass (PeriodicCheck) calls again; a DRA socket that
+  // refuses is probed sooner (below).
+  next_guard_check_ = std::chrono::steady_clock::time_point::max();
+  // A node without EFA has nothing to guard: no /proc scan, no watches. The
+  // first EFA brings the first check, before serving.
+  if (known_.empty()) return false;
   WatchGuardDirs();
   GuardStatus status;
   status.mofed_policy = options_.mofed_policy;
@@ -81,8 +86,7 @@ bool Daemon::CheckGuards() {
     // at the bind is refused. Probe again soon, less often as it stays so.
     dra_reprobe_ = std::clamp(2 * dra_reprobe_, std::chrono::milliseconds(100),
                               std::max(options_.rescan_interval, std::chrono::milliseconds(100)));
-    next_guard_check_ =
-        std::min(next_guard_check_, std::chrono::steady_clock::now() + dra_reprobe_);
+    next_guard_check_ = std::chrono::steady_clock::now() + dra_reprobe_;
   } else {
     dra_reprobe_ = std::chrono::milliseconds(0);
   }

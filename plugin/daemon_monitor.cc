@@ -234,7 +234,8 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
   }
 
   const GuardStatus g = daemon->guard_status();
-  const bool looked = g.mofed_policy != MofedPolicy::kOff;
+  // Not looked yet: a node without EFA has nothing to guard.
+  const bool looked = g.mofed_policy != MofedPolicy::kOff && g.checks > 0;
   auto& mofed = family(
       "mofed_state",
       "1 for the NVIDIA MOFED guard's current state (off, on, unknown); all 0 with the policy off.",

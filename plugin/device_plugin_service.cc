@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "plugin/cdi_spec.h"
 #include "topology/replica_id.h"
 
@@ -233,9 +234,12 @@ DevicePluginService::~DevicePluginService() {
 }
 
 void DevicePluginService::SetDevices(std::vector<topology::EfaDevice> devices,
-                                     std::shared_ptr<const topology::HostModel> model) {
-  auto table = std::make_shared<const topology::DeviceTable>(std::move(devices), std::move(model),
-                                                             options_.replicas);
+                                     std::shared_ptr<const topology::HostModel> model,
+                                     bool model_pending) {
+  auto built = std::make_shared<topology::DeviceTable>(std::move(devices), std::move(model),
+                                                       options_.replicas);
+  built->model_pending = model_pending;
+  std::shared_ptr<const topology::DeviceTable> table = std::move(built);
   auto list = std::make_shared<const v1beta1::ListAndWatchResponse>(
       BuildList(*table, options_.report_numa));
   absl::MutexLock lock(&mu_);
@@ -255,6 +259,16 @@ v1beta1::ListAndWatchResponse DevicePluginService::CurrentList() const {
 
 std::shared_ptr<const topology::DeviceTable> DevicePluginService::table() const {
   absl::MutexLock lock(&mu_);
+  return table_;
+}
+
+std::shared_ptr<const topology::DeviceTable> DevicePluginService::TableWithModel() const {
+  absl::MutexLock lock(&mu_);
+  // Only right after start or a change of the EFAs: the daemon registers
+  // before loading hwloc, and an admission that comes meanwhile waits the
+  // few milliseconds for it rather than be placed without the PCI tree.
+  mu_.AwaitWithTimeout(absl::Condition(this, &DevicePluginService::ModelReady),
+                       absl::FromChrono(kModelWait));
   return table_;
 }
 
@@ -334,7 +348,7 @@ grpc::ServerUnaryReactor* DevicePluginService::GetPreferredAllocation(
   // Never fails: unknown IDs are ignored and a short list is fine (the
   // kubelet fills any shortfall itself).
   RpcTimer timer(rpc_observer_, RpcMethod::kGetPreferredAllocation);
-  auto devices = table();
+  auto devices = TableWithModel();
   // With late binding the IDs are only counted: no need to learn targets.
   Targets targets = target_finder_ && !binder_ ? target_finder_(*devices->model) : Targets{};
   for (const auto& req : request->container_requests()) {
@@ -402,7 +416,7 @@ grpc::ServerUnaryReactor* DevicePluginService::PreStartContainer(
   auto* reactor = context->DefaultReactor();
   if (binder_) {
     std::vector<std::string> ids(request->devices_ids().begin(), request->devices_ids().end());
-    if (absl::Status bound = binder_(*table(), ids); !bound.ok()) {
+    if (absl::Status bound = binder_(*TableWithModel(), ids); !bound.ok()) {
       grpc::Status status = ToGrpc(bound);
       timer.set_code(status.error_code());
       reactor->Finish(std::move(status));

@@ -1,6 +1,7 @@
 // The kubelet-facing gRPC service (v1beta1.DevicePlugin) for EFA devices.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -72,9 +73,14 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
 
   // Replaces the served devices and the host model (may be null). Every
   // open ListAndWatch stream receives the new full list if it differs from
-  // the last one. Thread-safe.
+  // the last one. `model_pending`: the model is being loaded and a later
+  // call brings it; GetPreferredAllocation and PreStartContainer wait for
+  // it (up to kModelWait, then they use the fallback). Thread-safe.
   void SetDevices(std::vector<topology::EfaDevice> devices,
-                  std::shared_ptr<const topology::HostModel> model = nullptr);
+                  std::shared_ptr<const topology::HostModel> model = nullptr,
+                  bool model_pending = false);
+  // How long a call that places EFAs waits for a pending host model.
+  static constexpr std::chrono::seconds kModelWait{2};
   // Sets how GetPreferredAllocation learns the admitted container's
   // accelerators. Set before serving.
   void SetTargetFinder(TargetFinder finder);
@@ -127,6 +133,11 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   friend class Stream;
   void StreamDone(Stream* stream);
   std::shared_ptr<const topology::DeviceTable> table() const;
+  // The table once its host model is loaded (or kModelWait passed).
+  std::shared_ptr<const topology::DeviceTable> TableWithModel() const;
+  bool ModelReady() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !table_->model_pending || shutdown_;
+  }
 
   const Options options_;
   mutable absl::Mutex mu_;

@@ -4,11 +4,15 @@
 #include <pthread.h>
 #include <sys/socket.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace efa::plugin {
 namespace {
@@ -18,30 +22,69 @@ bool IsHostChar(char c) {
          c == '-' || c == '_';
 }
 
-// cpp-httplib's pool queues without bound: past `limit` tasks waiting or
-// running, a task runs on the calling (accepting) thread, which accepts no
-// more meanwhile.
+// cpp-httplib's pool starts all of its threads at once and queues without
+// bound. This one starts a worker only when a connection finds none idle
+// (a server nobody calls has its accepting thread alone), keeps it for the
+// next ones, and past `limit` connections waiting or being served runs the
+// task on the calling (accepting) thread, which accepts no more meanwhile.
 class BoundedTaskQueue final : public httplib::TaskQueue {
  public:
-  BoundedTaskQueue(size_t threads, size_t limit) : pool_(threads), limit_(limit) {}
+  BoundedTaskQueue(size_t threads, size_t limit) : max_threads_(threads), limit_(limit) {}
+  ~BoundedTaskQueue() override { shutdown(); }
 
   void enqueue(std::function<void()> fn) override {
-    if (pending_.load(std::memory_order_relaxed) >= limit_) {
-      fn();
-      return;
+    {
+      absl::MutexLock lock(&mu_);
+      if (jobs_.size() + busy_ < limit_ && !shutdown_) {
+        jobs_.push_back(std::move(fn));
+        if (idle_ < jobs_.size() && threads_.size() < max_threads_) {
+          threads_.emplace_back([this] { Work(); });
+        }
+        return;
+      }
     }
-    pending_.fetch_add(1, std::memory_order_relaxed);
-    pool_.enqueue([this, fn = std::move(fn)] {
-      fn();
-      pending_.fetch_sub(1, std::memory_order_relaxed);
-    });
+    fn();
   }
-  void shutdown() override { pool_.shutdown(); }
+  void shutdown() override {
+    std::vector<std::thread> threads;
+    {
+      absl::MutexLock lock(&mu_);
+      shutdown_ = true;
+      threads.swap(threads_);
+    }
+    for (std::thread& t : threads) t.join();
+  }
 
  private:
-  httplib::ThreadPool pool_;
+  void Work() {
+    mu_.Lock();
+    while (true) {
+      ++idle_;
+      mu_.Await(absl::Condition(this, &BoundedTaskQueue::HasWorkOrShutdown));
+      --idle_;
+      if (jobs_.empty()) break;  // shut down, nothing left to serve
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      ++busy_;
+      mu_.Unlock();
+      fn();
+      mu_.Lock();
+      --busy_;
+    }
+    mu_.Unlock();
+  }
+  bool HasWorkOrShutdown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !jobs_.empty() || shutdown_;
+  }
+
+  const size_t max_threads_;
   const size_t limit_;
-  std::atomic<size_t> pending_{0};
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;  // workers waiting for a job
+  size_t busy_ ABSL_GUARDED_BY(mu_) = 0;  // workers serving one
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

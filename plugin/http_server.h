@@ -1,8 +1,9 @@
 // The daemon's HTTP endpoints (/metrics, /healthz, /readyz), served by
 // cpp-httplib: GET and HEAD on a fixed set of paths, one request per
 // connection (Connection: close). Each server has an accepting thread that
-// blocks in accept() and a few worker threads that block on a condition
-// variable: idle, it takes no CPU and no wake-ups (no timer).
+// blocks in accept() and up to a few worker threads, started as connections
+// come (none until the first), that block on a condition variable: idle, it
+// takes no CPU and no wake-ups (no timer).
 //
 // A client gets `first_byte_timeout` to start its request and
 // `read_timeout` for each read after that; requests are served by

@@ -41,7 +41,9 @@ std::string DescribeClaim(const std::string& claim, const std::vector<std::strin
 
 LateBinder::LateBinder(LateBinderOptions options)
     : options_(std::move(options)),
-      pod_resources_(options_.kubelet_dir / "pod-resources/kubelet.sock", options_.pod_resources) {}
+      pod_resources_(options_.kubelet_dir / "pod-resources/kubelet.sock", options_.pod_resources),
+      checkpoint_(options_.kubelet_dir / "device-plugins" / kCheckpointFile),
+      gpus_(options_.proc_root) {}
 
 fs::path LateBinder::SpecPath(const std::string& claim) const {
   return options_.cdi_dir / CdiSpecFileName(claim);
@@ -107,8 +109,9 @@ int LateBinder::Recover() {
 
 std::optional<LateBinder::Checkpointed> LateBinder::ReadCheckpointed(
     const std::string& claim) const {
-  auto checkpoint = ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile);
-  if (!checkpoint.ok()) return std::nullopt;
+  const auto read = checkpoint_.Get();
+  if (!read->ok()) return std::nullopt;
+  const KubeletCheckpoint* checkpoint = &**read;
   Checkpointed out;
   out.complete = checkpoint->skipped.empty();
   for (ContainerDevices& c :
@@ -253,9 +256,9 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   }
   Targets targets;
   if (container && !container->accelerators.empty()) {
-    std::vector<std::string> errors;
-    auto gpus = topology::ReadNvidiaGpus(options_.proc_root, &errors);
-    targets = ResolveTargets(container->accelerators, options_.resources, gpus, *table.model);
+    const auto gpus = gpus_.Get(*table.model);
+    const std::vector<std::string>& errors = gpus->errors;
+    targets = ResolveTargets(container->accelerators, options_.resources, gpus->gpus, *table.model);
     if (!targets.unresolved.empty()) {
       spdlog::warn("late binding: cannot place accelerators {} of {}{}",
                    absl::StrJoin(targets.unresolved, ", "), described,

@@ -24,6 +24,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment.h"
+#include "plugin/checkpoint_cache.h"
+#include "plugin/nvidia_gpu_cache.h"
 #include "plugin/pod_resources_client.h"
 #include "plugin/resource_name.h"
 #include "topology/device_table.h"
@@ -132,6 +134,8 @@ class LateBinder {
 
   const LateBinderOptions options_;
   PodResourcesClient pod_resources_;
+  mutable CheckpointCache checkpoint_;  // read once per change
+  NvidiaGpuCache gpus_;
   mutable absl::Mutex mu_;
   std::map<std::string, Binding> bindings_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;

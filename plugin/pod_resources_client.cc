@@ -1,6 +1,7 @@
 #include "plugin/pod_resources_client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 
@@ -11,6 +12,7 @@ namespace efa::plugin {
 PodResourcesClient::PodResourcesClient(std::filesystem::path socket, Options options)
     : socket_(std::move(socket)),
       options_(options),
+      watch_(socket_),
       tokens_(options.burst),
       refilled_(std::chrono::steady_clock::now()) {}
 
@@ -28,6 +30,13 @@ bool PodResourcesClient::TakeToken(bool rate_limited) {
 
 std::shared_ptr<v1::PodResourcesLister::Stub> PodResourcesClient::Stub() {
   absl::MutexLock lock(&mu_);
+  if (watch_.Changed()) {
+    // Created, removed or replaced: a new kubelet needs a new channel.
+    struct stat st;
+    present_ = ::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+    stub_.reset();
+  }
+  if (!present_) return nullptr;
   if (!stub_) {
     stub_ = v1::PodResourcesLister::NewStub(
         grpc::CreateChannel("unix:" + socket_.string(), grpc::InsecureChannelCredentials()));
@@ -42,6 +51,12 @@ absl::StatusOr<v1::ListPodResourcesResponse> PodResourcesClient::List(bool rate_
                                                      options_.max_qps, " queries per second"));
   }
   auto stub = Stub();
+  if (!stub) {
+    return absl::UnavailableError(
+        absl::StrCat(socket_.string(),
+                     ": List: no such socket (the kubelet's pod-resources API "
+                     "is not served there)"));
+  }
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
   v1::ListPodResourcesResponse response;

@@ -44,10 +44,11 @@ roots=(--sysfs-root "$work/node/sys" --dev-root "$work/node/dev" --proc-root "$w
 step "the node: a simulated $machine ($work/node); its EFAs and accelerators as the daemon sees them"
 "$bin/plugin/efa-k8s-device-plugin" topology "${roots[@]}" || fail "the topology command failed"
 
-# The daemon logs to a file, shown after the kubelet's side (not interleaved).
+# The daemon logs to a file, shown after the kubelet's side (not interleaved);
+# at debug level, where each GetPreferredAllocation's reason is logged.
 log="$work/daemon.log"
 "$bin/plugin/efa-k8s-device-plugin" --kubelet-dir "$work/kubelet" "${roots[@]}" \
-  --metrics-address 127.0.0.1:0 --probe-address 127.0.0.1:0 >"$log" 2>&1 &
+  --metrics-address 127.0.0.1:0 --probe-address 127.0.0.1:0 --log-level debug >"$log" 2>&1 &
 daemon_pid=$!
 
 # A machine with GPUs or Neuron devices: admit one container asking for one of

@@ -21,6 +21,9 @@ struct DeviceTable {
   absl::flat_hash_map<std::string, size_t> by_id;  // by ibdev name
   std::shared_ptr<const HostModel> model;          // never null
   int replicas = 1;
+  // The host model is being loaded: `model` is the fallback until a newer
+  // table brings it.
+  bool model_pending = false;
 
   // A null `model` is replaced by one built from the devices alone (no
   // accelerators: the policy then keeps groups whole by root complex and

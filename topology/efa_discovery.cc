@@ -3,6 +3,7 @@
 #include <infiniband/verbs.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -187,6 +188,44 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
     return std::tie(a.pci, a.ibdev) < std::tie(b.pci, b.ibdev);
   });
   return inv;
+}
+
+std::string DiscoveryFingerprint(const HostRoots& roots) {
+  std::string out;
+  auto link = [&out](const fs::path& path) {
+    char target[4096];
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof target);
+    if (n >= 0) {
+      out.append(target, static_cast<size_t>(n));
+    } else {
+      absl::StrAppend(&out, "!", errno);
+    }
+    out += '\n';
+  };
+  auto attribute = [&out](const fs::path& path) {
+    auto text = ReadAttribute(path);
+    absl::StrAppend(&out, text.ok() ? *text : "!", "\n");
+  };
+  const fs::path class_root = roots.sysfs / "class/infiniband";
+  for (const std::string& ibdev : ListDirectory(class_root).value_or(std::vector<std::string>{})) {
+    absl::StrAppend(&out, ibdev, "\n");
+    link(class_root / ibdev);
+    link(class_root / ibdev / "device/driver");
+  }
+  const fs::path verbs_root = roots.sysfs / "class/infiniband_verbs";
+  for (const std::string& uverbs : ListDirectory(verbs_root).value_or(std::vector<std::string>{})) {
+    absl::StrAppend(&out, uverbs, "\n");
+    attribute(verbs_root / uverbs / "ibdev");
+    attribute(verbs_root / uverbs / "dev");
+    struct stat st;
+    const fs::path node = roots.dev / "infiniband" / uverbs;
+    if (::stat(node.c_str(), &st) == 0) {
+      absl::StrAppend(&out, st.st_mode, " ", st.st_rdev, "\n");
+    } else {
+      absl::StrAppend(&out, "!", errno, "\n");
+    }
+  }
+  return out;
 }
 
 void PointLibibverbsAt(const fs::path& sysfs_root) {

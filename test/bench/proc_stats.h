@@ -46,11 +46,40 @@ inline double CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// CPU time of the threads alive now, summed from /proc/<pid>/task/*/schedstat
+// (nanoseconds, where utime + stime count 10 ms ticks), in seconds. Threads
+// that ended are not counted: compare readings of long-lived threads.
+inline double ThreadsCpuSeconds(pid_t pid) {
+  double total = 0;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "schedstat");
+    long long ns = 0;
+    if (in >> ns) total += static_cast<double>(ns) * 1e-9;
+  }
+  return total;
+}
+
+// CPU time of one thread (schedstat, ns precision), in seconds; 0 if gone.
+inline double ThreadCpuSeconds(pid_t pid, pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/schedstat");
+  long long ns = 0;
+  in >> ns;
+  return static_cast<double>(ns) * 1e-9;
+}
+
+// Threads of the process now; -1 when it is gone.
+inline long long ThreadCount(pid_t pid) {
+  return StatusField("/proc/" + std::to_string(pid) + "/status", "Threads");
+}
+
 // One thread's name and its voluntary + involuntary context switches: each
 // time it sleeps and is woken counts one.
 struct ThreadSwitches {
   std::string name;
   long long switches = 0;
+  long long voluntary = 0;  // of those, the times it slept and was woken
 };
 
 // Every thread of the process, by thread ID.
@@ -64,7 +93,7 @@ inline std::map<pid_t, ThreadSwitches> ContextSwitches(pid_t pid) {
     if (v < 0 || n < 0) continue;  // the thread just ended
     std::string name;
     std::getline(std::ifstream(task.path() / "comm"), name);
-    threads[std::stoi(task.path().filename().string())] = {name, v + n};
+    threads[std::stoi(task.path().filename().string())] = {name, v + n, v};
   }
   return threads;
 }

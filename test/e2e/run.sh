@@ -105,10 +105,12 @@ registrations_above() { [ "$(registrations)" -gt "$1" ]; }
 # passed on. Its /proc is the fake one the fake GPU plugin writes (GPU UUIDs
 # to PCI addresses; no nvidia-device-plugin process), and its CDI spec dir is
 # an empty one of ours, so that nothing on the host feeds the MOFED guard.
+# At debug level: the checks read each GetPreferredAllocation's reason.
 start_daemon() {
   e2e_start efa-plugin "$PLUGIN_BIN" --kubelet-dir "$E2E_KUBELET_DIR" \
     --sysfs-root "$SIM/sys" --dev-root "$DEV_ROOT" --proc-root "$FAKE_PROC" \
-    --cdi-spec-dirs "$CDI_DIR" --metrics-address 127.0.0.1:0 --probe-address 127.0.0.1:0 "$@"
+    --cdi-spec-dirs "$CDI_DIR" --metrics-address 127.0.0.1:0 --probe-address 127.0.0.1:0 \
+    --log-level debug "$@"
 }
 
 # pod_manifest NAME EFA_COUNT [GPU_COUNT]: a busybox pod bound to the node.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <future>
 #include <set>
 
 #include "test/sim/sim_root.h"
@@ -216,6 +217,35 @@ TEST_CASE("GetPreferredAllocation aligns with the accelerators the target finder
   aligned = true;
   CHECK(plugin.Preferred(all, {}, 4) ==
         std::vector<std::string>{"rdmap96s0", "rdmap97s0", "rdmap98s0", "rdmap99s0"});
+}
+
+TEST_CASE(
+    "GetPreferredAllocation waits for a host model being loaded, and answers without it rather "
+    "than fail",
+    "[plugin][concurrency]") {
+  SimRoot sim("p5.48xlarge");
+  ServedPlugin plugin(sim, true, 1, [](const efa::topology::HostModel&) {
+    Targets t;
+    t.pci = {*efa::topology::PciAddress::Parse("0000:64:00.0")};
+    return t;
+  });
+  auto inv = efa::topology::DiscoverEfaDevices(sim.roots());
+  std::vector<std::string> all;
+  for (const auto& d : inv.devices) all.push_back(d.ibdev);
+  // Registered before hwloc is loaded: the model comes later.
+  plugin.service.SetDevices(inv.devices, nullptr, /*model_pending=*/true);
+  auto answer = std::async(std::launch::async, [&] { return plugin.Preferred(all, {}, 4); });
+  auto topo = efa::topology::LoadTopology({sim.path().string(), ""});
+  REQUIRE(topo.ok());
+  plugin.service.SetDevices(inv.devices, efa::topology::HostModel::FromHwloc(inv, topo->get()));
+  // Whenever the call came, it was placed with the PCI tree: beside the GPU.
+  CHECK(answer.get() ==
+        std::vector<std::string>{"rdmap96s0", "rdmap97s0", "rdmap98s0", "rdmap99s0"});
+
+  // A model that never comes (hwloc fails): after the wait, the fallback's
+  // answer (NUMA node and root complex), four EFAs all the same.
+  plugin.service.SetDevices(inv.devices, nullptr, /*model_pending=*/true);
+  CHECK(plugin.Preferred(all, {}, 4).size() == 4);
 }
 
 TEST_CASE("Sharing: each EFA is listed as its replicas, which share its health",

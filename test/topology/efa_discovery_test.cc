@@ -271,3 +271,35 @@ TEST_CASE("EfaDiscovery reports a uverbs path that is not a character device as 
   sim.RestoreUverbs(1);
   CHECK(DiscoverEfaDevices(sim.roots()).devices[1].healthy());
 }
+
+TEST_CASE("The discovery fingerprint changes with whatever changes a device's presence or health",
+          "[topology]") {
+  SimRoot sim("p4d.24xlarge");
+  const HostRoots roots = sim.roots();
+  const std::string before = DiscoveryFingerprint(roots);
+  CHECK(DiscoveryFingerprint(roots) == before);
+  CHECK_FALSE(before.empty());
+  SECTION("its uverbs node removed") {
+    fs::remove(sim.path() / "dev/infiniband/uverbs1");
+    CHECK(DiscoveryFingerprint(roots) != before);
+    sim.RestoreUverbs(1);
+    CHECK(DiscoveryFingerprint(roots) == before);
+  }
+  SECTION("its uverbs node a regular file") {
+    fs::remove(sim.path() / "dev/infiniband/uverbs1");
+    std::ofstream(sim.path() / "dev/infiniband/uverbs1") << "x";
+    CHECK(DiscoveryFingerprint(roots) != before);
+  }
+  SECTION("its class entry removed") {
+    fs::remove(sim.sys() / "class/infiniband/rdmap32s27");
+    CHECK(DiscoveryFingerprint(roots) != before);
+  }
+  SECTION("its driver unbound") {
+    fs::remove(sim.sys() / "class/infiniband/rdmap32s27/device/driver");
+    CHECK(DiscoveryFingerprint(roots) != before);
+  }
+  SECTION("its uverbs entry naming another device") {
+    std::ofstream(sim.sys() / "class/infiniband_verbs/uverbs0/ibdev") << "efa_9\n";
+    CHECK(DiscoveryFingerprint(roots) != before);
+  }
+}
