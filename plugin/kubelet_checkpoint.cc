@@ -1,10 +1,6 @@
 #include "plugin/kubelet_checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
@@ -209,28 +205,9 @@ absl::StatusOr<KubeletCheckpoint> ParseCheckpoint(std::string_view json,
 }
 
 absl::StatusOr<KubeletCheckpoint> ReadCheckpoint(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return topology::PathError(path, errno);
-  std::string bytes;
-  char buf[65536];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return topology::PathError(path, err);
-    }
-    if (n == 0) break;
-    if (bytes.size() + static_cast<size_t>(n) > kMaxCheckpointBytes) {
-      ::close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat(path.string(), ": larger than ", kMaxCheckpointBytes >> 20, " MiB"));
-    }
-    bytes.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return ParseCheckpoint(bytes, path.string());
+  absl::StatusOr<std::string> bytes = topology::ReadFileBounded(path, kMaxCheckpointBytes);
+  if (!bytes.ok()) return bytes.status();
+  return ParseCheckpoint(*bytes, path.string());
 }
 
 }  // namespace efa::plugin

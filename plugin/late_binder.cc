@@ -1,8 +1,6 @@
 #include "plugin/late_binder.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include "absl/strings/escaping.h"
@@ -15,6 +13,7 @@
 #include "spdlog/spdlog.h"
 #include "topology/allocation_policy.h"
 #include "topology/nvidia_gpus.h"
+#include "topology/sysfs.h"
 
 namespace efa::plugin {
 namespace fs = std::filesystem;
@@ -43,13 +42,8 @@ std::string DescribeTargets(const Targets& t) {
   return parts.empty() ? "no known accelerators" : "accelerators " + absl::StrJoin(parts, ", ");
 }
 
-absl::StatusOr<std::string> ReadSmallFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+// A spec names a few device nodes and two variables: far below this.
+constexpr size_t kMaxSpecBytes = size_t{1} << 20;
 
 }  // namespace
 
@@ -79,7 +73,7 @@ int LateBinder::Recover() {
   std::map<std::string, std::vector<std::string>> owners_of;  // EFA -> claims
   for (const fs::path& path : files) {
     const std::string claim = ClaimOfSpecFile(path.filename().string());
-    absl::StatusOr<std::string> text = ReadSmallFile(path);
+    absl::StatusOr<std::string> text = topology::ReadFileBounded(path, kMaxSpecBytes);
     absl::StatusOr<std::vector<std::string>> efas =
         text.ok() ? ParseCdiSpec(*text, claim, path.string())
                   : absl::StatusOr<std::vector<std::string>>(text.status());

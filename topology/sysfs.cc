@@ -87,7 +87,7 @@ absl::StatusOr<std::pair<uint32_t, uint32_t>> ParseDevNumbers(std::string_view t
       absl::StrCat("expected a device number like \"231:192\", got ", Quote(text)));
 }
 
-absl::StatusOr<std::string> ReadAttribute(const fs::path& path) {
+absl::StatusOr<std::string> ReadFileBounded(const fs::path& path, size_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return PathError(path, errno);
   std::string data;
@@ -102,15 +102,24 @@ absl::StatusOr<std::string> ReadAttribute(const fs::path& path) {
     }
     if (n == 0) break;
     data.append(buf, static_cast<size_t>(n));
-    if (data.size() > kMaxAttributeBytes) {
+    if (data.size() > max_bytes) {
       ::close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat(path.string(), ": larger than ", kMaxAttributeBytes, " bytes"));
+      constexpr size_t kMiB = size_t{1} << 20;
+      return absl::InvalidArgumentError(absl::StrCat(path.string(), ": larger than ",
+                                                     max_bytes % kMiB == 0
+                                                         ? absl::StrCat(max_bytes / kMiB, " MiB")
+                                                         : absl::StrCat(max_bytes, " bytes")));
     }
   }
   ::close(fd);
-  while (!data.empty() && absl::ascii_isspace(static_cast<unsigned char>(data.back()))) {
-    data.pop_back();
+  return data;
+}
+
+absl::StatusOr<std::string> ReadAttribute(const fs::path& path) {
+  absl::StatusOr<std::string> data = ReadFileBounded(path, kMaxAttributeBytes);
+  if (!data.ok()) return data;
+  while (!data->empty() && absl::ascii_isspace(static_cast<unsigned char>(data->back()))) {
+    data->pop_back();
   }
   return data;
 }

@@ -31,6 +31,12 @@ absl::StatusOr<int64_t> ParseInt(std::string_view text);
 // Parses a char device number "231:192".
 absl::StatusOr<std::pair<uint32_t, uint32_t>> ParseDevNumbers(std::string_view text);
 
+// Reads a whole file of at most `max_bytes` bytes: the one reader of small
+// host files (sysfs attributes, counters, the kubelet checkpoint, CDI specs).
+// Fails with "<path>: <strerror>" keeping the errno's status code (NotFound
+// for ENOENT), or "<path>: larger than <max_bytes> bytes" (InvalidArgument).
+absl::StatusOr<std::string> ReadFileBounded(const std::filesystem::path& path, size_t max_bytes);
+
 // Reads a whole attribute file (at most 64 KiB) with trailing white space
 // removed.
 absl::StatusOr<std::string> ReadAttribute(const std::filesystem::path& path);

@@ -47,3 +47,24 @@ TEST_CASE("sysfs reads name the path on failure", "[topology]") {
   CHECK(*ListDirectory(dir) == std::vector<std::string>{"dangling", "numa_node"});
   fs::remove_all(dir);
 }
+
+TEST_CASE("ReadFileBounded reads a whole small file and keeps errno in its status", "[topology]") {
+  const fs::path dir = fs::temp_directory_path() / "efa-bounded-read-test";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "sub");
+  std::ofstream(dir / "eight") << "12345678";
+  std::ofstream(dir / "big") << std::string((size_t{1} << 20) + 1, 'x');
+
+  CHECK(*ReadFileBounded(dir / "eight", 8) == "12345678");
+  CHECK(ReadFileBounded(dir / "eight", 7).status().message() ==
+        (dir / "eight").string() + ": larger than 7 bytes");
+  CHECK(ReadFileBounded(dir / "big", size_t{1} << 20).status().message() ==
+        (dir / "big").string() + ": larger than 1 MiB");
+  const auto missing = ReadFileBounded(dir / "missing", 8);
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK(missing.status().message() == (dir / "missing").string() + ": No such file or directory");
+  const auto directory = ReadFileBounded(dir / "sub", 8);
+  CHECK(directory.status().code() == absl::StatusCode::kFailedPrecondition);  // EISDIR
+  CHECK(directory.status().message() == (dir / "sub").string() + ": Is a directory");
+  fs::remove_all(dir);
+}
