@@ -92,6 +92,9 @@ class DaemonMonitor final : public RpcObserver {
  private:
   // The families read from the daemon's state at each scrape.
   void CollectState(std::vector<prometheus::MetricFamily>& out) const;
+  // The families of the EFAs' counters.
+  static void CollectCounters(const EfaCounterSnapshot& snapshot,
+                              std::vector<prometheus::MetricFamily>& out);
 
   const MonitorOptions options_;
   std::atomic<const Daemon*> daemon_{nullptr};
