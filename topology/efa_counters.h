@@ -26,11 +26,14 @@
 //   back to back costs one round of 4-5 admin commands per EFA. The device
 //   group (efa_fill_device_stats) only copies the driver's atomics: no
 //   admin command. Hence: read on a scrape, at most once per interval.
-// - tx_bytes/rx_bytes (GET_STATS basic) count everything the EFA sent and
-//   received; send_bytes/recv_bytes the two-sided SEND/RECV operations;
-//   rdma_read_bytes/rdma_write_bytes what this EFA read/wrote remotely as
-//   the requester, rdma_read_resp_bytes/rdma_write_recv_bytes the same as
-//   the responder; *_wr_err the failed work requests of that kind.
+// - tx_bytes/rx_bytes/rx_drops come from the device's basic statistics
+//   (efa_admin_basic_stats); that they count all traffic, RDMA included, is
+//   inferred (the driver passes them through without a word).
+//   send_bytes/recv_bytes come from the messages statistics (two-sided
+//   SEND/RECV), rdma_read_bytes/rdma_write_bytes from the RDMA read and
+//   write statistics as requester (rdma_read_resp_bytes and
+//   rdma_write_recv_bytes, not read here, as responder); *_wr_err count the
+//   failed work requests of that kind.
 // - keep_alive_rcvd is incremented by the driver on each keep-alive event
 //   the device posts to its async event queue (efa_keep_alive in efa_main.c,
 //   AENQ group EFA_ADMIN_KEEP_ALIVE, enabled at probe). The driver sets no
