@@ -266,7 +266,6 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
                    "cannot be parsed (the others are still used).",
                    MetricType::Gauge),
             static_cast<double>(daemon->checkpoint_entries_skipped()));
-  CollectCounters(*daemon->efa_counters().Sample(), out);
 }
 
 void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
@@ -346,10 +345,23 @@ void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
             static_cast<double>(snapshot.reads));
 }
 
+std::string DaemonMonitor::CountersText(std::shared_ptr<const EfaCounterSnapshot> snapshot) const {
+  absl::MutexLock lock(&counters_mu_);
+  if (snapshot != counters_snapshot_) {
+    std::vector<prometheus::MetricFamily> families;
+    CollectCounters(*snapshot, families);
+    counters_text_ = SerializeMetrics(std::move(families));
+    counters_snapshot_ = std::move(snapshot);
+  }
+  return counters_text_;
+}
+
 HttpResponse DaemonMonitor::Metrics() const {
   std::vector<prometheus::MetricFamily> families = registry_.Collect();
   CollectState(families);
-  return {200, kMetricsContentType, SerializeMetrics(std::move(families))};
+  std::string text = SerializeMetrics(std::move(families));
+  if (const Daemon* daemon = daemon_.load()) text += CountersText(daemon->efa_counters().Sample());
+  return {200, kMetricsContentType, std::move(text)};
 }
 
 HttpResponse DaemonMonitor::Healthz() const {
