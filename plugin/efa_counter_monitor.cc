@@ -82,18 +82,18 @@ std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample() {
     } else {
       // A restarting kubelet: judge by the containers known last.
       spdlog::debug(
-          "EFA counters: cannot tell which containers hold EFAs ({}); using the last "
-          "known",
+          "EFA counters: cannot tell which containers hold EFAs ({}); using the last known",
           std::string(holders.status().message()));
     }
+    // Each container's EFAs in PCI order, as the devices are.
     std::map<std::string, size_t> pci_rank;
     for (const auto& efa : snapshot->efas) pci_rank.emplace(efa.device.ibdev, pci_rank.size());
+    auto rank = [&](const std::string& efa) {
+      auto it = pci_rank.find(efa);
+      return it == pci_rank.end() ? pci_rank.size() : it->second;
+    };
     std::vector<EfaHolder> holders_in_pci_order = holders_;
     for (EfaHolder& h : holders_in_pci_order) {
-      auto rank = [&](const std::string& efa) {
-        auto it = pci_rank.find(efa);
-        return it == pci_rank.end() ? pci_rank.size() : it->second;
-      };
       std::stable_sort(
           h.efas.begin(), h.efas.end(),
           [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
