@@ -34,6 +34,7 @@ enum class Check {
   kAddress,       // "" or host:port
   kResources,     // list of domain/name resource names
   kDirs,          // list of non-empty paths
+  kLongDuration,  // a duration up to kMaxLongDuration (else up to kMaxRescan)
 };
 
 template <typename T>
@@ -81,6 +82,7 @@ std::string Option::env() const {
 constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 constexpr milliseconds kMinRescan{100};
 constexpr milliseconds kMaxRescan{3600 * 1000};
+constexpr milliseconds kMaxLongDuration{24 * 3600 * 1000};
 
 const std::vector<Option>& Options() {
   static const std::vector<Option>* options = new std::vector<Option>{
@@ -140,6 +142,25 @@ const std::vector<Option>& Options() {
        "With sharingReplicas > 1, advertise vpc.amazonaws.com/efa.shared instead of "
        "vpc.amazonaws.com/efa",
        "BOOL"},
+      {"counterInterval", &Config::counter_interval,
+       "The least time between two reads of the EFAs' counters (a scrape in between gets the "
+       "last read); with deviceHealth the daemon also reads them this often",
+       "DURATION"},
+      {"idleTimeout", &Config::idle_timeout,
+       "A running container's EFA that moved no bytes this long is reported idle", "DURATION",
+       Check::kLongDuration},
+      {"deviceHealth", &Config::device_health,
+       "Also report an EFA Unhealthy when its own counters say it stopped working "
+       "(keep_alive_rcvd stopped, admin commands failing)",
+       "BOOL"},
+      {"deviceHealthKeepAliveTimeout", &Config::device_health_keep_alive_timeout,
+       "deviceHealth: Unhealthy when keep_alive_rcvd does not advance this long", "DURATION"},
+      {"deviceHealthAdminErrors", &Config::device_health_admin_errors,
+       "deviceHealth: Unhealthy when cmds_err rises by this many between two reads", "N",
+       Check::kNone, 1000000, "", 1},
+      {"deviceHealthHoldDown", &Config::device_health_hold_down,
+       "deviceHealth: Healthy again only after this long without a problem", "DURATION",
+       Check::kLongDuration},
   };
   return *options;
 }
@@ -311,10 +332,11 @@ absl::StatusOr<T> ParseText(const Option& o, std::string_view text) {
     absl::Duration d;
     if (!absl::ParseDuration(std::string(text), &d)) return Mismatch(Expected<T>(o), text);
     const milliseconds ms(absl::ToInt64Milliseconds(d));
-    if (ms < kMinRescan || ms > kMaxRescan) {
-      return Mismatch(absl::StrCat("a duration from ", FormatDuration(kMinRescan), " to ",
-                                   FormatDuration(kMaxRescan)),
-                      text);
+    const milliseconds max = o.check == Check::kLongDuration ? kMaxLongDuration : kMaxRescan;
+    if (ms < kMinRescan || ms > max) {
+      return Mismatch(
+          absl::StrCat("a duration from ", FormatDuration(kMinRescan), " to ", FormatDuration(max)),
+          text);
     }
     return ms;
   } else if constexpr (std::is_same_v<T, int>) {
@@ -689,6 +711,12 @@ Config DefaultConfig() {
   c.expected_efa_count = 0;
   c.sharing_replicas = 1;
   c.sharing_rename_by_default = false;
+  c.counter_interval = milliseconds(15000);
+  c.idle_timeout = milliseconds(600000);
+  c.device_health = false;
+  c.device_health_keep_alive_timeout = milliseconds(60000);
+  c.device_health_admin_errors = 10;
+  c.device_health_hold_down = milliseconds(300000);
   return c;
 }
 
@@ -878,6 +906,10 @@ DaemonOptions ToDaemonOptions(const Config& c) {
   o.replicas = *d.sharing_replicas;
   o.resource_name =
       *d.sharing_replicas > 1 && *d.sharing_rename_by_default ? kSharedResourceName : kResourceName;
+  o.counter_interval = *d.counter_interval;
+  o.idle_timeout = *d.idle_timeout;
+  o.device_health = {*d.device_health, *d.device_health_keep_alive_timeout,
+                     *d.device_health_admin_errors, *d.device_health_hold_down};
   return o;
 }
 

@@ -56,6 +56,12 @@ struct Config {
   std::optional<int> expected_efa_count;  // 0: from the instance type
   std::optional<int> sharing_replicas;    // 1..kMaxReplicas (README, "Sharing")
   std::optional<bool> sharing_rename_by_default;
+  std::optional<std::chrono::milliseconds> counter_interval;
+  std::optional<std::chrono::milliseconds> idle_timeout;
+  std::optional<bool> device_health;
+  std::optional<std::chrono::milliseconds> device_health_keep_alive_timeout;
+  std::optional<int> device_health_admin_errors;
+  std::optional<std::chrono::milliseconds> device_health_hold_down;
 
   bool operator==(const Config&) const = default;
 };

@@ -138,12 +138,10 @@ Daemon::Daemon(DaemonOptions options)
         [this](const topology::DeviceTable& table, const std::vector<std::string>& kubelet_ids) {
           return late_binder_->PreStart(table, kubelet_ids);
         });
+  }
+  if (late_binder_ || options_.replicas > 1) {
     aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {
-      return late_binder_->BoundEfas(kubelet_ids);
-    };
-  } else if (options_.replicas > 1) {
-    aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {
-      return std::optional(service_.Table()->PhysicalEfas(kubelet_ids));
+      return PhysicalEfas(kubelet_ids);
     };
   }
   if (options_.alignment != AlignmentMode::kOff) {
@@ -153,6 +151,19 @@ Daemon::Daemon(DaemonOptions options)
           [this](const topology::HostModel& model) { return aligner_->ForAdmission(model); });
     }
   }
+  EfaCounterMonitorOptions counters;
+  counters.sysfs_root = options_.roots.sysfs;
+  counters.interval = options_.counter_interval;
+  counters.idle_timeout = options_.idle_timeout;
+  counters.health = options_.device_health;
+  counters.holders = EfaCounterMonitor::PodResourcesHolders(
+      options_.kubelet_dir / "pod-resources/kubelet.sock", options_.resource_name,
+      [this](const std::vector<std::string>& ids) { return PhysicalEfas(ids); });
+  counters.on_health_change = [this] {
+    health_changed_ = true;
+    Wake();
+  };
+  counters_ = std::make_unique<EfaCounterMonitor>(std::move(counters));
   service_.SetRpcObserver(options_.rpc_observer);
   service_.SetStreamEndCallback([this] {
     stream_ended_ = true;
@@ -167,6 +178,12 @@ fs::path Daemon::plugin_socket() const {
 }
 fs::path Daemon::kubelet_socket() const {
   return options_.kubelet_dir / "device-plugins" / "kubelet.sock";
+}
+
+std::optional<std::vector<std::string>> Daemon::PhysicalEfas(
+    const std::vector<std::string>& ids) const {
+  if (late_binder_) return late_binder_->BoundEfas(ids);
+  return service_.Table()->PhysicalEfas(ids);
 }
 
 void Daemon::Wake() {
@@ -197,6 +214,7 @@ void Daemon::Rescan() {
   fingerprint_ = topology::DiscoveryFingerprint(options_.roots);  // first: a change after shows
   inventory_ = topology::DiscoverEfaDevices(options_.roots);
   const topology::Inventory& inv = inventory_;
+  counters_->SetDevices(inv.devices);
   if (options_.on_inventory) options_.on_inventory(inv);
   for (const auto& s : inv.skipped) {
     if (!logged_skips_.insert(s.ibdev + "\n" + s.reason).second) continue;
@@ -261,8 +279,16 @@ void Daemon::Rescan() {
 }
 
 void Daemon::Publish() {
+  // Device health from the counters (opt-in) holds a present EFA Unhealthy.
+  const std::map<std::string, std::string> counter_problems = counters_->HealthProblems();
   std::vector<topology::EfaDevice> devices;
-  for (const auto& [id, d] : known_) devices.push_back(d);
+  for (const auto& [id, d] : known_) {
+    devices.push_back(d);
+    auto problem = counter_problems.find(d.ibdev);
+    if (d.healthy() && problem != counter_problems.end()) {
+      devices.back().health_problem = problem->second;
+    }
+  }
   std::sort(devices.begin(), devices.end(),
             [](const auto& a, const auto& b) { return a.pci < b.pci; });
   service_.SetDevices(ApplyGuards(std::move(devices)), model_, model_stale_);
@@ -608,6 +634,7 @@ int Daemon::Run() {
     UpdateModel();  // after the registration: the kubelet does not wait for hwloc
 
     auto deadline = std::min({next_periodic_, next_guard_check_, next_report_});
+    if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
     if (have_devices && !registered_ && !dra_yield_ && IsSocket(kubelet_socket())) {
       deadline = std::min(deadline, next_register_);
     }
@@ -647,6 +674,12 @@ int Daemon::Run() {
     }
     if (Clock::now() >= next_guard_check_ && CheckGuards()) Rescan();
     if (report_requested_.exchange(false) || Clock::now() >= next_report_) ReportAlignment();
+    if (options_.device_health.enabled && Clock::now() >= next_health_read_) {
+      // A scrape in between reads for it; then this answers the last read.
+      counters_->Sample();
+      next_health_read_ = Clock::now() + options_.counter_interval;
+    }
+    if (health_changed_.exchange(false)) Publish();
     if (Clock::now() >= next_periodic_) PeriodicCheck();
   }
   StopServer();

@@ -19,6 +19,7 @@
 #include "plugin/aligner.h"
 #include "plugin/device_plugin_service.h"
 #include "plugin/dra_guard.h"
+#include "plugin/efa_counter_monitor.h"
 #include "plugin/late_binder.h"
 #include "plugin/mofed_guard.h"
 #include "plugin/rpc_observer.h"
@@ -66,6 +67,13 @@ struct DaemonOptions {
   // Sharing (README, "Sharing"): device IDs per EFA, and the resource name.
   int replicas = 1;
   std::string resource_name = kResourceName;
+  // The EFAs' own counters (README, "EFA traffic and device health"): the
+  // least time between two reads, how long a held EFA may move no bytes
+  // before it counts as idle, and device health from the counters (opt-in;
+  // then the owner loop reads them every counter_interval).
+  std::chrono::milliseconds counter_interval{15000};
+  std::chrono::milliseconds idle_timeout{600000};
+  DeviceHealthOptions device_health;
   // Observability hooks (not owned; may be null): told of every unary RPC
   // the service handles, and of every inventory a rescan finds (on the
   // owner thread; must be quick).
@@ -132,6 +140,8 @@ class Daemon {
   const AlignmentStats* alignment_stats() const { return aligner_ ? &aligner_->stats() : nullptr; }
   // The late-binding state, or null in the other modes. Thread-safe.
   const LateBinder* late_binder() const { return late_binder_.get(); }
+  // The EFAs' counters, read when sampled. Thread-safe.
+  EfaCounterMonitor& efa_counters() const { return *counters_; }
   std::filesystem::path plugin_socket() const;
   std::filesystem::path kubelet_socket() const;
   // The guards' latest findings. Thread-safe.
@@ -160,6 +170,10 @@ class Daemon {
   // Judges the containers admitted since (Aligner::Report); `periodic`:
   // only if the checkpoint changed since the last report.
   void ReportAlignment(bool periodic = false);
+  // The physical EFAs of the kubelet's device IDs `ids` of one container:
+  // the late-binding bindings (nullopt while not bound), else the IDs'
+  // EFAs (replicas mapped to their EFA). Thread-safe.
+  std::optional<std::vector<std::string>> PhysicalEfas(const std::vector<std::string>& ids) const;
   // Serves the device plugin API on a fresh socket (mode 0600); the error
   // names the socket and the cause.
   absl::Status StartServer();
@@ -183,6 +197,8 @@ class Daemon {
   DevicePluginService service_;
   std::unique_ptr<Aligner> aligner_;         // null when alignment is off
   std::unique_ptr<LateBinder> late_binder_;  // null unless late binding
+  std::unique_ptr<EfaCounterMonitor> counters_;
+  std::atomic<bool> health_changed_{false};  // device health from the counters changed
   std::atomic<bool> report_requested_{false};
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Fds> fds_;
@@ -200,13 +216,14 @@ class Daemon {
   std::chrono::steady_clock::time_point next_register_;
   std::chrono::milliseconds register_backoff_{0};
   std::chrono::steady_clock::time_point next_periodic_;
-  std::map<std::string, topology::EfaDevice> known_;  // every EFA seen, by PCI address
-  topology::Inventory inventory_;                     // the latest discovery
-  std::shared_ptr<const topology::HostModel> model_;  // rebuilt when the EFAs change
-  std::string model_key_;                             // the EFAs model_ was built from
-  bool model_stale_ = false;                          // the EFAs changed since
-  bool serving_started_ = false;                      // the first EFA was seen
-  std::string fingerprint_;                           // DiscoveryFingerprint at the latest rescan
+  std::chrono::steady_clock::time_point next_health_read_;  // with device health only
+  std::map<std::string, topology::EfaDevice> known_;        // every EFA seen, by PCI address
+  topology::Inventory inventory_;                           // the latest discovery
+  std::shared_ptr<const topology::HostModel> model_;        // rebuilt when the EFAs change
+  std::string model_key_;                                   // the EFAs model_ was built from
+  bool model_stale_ = false;                                // the EFAs changed since
+  bool serving_started_ = false;                            // the first EFA was seen
+  std::string fingerprint_;  // DiscoveryFingerprint at the latest rescan
   std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
   std::chrono::steady_clock::time_point next_report_ =                  // alignment report retry
       std::chrono::steady_clock::time_point::max();

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plugin/device_plugin_service.h"
+#include "topology/efa_counters.h"
 
 namespace efa::plugin {
 namespace {
@@ -16,6 +17,13 @@ constexpr auto kLivenessSlack = std::chrono::seconds(15);
 std::string Seconds(Clock::duration d) {
   const double s = std::chrono::duration<double>(d).count();
   return absl::StrCat(std::round(s * 10) / 10, "s");
+}
+
+// The labels of an EFA's series.
+std::vector<prometheus::ClientMetric::Label> EfaLabels(const topology::EfaDevice& d) {
+  return {{"efa", d.ibdev},
+          {"pci_address", d.pci.ToString()},
+          {"numa_node", d.numa_node ? std::to_string(*d.numa_node) : "-1"}};
 }
 
 HttpResponse Probe(const ProbeVerdict& verdict) {
@@ -262,10 +270,100 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
             static_cast<double>(daemon->checkpoint_entries_skipped()));
 }
 
+void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
+                                    std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  auto family = [&](const std::string& name, const std::string& help, MetricType type) -> auto& {
+    return AddFamily(out, absl::StrCat(kPrefix, name), help, type);
+  };
+  auto container_labels = [](const EfaHolder& h) {
+    return std::vector<prometheus::ClientMetric::Label>{
+        {"namespace", h.pod_namespace}, {"pod", h.pod}, {"container", h.container}};
+  };
+  const auto& counters = topology::EfaCounters();
+  std::map<std::string, const EfaCounterSnapshot::Efa*> by_ibdev;
+  for (const auto& efa : snapshot.efas) by_ibdev[efa.device.ibdev] = &efa;
+  for (size_t i = 0; i < counters.size(); ++i) {
+    const topology::EfaCounter& c = counters[i];
+    auto& per_efa = family(absl::StrCat("efa_", c.name, "_total"),
+                           absl::StrCat(c.help, " The efa driver's ", c.name, " counter."),
+                           MetricType::Counter);
+    for (const auto& efa : snapshot.efas) {
+      if (efa.counters.values[i]) {
+        AddSample(per_efa, static_cast<double>(*efa.counters.values[i]), EfaLabels(efa.device));
+      }
+    }
+    if (!c.traffic) continue;
+    auto& held = family(
+        absl::StrCat("container_efa_", c.name, "_total"),
+        absl::StrCat("The efa driver's ", c.name,
+                     " counter of each EFA a container holds now, labelled with the container "
+                     "(with sharing, every sharer of an EFA shows the EFA's whole count)."),
+        MetricType::Counter);
+    for (const auto& container : snapshot.containers) {
+      for (const std::string& ibdev : container.holder.efas) {
+        auto efa = by_ibdev.find(ibdev);
+        if (efa == by_ibdev.end() || !efa->second->counters.values[i]) continue;
+        auto labels = container_labels(container.holder);
+        for (auto& label : EfaLabels(efa->second->device)) labels.push_back(std::move(label));
+        AddSample(held, static_cast<double>(*efa->second->counters.values[i]), std::move(labels));
+      }
+    }
+  }
+  auto& idle = family("container_idle_efas",
+                      "EFAs a running container holds that moved no bytes for the idle timeout "
+                      "(allocated but unused: NCCL or libfabric may have fallen back to TCP).",
+                      MetricType::Gauge);
+  for (const auto& container : snapshot.containers) {
+    AddSample(idle, static_cast<double>(container.idle.size()), container_labels(container.holder));
+  }
+  // Each family's reference is valid until the next is added.
+  auto& unavailable =
+      family("efa_counters_unavailable",
+             "EFA counters not read at the latest read: missing (the driver has no such counter, "
+             "as on older kernels) or error (the file could not be read).",
+             MetricType::Gauge);
+  for (const auto& efa : snapshot.efas) {
+    AddSample(unavailable, efa.counters.missing,
+              {{"efa", efa.device.ibdev}, {"reason", "missing"}});
+    AddSample(unavailable, static_cast<double>(efa.counters.errors.size()),
+              {{"efa", efa.device.ibdev}, {"reason", "error"}});
+  }
+  auto& unhealthy =
+      family("efa_unhealthy_by_counters",
+             "1 for each EFA device health holds Unhealthy, by reason: keep_alive "
+             "(keep_alive_rcvd stopped) or admin_errors (admin commands failing); only with "
+             "deviceHealth on.",
+             MetricType::Gauge);
+  for (const auto& efa : snapshot.efas) {
+    if (!efa.unhealthy.empty()) {
+      AddSample(unhealthy, 1, {{"efa", efa.device.ibdev}, {"reason", efa.unhealthy_kind}});
+    }
+  }
+  AddSample(family("efa_counter_reads_total",
+                   "Reads of the EFAs' counters (on a scrape, or for device health; at most one "
+                   "per counterInterval).",
+                   MetricType::Counter),
+            static_cast<double>(snapshot.reads));
+}
+
+std::string DaemonMonitor::CountersText(std::shared_ptr<const EfaCounterSnapshot> snapshot) const {
+  absl::MutexLock lock(&counters_mu_);
+  if (snapshot != counters_snapshot_) {
+    std::vector<prometheus::MetricFamily> families;
+    CollectCounters(*snapshot, families);
+    counters_text_ = SerializeMetrics(std::move(families));
+    counters_snapshot_ = std::move(snapshot);
+  }
+  return counters_text_;
+}
+
 HttpResponse DaemonMonitor::Metrics() const {
   std::vector<prometheus::MetricFamily> families = registry_.Collect();
   CollectState(families);
-  return {200, kMetricsContentType, SerializeMetrics(std::move(families))};
+  std::string text = SerializeMetrics(std::move(families));
+  if (const Daemon* daemon = daemon_.load()) text += CountersText(daemon->efa_counters().Sample());
+  return {200, kMetricsContentType, std::move(text)};
 }
 
 HttpResponse DaemonMonitor::Healthz() const {

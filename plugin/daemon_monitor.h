@@ -23,9 +23,12 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "plugin/daemon.h"
 #include "plugin/efa_count.h"
 #include "plugin/http_server.h"
@@ -94,10 +97,20 @@ class DaemonMonitor final : public RpcObserver {
  private:
   // The families read from the daemon's state at each scrape.
   void CollectState(std::vector<prometheus::MetricFamily>& out) const;
+  // The families of the EFAs' counters.
+  static void CollectCounters(const EfaCounterSnapshot& snapshot,
+                              std::vector<prometheus::MetricFamily>& out);
+  // Those families as text: serialized once per read of the counters (some
+  // 700 series on a p5.48xlarge), reused by the scrapes until the next.
+  std::string CountersText(std::shared_ptr<const EfaCounterSnapshot> snapshot) const;
 
   const MonitorOptions options_;
   std::atomic<const Daemon*> daemon_{nullptr};
   EfaCountMonitor efa_count_;
+  mutable absl::Mutex counters_mu_;
+  mutable std::shared_ptr<const EfaCounterSnapshot> counters_snapshot_
+      ABSL_GUARDED_BY(counters_mu_);
+  mutable std::string counters_text_ ABSL_GUARDED_BY(counters_mu_);
   prometheus::Registry registry_;
 
   // Updated on gRPC threads: looked up once.

@@ -1,10 +1,6 @@
 #include "plugin/kubelet_checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"

@@ -281,6 +281,7 @@ expect_render servicemonitor --set metrics.serviceMonitor.enabled=true --set met
 expect servicemonitor 'kinds()' '["ConfigMap/efa-aws-efa-k8s-device-plugin", "DaemonSet/efa-aws-efa-k8s-device-plugin", "Service/efa-aws-efa-k8s-device-plugin-metrics", "ServiceMonitor/efa-aws-efa-k8s-device-plugin"]'
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["endpoints"][0]["port"] + " " + obj("ServiceMonitor")["spec"]["endpoints"][0]["interval"]' 'metrics 30s'
 expect servicemonitor 'obj("ServiceMonitor")["metadata"]["labels"]["release"]' 'prom'
+expect servicemonitor 'obj("ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"]' 'true'
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["selector"]["matchLabels"] == obj("Service")["spec"]["selector"]' 'true'
 expect servicemonitor 'obj("Service")["spec"]["clusterIP"] + " " + str(obj("Service")["spec"]["ports"][0]["port"])' 'None 9400'
 expect servicemonitor 'config["metricsAddress"] + " " + str(c["ports"][0]["containerPort"])' ':9400 9400'
@@ -412,8 +413,9 @@ if "$HELM_BIN" template aws-efa-k8s-device-plugin "$CHART" -n kube-system >"$TMP
 else fail "release named after the chart renders" "$(cat "$TMP/release.err")"; fi
 
 expect_render all -f "$ROOT/test/helm/values-all.yaml"
-expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "draPolicy", "expectedEfaCount", "gpuResources", "instanceType", "logFormat", "logLevel", "metricsAddress", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "reportNuma", "rescanInterval", "sharingRenameByDefault", "sharingReplicas", "topologyXml", "version"]'
+expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "counterInterval", "deviceHealth", "deviceHealthAdminErrors", "deviceHealthHoldDown", "deviceHealthKeepAliveTimeout", "draPolicy", "expectedEfaCount", "gpuResources", "idleTimeout", "instanceType", "logFormat", "logLevel", "metricsAddress", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "reportNuma", "rescanInterval", "sharingRenameByDefault", "sharingReplicas", "topologyXml", "version"]'
 expect all '[config["sharingReplicas"], config["sharingRenameByDefault"]]' '[4, true]'
+expect all '[config[k] for k in ("counterInterval", "idleTimeout", "deviceHealth", "deviceHealthKeepAliveTimeout", "deviceHealthAdminErrors", "deviceHealthHoldDown")]' '["30s", "30m", true, "2m", 20, "10m"]'
 expect all 'mounts["/etc/efa-topology"]["readOnly"]' 'true'
 expect all '[len(set(v["name"] for v in pod["volumes"])) == len(pod["volumes"]), len(mounts) == len(c["volumeMounts"])]' '[true, true]'
 checks all
@@ -442,6 +444,9 @@ expect_reject schema-tolerations '/tolerations' --set tolerations=none
 expect_reject schema-processcheck '/guards/mofed/processCheck' --set-string guards.mofed.processCheck=yes
 expect_reject schema-hostpath '/hostPaths/devicePlugins' --set hostPaths.devicePlugins=var/lib/kubelet/device-plugins
 expect_reject schema-resources '/config/gpuResources' --set-json 'config.gpuResources="nvidia.com/gpu"'
+expect_reject schema-idle '/config/idleTimeout' --set config.idleTimeout=600
+expect_reject schema-adminerrors '/deviceHealth/adminErrors' --set deviceHealth.enabled=true --set deviceHealth.adminErrors=0
+expect_reject schema-devicehealth '/deviceHealth/enabled' --set-string deviceHealth.enabled=yes
 
 expect_reject schema-nodeselector '/nodeSelector/efa' --set-json 'nodeSelector={"efa":["yes"]}'
 expect_reject schema-instances '/supportedInstanceLabels/values' --set-json 'supportedInstanceLabels.values="p5.48xlarge"'
@@ -454,6 +459,8 @@ expect_reject contra-cdidir 'alignment.mode is late-binding but alignment.cdiDir
 expect_reject contra-probeport 'probePort and metrics.port are both 8080' --set probePort=8080
 expect_reject contra-sharing-rename 'sharing.renameByDefault is true but sharing.replicas is not above 1' \
   --set sharing.renameByDefault=true
+expect_reject contra-devicehealth 'deviceHealth.holdDown is set but deviceHealth.enabled is not true: it would have no effect; set deviceHealth.enabled=true or drop it' \
+  --set deviceHealth.holdDown=10m
 expect_reject contra-servicemonitor 'metrics.serviceMonitor.enabled is true' --set metrics.enabled=false \
   --set livenessProbe.enabled=false --set readinessProbe.enabled=false --set metrics.serviceMonitor.enabled=true
 expect_reject contra-processcheck 'guards.mofed.processCheck is true but guards.mofed.policy is off' \

@@ -155,7 +155,13 @@ TEST_CASE("Every option parses from the file", "[config]") {
       "cdiSpecDirs: [/etc/cdi]\n"
       "expectedEfaCount: 31\n"
       "sharingReplicas: 4\n"
-      "sharingRenameByDefault: true\n",
+      "sharingRenameByDefault: true\n"
+      "counterInterval: 30s\n"
+      "idleTimeout: 2h\n"
+      "deviceHealth: true\n"
+      "deviceHealthKeepAliveTimeout: 45s\n"
+      "deviceHealthAdminErrors: 3\n"
+      "deviceHealthHoldDown: 10m\n",
       "config.yaml");
   REQUIRE(c.ok());
   Config want;
@@ -183,6 +189,12 @@ TEST_CASE("Every option parses from the file", "[config]") {
   want.expected_efa_count = 31;
   want.sharing_replicas = 4;
   want.sharing_rename_by_default = true;
+  want.counter_interval = std::chrono::seconds(30);
+  want.idle_timeout = std::chrono::hours(2);
+  want.device_health = true;
+  want.device_health_keep_alive_timeout = std::chrono::seconds(45);
+  want.device_health_admin_errors = 3;
+  want.device_health_hold_down = std::chrono::minutes(10);
   CHECK(*c == want);
 
   DaemonOptions o = ToDaemonOptions(MergeConfig(DefaultConfig(), *c));
@@ -204,6 +216,15 @@ TEST_CASE("Every option parses from the file", "[config]") {
   CHECK(o.cdi_spec_dirs == std::vector<fs::path>{"/etc/cdi"});
   CHECK(o.replicas == 4);
   CHECK(o.resource_name == "vpc.amazonaws.com/efa.shared");
+  CHECK(o.counter_interval == std::chrono::seconds(30));
+  CHECK(o.idle_timeout == std::chrono::hours(2));
+  CHECK(o.device_health.enabled);
+  CHECK(o.device_health.keep_alive_timeout == std::chrono::seconds(45));
+  CHECK(o.device_health.admin_errors == 3);
+  CHECK(o.device_health.hold_down == std::chrono::minutes(10));
+  // Device health is off by default.
+  CHECK_FALSE(ToDaemonOptions(DefaultConfig()).device_health.enabled);
+  CHECK(ToDaemonOptions(DefaultConfig()).idle_timeout == std::chrono::minutes(10));
   // Renaming applies only while sharing; by default the name stays.
   c->sharing_replicas = 1;
   CHECK(ToDaemonOptions(*c).resource_name == "vpc.amazonaws.com/efa");
@@ -247,7 +268,13 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "cdiSpecDirs: [\"/etc/cdi\", \"/var/run/cdi\"]\n"
         "expectedEfaCount: 0\n"
         "sharingReplicas: 1\n"
-        "sharingRenameByDefault: false\n");
+        "sharingRenameByDefault: false\n"
+        "counterInterval: 15s\n"
+        "idleTimeout: 10m\n"
+        "deviceHealth: false\n"
+        "deviceHealthKeepAliveTimeout: 1m\n"
+        "deviceHealthAdminErrors: 10\n"
+        "deviceHealthHoldDown: 5m\n");
   auto back = ParseConfigYaml(yaml, "printed.yaml");
   REQUIRE(back.ok());
   CHECK(*back == c->config);
@@ -260,7 +287,8 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "neuroncoreResources=[aws.amazon.com/neuroncore] neuroncoresPerDevice=0 "
         "cdiDir=/var/run/cdi mofedPolicy=warn draPolicy=yield "
         "cdiSpecDirs=[/etc/cdi,/var/run/cdi] expectedEfaCount=0 sharingReplicas=1 "
-        "sharingRenameByDefault=false");
+        "sharingRenameByDefault=false counterInterval=15s idleTimeout=10m deviceHealth=false "
+        "deviceHealthKeepAliveTimeout=1m deviceHealthAdminErrors=10 deviceHealthHoldDown=5m");
 }
 
 TEST_CASE("Invalid configuration files are refused with the place, the key and what was wrong",
@@ -276,6 +304,15 @@ TEST_CASE("Invalid configuration files are refused with the place, the key and w
        "config.yaml:2:17: rescanInterval: expected a duration like \"10s\", got \"10\""},
       {"version: v1\nrescanInterval: 2h\n",
        "config.yaml:2:17: rescanInterval: expected a duration from 100ms to 1h, got \"2h\""},
+      {"version: v1\nidleTimeout: 2d\n",
+       "config.yaml:2:14: idleTimeout: expected a duration like \"10s\", got \"2d\""},
+      {"version: v1\nidleTimeout: 25h\n",
+       "config.yaml:2:14: idleTimeout: expected a duration from 100ms to 24h, got \"25h\""},
+      {"version: v1\ncounterInterval: 2h\n",
+       "config.yaml:2:18: counterInterval: expected a duration from 100ms to 1h, got \"2h\""},
+      {"version: v1\ndeviceHealthAdminErrors: 0\n",
+       "config.yaml:2:26: deviceHealthAdminErrors: expected an integer from 1 to 1000000, got "
+       "\"0\""},
       {"version: v1\nrescanIntervall: 5s\n",
        "config.yaml:2:1: rescanIntervall: unknown key (did you mean rescanInterval?)"},
       {"version: v1\nsysfs-root: /host/sys\n",

@@ -36,6 +36,7 @@ using namespace efa::plugin;
 using efa::sim::SimRoot;
 using efa::testing::FakeDraDriver;
 using efa::testing::FakeKubelet;
+using efa::testing::ParseMetrics;
 using efa::testing::SummarizeExposition;
 using efa::testing::WriteFileAtomically;
 
@@ -58,20 +59,6 @@ HttpReply HttpGet(uint16_t port, const std::string& path) {
   auto result = client.Get(path);
   if (!result) return {};
   return {result->status, result->get_header_value("Content-Type"), result->body};
-}
-
-// Samples of a text exposition keyed by the series exactly as written
-// (`name{label="value"}`); comments are skipped.
-Metrics ParseMetrics(const std::string& text) {
-  Metrics out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t space = line.rfind(' ');
-    if (line.empty() || line[0] == '#' || space == std::string::npos) continue;
-    out[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
-  }
-  return out;
 }
 
 // A simulated node with the fake kubelet, the daemon on a thread and its
@@ -555,16 +542,31 @@ TEST_CASE("A flood of idle and slow connections to the metrics address does not 
   CHECK(flood.max_open() >= HttpServerOptions{}.threads + HttpServerOptions{}.max_queued);
 }
 
+// The series of a family of the EFAs' counters on the p4d: one per EFA.
+std::string EfaSeries(const std::string& counter) {
+  std::string out;
+  for (const char* labels : {"efa=\"rdmap144s27\",numa_node=\"1\",pci_address=\"0000:90:1b.0\"",
+                             "efa=\"rdmap160s27\",numa_node=\"1\",pci_address=\"0000:a0:1b.0\"",
+                             "efa=\"rdmap16s27\",numa_node=\"0\",pci_address=\"0000:10:1b.0\"",
+                             "efa=\"rdmap32s27\",numa_node=\"0\",pci_address=\"0000:20:1b.0\""}) {
+    out += absl::StrCat("  efa_device_plugin_efa_", counter, "_total{", labels, "}\n");
+  }
+  return out;
+}
+
 // What the Python prometheus_client parser reads in the exposition of a
 // registered p4d node after one granted and one refused Allocate: every
 // family the daemon exports, its type, HELP text and series (a counter's
 // family name is without _total, as the parser reports it).
 // The HELP texts and names are main's before prometheus-cpp, read the same
 // way from its exposition (checkpoint_entries_skipped came with issue 18,
-// efa_allocations with issue 23).
+// efa_allocations with issue 23, the EFAs' own counters with issue 22: the
+// p4d's 4 EFAs, no container series since this kubelet serves no
+// pod-resources).
 const std::string kExposition =
-    "efa_device_plugin_alignment_decisions counter \"GetPreferredAllocation decisions: targeted "
-    "(the container's accelerators were known), predicted (none known yet), degraded "
+    std::string() +
+    "efa_device_plugin_alignment_decisions counter \"GetPreferredAllocation decisions: "
+    "targeted (the container's accelerators were known), predicted (none known yet), degraded "
     "(pod-resources failed).\"\n"
     "  efa_device_plugin_alignment_decisions_total{decision=\"degraded\"}\n"
     "  efa_device_plugin_alignment_decisions_total{decision=\"predicted\"}\n"
@@ -573,7 +575,8 @@ const std::string kExposition =
     "judged once after admission.\"\n"
     "  efa_device_plugin_alignment_judgments_total{result=\"aligned\"}\n"
     "  efa_device_plugin_alignment_judgments_total{result=\"unaligned\"}\n"
-    "efa_device_plugin_allocation_size histogram \"EFAs given to each container by Allocate.\"\n"
+    "efa_device_plugin_allocation_size histogram \"EFAs given to each container by "
+    "Allocate.\"\n"
     "  efa_device_plugin_allocation_size_bucket{le=\"*\"}\n"
     "  efa_device_plugin_allocation_size_count{}\n"
     "  efa_device_plugin_allocation_size_sum{}\n"
@@ -584,6 +587,27 @@ const std::string kExposition =
     "efa_device_plugin_checkpoint_entries_skipped gauge \"Entries of the kubelet checkpoint "
     "skipped at its latest read because they cannot be parsed (the others are still used).\"\n"
     "  efa_device_plugin_checkpoint_entries_skipped{}\n"
+    "efa_device_plugin_container_efa_rdma_read_bytes counter \"The efa driver's "
+    "rdma_read_bytes counter of each EFA a container holds now, labelled with the container "
+    "(with sharing, every sharer of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_efa_rdma_write_bytes counter \"The efa driver's "
+    "rdma_write_bytes counter of each EFA a container holds now, labelled with the container "
+    "(with sharing, every sharer of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_efa_recv_bytes counter \"The efa driver's recv_bytes counter "
+    "of each EFA a container holds now, labelled with the container (with sharing, every "
+    "sharer of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_efa_rx_bytes counter \"The efa driver's rx_bytes counter of "
+    "each EFA a container holds now, labelled with the container (with sharing, every sharer "
+    "of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_efa_send_bytes counter \"The efa driver's send_bytes counter "
+    "of each EFA a container holds now, labelled with the container (with sharing, every "
+    "sharer of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_efa_tx_bytes counter \"The efa driver's tx_bytes counter of "
+    "each EFA a container holds now, labelled with the container (with sharing, every sharer "
+    "of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_idle_efas gauge \"EFAs a running container holds that moved "
+    "no bytes for the idle timeout (allocated but unused: NCCL or libfabric may have fallen "
+    "back to TCP).\"\n"
     "efa_device_plugin_devices gauge \"EFAs advertised to the kubelet, by health (after the "
     "guards: none while withdrawn, all unhealthy under MOFED protect).\"\n"
     "  efa_device_plugin_devices{health=\"healthy\"}\n"
@@ -591,30 +615,105 @@ const std::string kExposition =
     "efa_device_plugin_dra_driver_present gauge \"1 while the EFA DRA driver (dra.net) is "
     "registered.\"\n"
     "  efa_device_plugin_dra_driver_present{}\n"
-    "efa_device_plugin_efa_allocations counter \"Containers given each physical EFA by Allocate "
-    "(with sharing, its replicas' containers).\"\n"
+    "efa_device_plugin_efa_allocations counter \"Containers given each physical EFA by "
+    "Allocate (with sharing, its replicas' containers).\"\n"
     "  efa_device_plugin_efa_allocations_total{efa=\"rdmap16s27\"}\n"
-    "efa_device_plugin_efas_expected gauge \"EFAs the node should have (expectedEfaCount, else the "
-    "instance type's count); absent when unknown.\"\n"
+    "efa_device_plugin_efa_cmds_err counter \"Admin commands that failed. The efa driver's "
+    "cmds_err counter.\"\n" +
+    EfaSeries("cmds_err") +
+    "efa_device_plugin_efa_completed_cmds counter \"Admin commands the device completed. The "
+    "efa driver's completed_cmds counter.\"\n" +
+    EfaSeries("completed_cmds") +
+    "efa_device_plugin_efa_counter_reads counter \"Reads of the EFAs' counters (on a scrape, "
+    "or for device health; at most one per counterInterval).\"\n"
+    "  efa_device_plugin_efa_counter_reads_total{}\n"
+    "efa_device_plugin_efa_counters_unavailable gauge \"EFA counters not read at the latest "
+    "read: missing (the driver has no such counter, as on older kernels) or error (the file "
+    "could not be read).\"\n"
+    "  efa_device_plugin_efa_counters_unavailable{efa=\"rdmap144s27\",reason=\"error\"}\n"
+    "  efa_device_plugin_efa_counters_unavailable{efa=\"rdmap144s27\",reason=\"missing\"}\n"
+    "  efa_device_plugin_efa_counters_unavailable{efa=\"rdmap160s27\",reason=\"error\"}\n"
+    "  efa_device_plugin_efa_counters_unavailable{efa=\"rdmap160s27\",reason=\"missing\"}\n"
+    "  efa_device_plugin_efa_counters_unavailable{efa=\"rdmap16s27\",reason=\"error\"}\n"
+    "  efa_device_plugin_efa_counters_unavailable{efa=\"rdmap16s27\",reason=\"missing\"}\n"
+    "  efa_device_plugin_efa_counters_unavailable{efa=\"rdmap32s27\",reason=\"error\"}\n"
+    "  efa_device_plugin_efa_counters_unavailable{efa=\"rdmap32s27\",reason=\"missing\"}\n"
+    "efa_device_plugin_efa_create_qp_err counter \"Queue-pair creations that failed. The efa "
+    "driver's create_qp_err counter.\"\n" +
+    EfaSeries("create_qp_err") +
+    "efa_device_plugin_efa_impaired_remote_conn_events counter \"Connections to remote peers "
+    "found impaired. The efa driver's impaired_remote_conn_events counter.\"\n" +
+    EfaSeries("impaired_remote_conn_events") +
+    "efa_device_plugin_efa_keep_alive_rcvd counter \"Keep-alive events the device sent to the "
+    "driver. The efa driver's keep_alive_rcvd counter.\"\n" +
+    EfaSeries("keep_alive_rcvd") +
+    "efa_device_plugin_efa_no_completion_cmds counter \"Admin commands the device never "
+    "completed (the driver then closes its admin queue). The efa driver's no_completion_cmds "
+    "counter.\"\n" +
+    EfaSeries("no_completion_cmds") +
+    "efa_device_plugin_efa_rdma_read_bytes counter \"Bytes this EFA read remotely (RDMA read "
+    "requester). The efa driver's rdma_read_bytes counter.\"\n" +
+    EfaSeries("rdma_read_bytes") +
+    "efa_device_plugin_efa_rdma_read_wr_err counter \"RDMA read work requests that failed. The "
+    "efa driver's rdma_read_wr_err counter.\"\n" +
+    EfaSeries("rdma_read_wr_err") +
+    "efa_device_plugin_efa_rdma_write_bytes counter \"Bytes this EFA wrote remotely (RDMA "
+    "write requester). The efa driver's rdma_write_bytes counter.\"\n" +
+    EfaSeries("rdma_write_bytes") +
+    "efa_device_plugin_efa_rdma_write_wr_err counter \"RDMA write work requests that failed. "
+    "The efa driver's rdma_write_wr_err counter.\"\n" +
+    EfaSeries("rdma_write_wr_err") +
+    "efa_device_plugin_efa_recv_bytes counter \"Bytes of two-sided RECV operations. The efa "
+    "driver's recv_bytes counter.\"\n" +
+    EfaSeries("recv_bytes") +
+    "efa_device_plugin_efa_reg_mr_err counter \"Memory registrations that failed. The efa "
+    "driver's reg_mr_err counter.\"\n" +
+    EfaSeries("reg_mr_err") +
+    "efa_device_plugin_efa_retrans_timeout_events counter \"Retransmission timeouts. The efa "
+    "driver's retrans_timeout_events counter.\"\n" +
+    EfaSeries("retrans_timeout_events") +
+    "efa_device_plugin_efa_rx_bytes counter \"Bytes the EFA received (all traffic). The efa "
+    "driver's rx_bytes counter.\"\n" +
+    EfaSeries("rx_bytes") +
+    "efa_device_plugin_efa_rx_drops counter \"Received packets the EFA dropped. The efa "
+    "driver's rx_drops counter.\"\n" +
+    EfaSeries("rx_drops") +
+    "efa_device_plugin_efa_send_bytes counter \"Bytes of two-sided SEND operations. The efa "
+    "driver's send_bytes counter.\"\n" +
+    EfaSeries("send_bytes") +
+    "efa_device_plugin_efa_submitted_cmds counter \"Admin commands submitted to the device. "
+    "The efa driver's submitted_cmds counter.\"\n" +
+    EfaSeries("submitted_cmds") +
+    "efa_device_plugin_efa_tx_bytes counter \"Bytes the EFA sent (all traffic). The efa "
+    "driver's tx_bytes counter.\"\n" +
+    EfaSeries("tx_bytes") +
+    "efa_device_plugin_efa_unhealthy_by_counters gauge \"1 for each EFA device health holds "
+    "Unhealthy, by reason: keep_alive (keep_alive_rcvd stopped) or admin_errors (admin "
+    "commands failing); only with deviceHealth on.\"\n"
+    "efa_device_plugin_efa_unresponsive_remote_events counter \"Remote peers that stopped "
+    "responding. The efa driver's unresponsive_remote_events counter.\"\n" +
+    EfaSeries("unresponsive_remote_events") +
+    "efa_device_plugin_efas_expected gauge \"EFAs the node should have (expectedEfaCount, else "
+    "the instance type's count); absent when unknown.\"\n"
     "  efa_device_plugin_efas_expected{}\n"
     "efa_device_plugin_efas_found gauge \"EFAs found on the node by the last scan.\"\n"
     "  efa_device_plugin_efas_found{}\n"
-    "efa_device_plugin_efas_held_unhealthy gauge \"1 while MOFED policy protect reports every EFA "
-    "Unhealthy.\"\n"
+    "efa_device_plugin_efas_held_unhealthy gauge \"1 while MOFED policy protect reports every "
+    "EFA Unhealthy.\"\n"
     "  efa_device_plugin_efas_held_unhealthy{}\n"
     "efa_device_plugin_guard_checks counter \"Guard checks run.\"\n"
     "  efa_device_plugin_guard_checks_total{}\n"
-    "efa_device_plugin_heartbeat_age_seconds gauge \"Seconds since the owner loop's last pass (see "
-    "/healthz).\"\n"
+    "efa_device_plugin_heartbeat_age_seconds gauge \"Seconds since the owner loop's last pass "
+    "(see /healthz).\"\n"
     "  efa_device_plugin_heartbeat_age_seconds{}\n"
     "efa_device_plugin_kubelet_restarts counter \"Kubelet restarts seen (kubelet.sock "
     "re-created).\"\n"
     "  efa_device_plugin_kubelet_restarts_total{}\n"
     "efa_device_plugin_late_binding counter \"Late binding: EFAs bound at PreStartContainer "
-    "(bound), kept for a restarted container (kept), PreStartContainer failures (failed), bindings "
-    "released (released) and recovered from the CDI dir at start (recovered).\"\n"
-    "efa_device_plugin_mofed_state gauge \"1 for the NVIDIA MOFED guard's current state (off, on, "
-    "unknown); all 0 with the policy off.\"\n"
+    "(bound), kept for a restarted container (kept), PreStartContainer failures (failed), "
+    "bindings released (released) and recovered from the CDI dir at start (recovered).\"\n"
+    "efa_device_plugin_mofed_state gauge \"1 for the NVIDIA MOFED guard's current state (off, "
+    "on, unknown); all 0 with the policy off.\"\n"
     "  efa_device_plugin_mofed_state{state=\"off\"}\n"
     "  efa_device_plugin_mofed_state{state=\"on\"}\n"
     "  efa_device_plugin_mofed_state{state=\"unknown\"}\n"
@@ -625,8 +724,10 @@ const std::string kExposition =
     "efa_device_plugin_rpc_duration_seconds histogram \"Time spent in the device-plugin RPC "
     "handlers, by method.\"\n"
     "  efa_device_plugin_rpc_duration_seconds_bucket{method=\"Allocate\",le=\"*\"}\n"
-    "  efa_device_plugin_rpc_duration_seconds_bucket{method=\"GetDevicePluginOptions\",le=\"*\"}\n"
-    "  efa_device_plugin_rpc_duration_seconds_bucket{method=\"GetPreferredAllocation\",le=\"*\"}\n"
+    "  "
+    "efa_device_plugin_rpc_duration_seconds_bucket{method=\"GetDevicePluginOptions\",le=\"*\"}\n"
+    "  "
+    "efa_device_plugin_rpc_duration_seconds_bucket{method=\"GetPreferredAllocation\",le=\"*\"}\n"
     "  efa_device_plugin_rpc_duration_seconds_bucket{method=\"PreStartContainer\",le=\"*\"}\n"
     "  efa_device_plugin_rpc_duration_seconds_count{method=\"Allocate\"}\n"
     "  efa_device_plugin_rpc_duration_seconds_count{method=\"GetDevicePluginOptions\"}\n"
@@ -637,8 +738,8 @@ const std::string kExposition =
     "  efa_device_plugin_rpc_duration_seconds_sum{method=\"GetPreferredAllocation\"}\n"
     "  efa_device_plugin_rpc_duration_seconds_sum{method=\"PreStartContainer\"}\n"
     "  le: 0.0001 0.00025 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 +Inf\n"
-    "efa_device_plugin_withdrawn gauge \"1 while vpc.amazonaws.com/efa is withdrawn for the DRA "
-    "driver.\"\n"
+    "efa_device_plugin_withdrawn gauge \"1 while vpc.amazonaws.com/efa is withdrawn for the "
+    "DRA driver.\"\n"
     "  efa_device_plugin_withdrawn{}\n";
 // Late binding adds the series of its counter; its Allocate gives tokens,
 // not EFAs, so the per-EFA counter never has a series and prometheus-cpp

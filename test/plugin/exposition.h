@@ -4,7 +4,10 @@
 
 #include <stdio.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include "test/temp_dir.h"
@@ -31,6 +34,20 @@ inline ExpositionSummary SummarizeExposition(const std::string& exposition, bool
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.text.append(buf, n);
   out.exit_status = ::pclose(pipe);
+  return out;
+}
+
+// Samples of a text exposition keyed by the series exactly as written
+// (`name{label="value"}`); comments are skipped.
+inline std::map<std::string, double> ParseMetrics(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t space = line.rfind(' ');
+    if (line.empty() || line[0] == '#' || space == std::string::npos) continue;
+    out[line.substr(0, space)] = std::strtod(line.c_str() + space + 1, nullptr);
+  }
   return out;
 }
 

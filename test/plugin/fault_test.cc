@@ -93,25 +93,10 @@ class DaemonNode {
 
   void StartDaemon() {
     daemon_.reset();  // a killed daemon leaves its socket: the new one removes it
-    std::vector<std::string> args{EFA_PLUGIN_BINARY,
-                                  "--kubelet-dir",
-                                  (sim_.path() / "kubelet").string(),
-                                  "--sysfs-root",
-                                  sim_.sys().string(),
-                                  "--dev-root",
-                                  (sim_.path() / "dev").string(),
-                                  "--proc-root",
-                                  (sim_.path() / "proc").string(),
-                                  "--cdi-spec-dirs",
-                                  (sim_.path() / "etc/cdi").string(),
-                                  "--log-level",
-                                  "warn",
-                                  "--metrics-address",
-                                  "",
-                                  "--probe-address",
-                                  "",
-                                  "--rescan-interval",
-                                  "1s"};
+    std::vector<std::string> args{EFA_PLUGIN_BINARY};
+    for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
+    args.insert(args.end(), {"--log-level", "warn", "--metrics-address", "", "--probe-address", "",
+                             "--rescan-interval", "1s"});
     if (late_binding_) {
       args.insert(args.end(), {"--alignment", "late-binding", "--cdi-dir", cdi_dir().string()});
     }

@@ -4,6 +4,7 @@
 // Neuron plugin, all over real unix sockets. The test plays the container
 // runtime: it resolves each container's CDI device through the spec file the
 // daemon wrote. Prints the alignment rates.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
@@ -622,4 +623,33 @@ TEST_CASE(
   node.CheckDisjoint(live);
   CHECK(node.binder().counts().bound == 25);
   CHECK(node.binder().counts().failed == 0);
+}
+
+TEST_CASE(
+    "Late binding: a container's EFA traffic is that of the EFAs bound to it, not of the "
+    "kubelet's IDs",
+    "[late-binding][counters][daemon][concurrency]") {
+  LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  // A GPU-only pod holds the lowest GPU. The next container's EFAs come
+  // first: the kubelet's IDs are the policy's (beside the lowest GPU), its
+  // binding is beside the GPU it gets next.
+  REQUIRE(node.kubelet()
+              .AdmitContainer("gpu-only", "default", "g", kMain, {{"nvidia.com/gpu", 1}})
+              .ok());
+  auto admitted = node.Admit("u1", 1, 4, /*accel_first=*/false);
+  REQUIRE(admitted.ok());
+  REQUIRE(admitted->start_status.ok());
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  const std::vector<std::string> bound = sorted(node.PhysicalEfas("u1"));
+  REQUIRE(bound != sorted(node.Tokens("u1")));
+
+  const auto snapshot = node.daemon().efa_counters().Sample();
+  std::vector<std::string> held;
+  for (const auto& c : snapshot->containers) {
+    if (c.holder.Name() == "default/pod-u1/main") held = sorted(c.holder.efas);
+  }
+  CHECK(held == bound);
 }

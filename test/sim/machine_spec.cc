@@ -321,6 +321,43 @@ struct Machine {
                 ConfigSpace(vendor, device, 0x060400, true, addr.bus, secondary, subordinate));
   }
 
+  // The efa driver's counters, every one it has (efa_verbs.c,
+  // EFA_DEFINE_DEVICE_STATS and EFA_DEFINE_PORT_STATS of amzn-drivers efa
+  // 3.1.0), at 0, and the RDMA core's lifespan file in each group (ms).
+  void EfaCounters(const fs::path& ib) {
+    for (const char* name : {"submitted_cmds", "completed_cmds", "cmds_err", "no_completion_cmds",
+                             "keep_alive_rcvd", "alloc_pd_err", "create_qp_err", "create_cq_err",
+                             "reg_mr_err", "alloc_ucontext_err", "create_ah_err", "mmap_err"}) {
+      w.File(ib / "hw_counters" / name, "0\n");
+    }
+    for (const char* name : {"tx_bytes",
+                             "tx_pkts",
+                             "rx_bytes",
+                             "rx_pkts",
+                             "rx_drops",
+                             "send_bytes",
+                             "send_wrs",
+                             "recv_bytes",
+                             "recv_wrs",
+                             "rdma_read_wrs",
+                             "rdma_read_bytes",
+                             "rdma_read_wr_err",
+                             "rdma_read_resp_bytes",
+                             "rdma_write_wrs",
+                             "rdma_write_bytes",
+                             "rdma_write_wr_err",
+                             "rdma_write_recv_bytes",
+                             "retrans_bytes",
+                             "retrans_pkts",
+                             "retrans_timeout_events",
+                             "unresponsive_remote_events",
+                             "impaired_remote_conn_events"}) {
+      w.File(ib / "ports/1/hw_counters" / name, "0\n");
+    }
+    w.File(ib / "hw_counters/lifespan", "10\n");
+    w.File(ib / "ports/1/hw_counters/lifespan", "10\n");
+  }
+
   void VerbsDevice(const fs::path& pci_dir, const Endpoint& ep, const std::string& ibdev,
                    int uverbs) {
     const std::string bdf = ep.addr.ToString();
@@ -332,6 +369,7 @@ struct Machine {
     w.File(ib / "ports/1/link_layer", ep.kind == Kind::kEfa ? "Unspecified\n" : "InfiniBand\n");
     w.Link(ib / "device", pci_dir);
     w.Link(sys / "class/infiniband" / ibdev, ib);
+    if (ep.kind == Kind::kEfa) EfaCounters(ib);
     const std::string name = absl::StrCat("uverbs", uverbs);
     const fs::path uv = pci_dir / "infiniband_verbs" / name;
     w.File(uv / "ibdev", ibdev + "\n");
@@ -369,6 +407,28 @@ absl::Status RestoreUverbsNode(const std::string& root, int uverbs) {
     return absl::NotFoundError(absl::StrCat(dev_file.string(), ": no \"major:minor\""));
   }
   return MakeCharDevice(fs::path(root) / "dev/infiniband" / name, major, minor);
+}
+
+absl::Status SetEfaCounter(const std::string& root, const std::string& ibdev,
+                           const std::string& name, uint64_t value) {
+  const fs::path dev = fs::path(root) / "sys/class/infiniband" / ibdev;
+  fs::path path = dev / "hw_counters" / name;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) path = dev / "ports/1/hw_counters" / name;
+  if (!fs::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat(dev.string(), ": no counter ", name,
+                                            " in hw_counters or ports/1/hw_counters"));
+  }
+  // Whole values only, as sysfs shows them: write aside, then rename.
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << value << "\n";
+    if (!out) return absl::InternalError(absl::StrCat(tmp.string(), ": cannot write"));
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::ErrnoToStatus(ec.value(), path.string());
+  return absl::OkStatus();
 }
 
 std::string VerbsName(Kind kind, const PciAddress& addr, int index, Naming naming) {

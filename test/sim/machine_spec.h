@@ -71,6 +71,13 @@ absl::Status MakeCharDevice(const std::filesystem::path& path, unsigned major, u
 // it, as a device going away does).
 absl::Status RestoreUverbsNode(const std::string& root, int uverbs);
 
+// Sets the efa counter `name` of verbs device `ibdev` (in
+// root/sys/class/infiniband/<ibdev>/hw_counters or ports/1/hw_counters,
+// wherever the simulated driver has it) to `value`, atomically. NotFound
+// when the device has no such counter.
+absl::Status SetEfaCounter(const std::string& root, const std::string& ibdev,
+                           const std::string& name, uint64_t value);
+
 // The UUID the simulated NVIDIA driver gives the GPU at `addr` (listed in
 // ROOT/proc/driver/nvidia/gpus/<bdf>/information, as on a real node).
 std::string SimGpuUuid(const PciAddress& addr);

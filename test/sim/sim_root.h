@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "test/sim/machine_spec.h"
 #include "topology/sysfs.h"
@@ -31,10 +32,23 @@ class SimRoot {
   std::filesystem::path sys() const { return path_ / "sys"; }
   std::filesystem::path xml() const { return path_ / "hwloc.xml"; }
   topology::HostRoots roots() const { return {path_ / "sys", path_ / "dev", path_ / "proc"}; }
+  // The daemon's flags for this machine: its roots, the kubelet directory
+  // <path>/kubelet and the CDI spec dir <path>/etc/cdi.
+  std::vector<std::string> DaemonFlags() const {
+    return {
+        "--kubelet-dir",   (path_ / "kubelet").string(), "--sysfs-root", sys().string(),
+        "--dev-root",      (path_ / "dev").string(),     "--proc-root",  (path_ / "proc").string(),
+        "--cdi-spec-dirs", (path_ / "etc/cdi").string()};
+  }
   // Puts dev/infiniband/uverbsN back as its character device; throws on
   // failure.
   void RestoreUverbs(int n) const {
     auto status = RestoreUverbsNode(path_.string(), n);
+    if (!status.ok()) throw std::runtime_error(std::string(status.message()));
+  }
+  // Sets an efa counter of `ibdev` (SetEfaCounter); throws on failure.
+  void SetCounter(const std::string& ibdev, const std::string& name, uint64_t value) const {
+    auto status = SetEfaCounter(path_.string(), ibdev, name, value);
     if (!status.ok()) throw std::runtime_error(std::string(status.message()));
   }
 

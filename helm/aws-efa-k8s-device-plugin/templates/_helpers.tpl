@@ -127,6 +127,12 @@ defaults win; the options the chart's mounts depend on are always written.
 {{- if not (kindIs "invalid" .Values.sharing.renameByDefault) }}
 {{- $_ := set $cfg "sharingRenameByDefault" .Values.sharing.renameByDefault }}
 {{- end }}
+{{- range $key, $option := dict "enabled" "deviceHealth" "keepAliveTimeout" "deviceHealthKeepAliveTimeout" "adminErrors" "deviceHealthAdminErrors" "holdDown" "deviceHealthHoldDown" }}
+{{- $v := index $.Values.deviceHealth $key }}
+{{- if not (kindIs "invalid" $v) }}
+{{- $_ := set $cfg $option $v }}
+{{- end }}
+{{- end }}
 {{- if include "efa.lateBinding" . }}
 {{- $_ := set $cfg "cdiDir" .Values.alignment.cdiDir }}
 {{- end }}

@@ -1,0 +1,166 @@
+// The EFAs' own counters (topology/efa_counters.h) turned into what an
+// operator asks: how much each EFA, and each container holding EFAs, moves;
+// which running containers' EFAs moved nothing for a while (NCCL or
+// libfabric fell back to TCP); and, opt-in, which EFAs stopped working by
+// the device's own account (README, "EFA traffic and device health").
+//
+// Reads happen only when asked (Sample(): a scrape, or the daemon's health
+// check when device health is on), at most once per interval; in between
+// the last read is answered. Idle detection and device health are judged at
+// each read.
+//
+//   EfaCounterMonitor counters(options);
+//   counters.SetDevices(inventory.devices);        // after each scan
+//   auto snapshot = counters.Sample();             // on a scrape
+//   auto problems = counters.HealthProblems();     // when listing devices
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "topology/efa_counters.h"
+#include "topology/efa_device.h"
+
+namespace efa::plugin {
+
+// A container and the physical EFAs it holds now.
+struct EfaHolder {
+  std::string pod_namespace;
+  std::string pod;
+  std::string container;
+  std::vector<std::string> efas;  // ibdev names (in a snapshot: in PCI order)
+  std::string Name() const { return pod_namespace + "/" + pod + "/" + container; }
+};
+
+// Which containers hold EFAs now; an error when that cannot be told.
+using EfaHoldersFn = std::function<absl::StatusOr<std::vector<EfaHolder>>()>;
+
+// Device health from the counters (opt-in).
+struct DeviceHealthOptions {
+  bool enabled = false;
+  // keep_alive_rcvd not advancing this long: Unhealthy.
+  std::chrono::milliseconds keep_alive_timeout{60000};
+  // cmds_err rising by this many between two reads: Unhealthy.
+  int admin_errors = 10;
+  // Healthy again only after this long without a problem.
+  std::chrono::milliseconds hold_down{300000};
+};
+
+struct EfaCounterMonitorOptions {
+  std::filesystem::path sysfs_root = "/sys";
+  // The least time between two reads of the counters.
+  std::chrono::milliseconds interval{15000};
+  // A held EFA that moved no bytes this long is idle.
+  std::chrono::milliseconds idle_timeout{600000};
+  DeviceHealthOptions health;
+  // Null: no per-container view and no idle detection.
+  EfaHoldersFn holders;
+  // Runs (on the reading thread, no lock held) when the EFAs device health
+  // holds Unhealthy change. Null: nothing.
+  std::function<void()> on_health_change;
+  // Null: std::chrono::steady_clock::now.
+  std::function<std::chrono::steady_clock::time_point()> now;
+};
+
+// One read of the counters and what was judged from it. Immutable.
+struct EfaCounterSnapshot {
+  struct Efa {
+    topology::EfaDevice device;
+    topology::EfaCounterValues counters;
+    // Device health: why it holds this EFA Unhealthy ("" when it does
+    // not), and the kind of problem: "keep_alive" or "admin_errors".
+    std::string unhealthy;
+    std::string unhealthy_kind;
+  };
+  struct Container {
+    EfaHolder holder;
+    std::vector<std::string> idle;  // its EFAs that moved no bytes for the idle timeout
+  };
+  std::vector<Efa> efas;  // as SetDevices gave them
+  std::vector<Container> containers;
+  int64_t reads = 0;  // reads of the counters since start
+};
+
+class EfaCounterMonitor {
+ public:
+  explicit EfaCounterMonitor(EfaCounterMonitorOptions options);
+
+  // The EFAs to read from now on: those present (found by the latest scan).
+  // Thread-safe; never waits for a read.
+  void SetDevices(std::vector<topology::EfaDevice> devices);
+
+  // The counters, read now unless the latest read is younger than the
+  // interval (then that one). The first call reads. Judges idle EFAs and,
+  // when enabled, device health at each read, logging each change once.
+  // Thread-safe: concurrent callers wait for one read.
+  std::shared_ptr<const EfaCounterSnapshot> Sample();
+
+  // ibdev -> why device health holds it Unhealthy now (empty when disabled).
+  // Thread-safe; never waits for a read.
+  std::map<std::string, std::string> HealthProblems() const;
+
+  // Holders from the kubelet's pod-resources API at `socket` (List, rate
+  // limited): the containers holding `resource`, their device IDs mapped to
+  // physical EFAs by `physical` (nullopt: not bound yet, left out).
+  static EfaHoldersFn PodResourcesHolders(
+      const std::filesystem::path& socket, const std::string& resource,
+      std::function<std::optional<std::vector<std::string>>(const std::vector<std::string>&)>
+          physical);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // What one EFA's earlier reads left to judge the next by.
+  struct EfaState {
+    std::optional<uint64_t> bytes;  // tx_bytes + rx_bytes
+    Clock::time_point moved;        // when `bytes` last changed (or was first read)
+    std::optional<uint64_t> keep_alive;
+    Clock::time_point keep_alive_moved;
+    bool keep_alive_advanced = false;  // seen advancing at least once
+    std::optional<uint64_t> cmds_err;
+    std::optional<uint64_t> no_completion;
+    std::string reported;                         // why it is held Unhealthy ("": it is not)
+    std::string reported_kind;                    // "keep_alive", "admin_errors"
+    std::optional<Clock::time_point> good_since;  // problem-free since (hold-down)
+  };
+  struct HolderState {
+    std::map<std::string, Clock::time_point> since;  // EFA -> first seen held
+    std::set<std::string> idle;                      // as last judged
+  };
+
+  Clock::time_point Now() const;
+  // Judges one EFA's device health from a read; true when what is
+  // reported changed.
+  bool JudgeHealth(const std::string& ibdev, const topology::EfaCounterValues& values,
+                   Clock::time_point now, EfaState& state) const;
+  // Judges the idle EFAs of each holder and logs what changed.
+  std::vector<EfaCounterSnapshot::Container> JudgeIdle(const std::vector<EfaHolder>& holders,
+                                                       Clock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
+
+  const EfaCounterMonitorOptions options_;
+
+  // Serializes reads; the state they judge by.
+  absl::Mutex read_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::map<std::string, EfaState> efa_state_ ABSL_GUARDED_BY(read_mu_);        // by ibdev
+  std::map<std::string, HolderState> holder_state_ ABSL_GUARDED_BY(read_mu_);  // by Name()
+  std::vector<EfaHolder> holders_ ABSL_GUARDED_BY(read_mu_);                   // the last known
+
+  mutable absl::Mutex mu_;
+  std::vector<topology::EfaDevice> devices_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const EfaCounterSnapshot> latest_ ABSL_GUARDED_BY(mu_);
+  Clock::time_point read_at_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> problems_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace efa::plugin

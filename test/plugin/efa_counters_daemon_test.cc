@@ -1,0 +1,317 @@
+// The daemon binary on a simulated p4d whose EFA counters the test moves,
+// against the fake kubelet (device plugin and pod-resources APIs over real
+// unix sockets), scraped over real HTTP: per-EFA and per-container traffic,
+// idle EFAs and device health from the counters.
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "test/bench/child_process.h"
+#include "test/fake_kubelet/fake_kubelet.h"
+#include "test/plugin/exposition.h"
+#include "test/sim/sim_root.h"
+#include "test/temp_dir.h"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using efa::bench::ChildProcess;
+using efa::sim::SimRoot;
+using efa::testing::FakeKubelet;
+using efa::testing::ParseMetrics;
+using efa::testing::ReadFile;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+constexpr auto kDeadline = 10s;
+// The p4d's EFAs in PCI order, with their series' device labels.
+const std::vector<std::string> kEfas = {"rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"};
+const std::map<std::string, std::string> kEfaLabels = {
+    {"rdmap16s27", "efa=\"rdmap16s27\",pci_address=\"0000:10:1b.0\",numa_node=\"0\""},
+    {"rdmap32s27", "efa=\"rdmap32s27\",pci_address=\"0000:20:1b.0\",numa_node=\"0\""},
+    {"rdmap144s27", "efa=\"rdmap144s27\",pci_address=\"0000:90:1b.0\",numa_node=\"1\""},
+    {"rdmap160s27", "efa=\"rdmap160s27\",pci_address=\"0000:a0:1b.0\",numa_node=\"1\""}};
+using Metrics = std::map<std::string, double>;
+
+std::string Series(const std::string& name, const std::string& labels) {
+  return absl::StrCat("efa_device_plugin_", name, "{", labels, "}");
+}
+std::string ContainerLabels(const std::string& pod, const std::string& efa) {
+  return absl::StrCat("namespace=\"default\",pod=\"", pod, "\",container=\"main\",",
+                      kEfaLabels.at(efa));
+}
+
+// `ids` in PCI order.
+std::vector<std::string> PciOrder(std::vector<std::string> ids) {
+  auto rank = [](const std::string& id) { return std::find(kEfas.begin(), kEfas.end(), id); };
+  std::sort(ids.begin(), ids.end(),
+            [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
+  return ids;
+}
+
+// A simulated p4d, the fake kubelet and the daemon binary with `flags`,
+// logging at info, serving /metrics on a free loopback port.
+class CounterNode {
+ public:
+  explicit CounterNode(const std::vector<std::string>& flags,
+                       const std::function<void(SimRoot&)>& prepare = nullptr)
+      : sim_("p4d.24xlarge"), kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")) {
+    if (prepare) prepare(sim_);
+    REQUIRE(kubelet_.Start().ok());
+    std::vector<std::string> args{EFA_PLUGIN_BINARY};
+    for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
+    args.insert(args.end(), {"--metrics-address", "127.0.0.1:0", "--probe-address", ""});
+    args.insert(args.end(), flags.begin(), flags.end());
+    daemon_ = std::make_unique<ChildProcess>(args, log_path());
+    REQUIRE(kubelet_.WaitForRegistrations(kEfa, 1, kDeadline));
+    REQUIRE(kubelet_.WaitForStreaming(kEfa, true, kDeadline));
+    REQUIRE(WaitLog("serving /metrics, /healthz and /readyz on "));
+    const std::string log = ReadFile(log_path());
+    const size_t at = log.find("(port ", log.find("serving /metrics"));
+    REQUIRE(at != std::string::npos);
+    port_ = std::atoi(log.c_str() + at + 6);
+  }
+  ~CounterNode() { daemon_->Stop(kDeadline); }
+
+  SimRoot& sim() { return sim_; }
+  FakeKubelet& kubelet() { return kubelet_; }
+  fs::path log_path() const { return sim_.path() / "daemon.log"; }
+
+  Metrics Scrape() {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_connection_timeout(5s);
+    client.set_read_timeout(5s);
+    auto reply = client.Get("/metrics");
+    return reply && reply->status == 200 ? ParseMetrics(reply->body) : Metrics{};
+  }
+  // Scrapes until `want` holds (each scrape may read the counters anew).
+  bool WaitScrape(const std::function<bool(const Metrics&)>& want) {
+    Metrics m;
+    for (const auto deadline = Clock::now() + kDeadline; Clock::now() < deadline;) {
+      m = Scrape();
+      if (want(m)) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+  // Log lines containing `text`.
+  int LogLines(const std::string& text) const {
+    std::istringstream in(ReadFile(log_path()));
+    int n = 0;
+    for (std::string line; std::getline(in, line);) n += line.find(text) != std::string::npos;
+    return n;
+  }
+  bool WaitLog(const std::string& text) const {
+    for (const auto deadline = Clock::now() + kDeadline; Clock::now() < deadline;) {
+      if (LogLines(text) > 0) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    UNSCOPED_INFO("no log line with: " << text << "\nlog:\n" << ReadFile(log_path()));
+    return false;
+  }
+  // The EFAs of an admitted container of one pod.
+  std::vector<std::string> Admit(const std::string& pod, int efas) {
+    auto admitted = kubelet_.AdmitContainer(pod, "default", "uid-" + pod, "main", {{kEfa, efas}});
+    REQUIRE(admitted.ok());
+    return PciOrder(admitted->allocations.at(0).device_ids);
+  }
+  bool WaitHealth(const std::map<std::string, std::string>& want) {
+    return kubelet_.WaitForDevices(
+        kEfa,
+        [&](const std::vector<v1beta1::Device>& devices) {
+          std::map<std::string, std::string> health;
+          for (const auto& d : devices) health[d.id()] = d.health();
+          for (const auto& [id, h] : want) {
+            if (health[id] != h) return false;
+          }
+          return true;
+        },
+        kDeadline);
+  }
+
+ private:
+  SimRoot sim_;
+  FakeKubelet kubelet_;
+  std::unique_ptr<ChildProcess> daemon_;
+  int port_ = 0;
+};
+
+// The simulated driver of the node's EFAs: raises a counter of each running
+// EFA every 20 ms, as a device posting keep-alives or moving bytes does.
+class Ticker {
+ public:
+  Ticker(SimRoot& sim, std::string counter, std::vector<std::string> efas)
+      : sim_(sim), counter_(std::move(counter)), efas_(std::move(efas)) {
+    thread_ = std::thread([this] {
+      for (uint64_t value = 1; !stop_; ++value) {
+        for (size_t i = 0; i < efas_.size(); ++i) {
+          if (!paused_[i]) sim_.SetCounter(efas_[i], counter_, value);
+        }
+        std::this_thread::sleep_for(20ms);  // the device's pace, not a wait
+      }
+    });
+  }
+  ~Ticker() {
+    stop_ = true;
+    thread_.join();
+  }
+  void Pause(size_t i, bool paused) { paused_[i] = paused; }
+
+ private:
+  SimRoot& sim_;
+  const std::string counter_;
+  const std::vector<std::string> efas_;
+  std::atomic<bool> paused_[4] = {};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "The daemon binary reads the EFA counters only when scraped and serves them per EFA and per "
+    "container; a missing counter file is counted",
+    "[counters][daemon][process][concurrency]") {
+  // rdmap160s27's driver has no port counters (an older kernel).
+  CounterNode node({"--counter-interval", "1h"}, [](SimRoot& sim) {
+    fs::remove_all(sim.sys() / "class/infiniband/rdmap160s27/ports/1/hw_counters");
+  });
+  node.sim().SetCounter("rdmap16s27", "tx_bytes", 4096);
+  node.sim().SetCounter("rdmap16s27", "rx_bytes", 1024);
+  node.sim().SetCounter("rdmap32s27", "rdma_write_bytes", 65536);
+  const std::vector<std::string> held = node.Admit("train-0", 2);
+
+  // The first read is the first scrape's, although the daemon has run.
+  const Metrics m = node.Scrape();
+  CHECK(m.at("efa_device_plugin_efa_counter_reads_total") == 1);
+  CHECK(m.at(Series("efa_tx_bytes_total", kEfaLabels.at("rdmap16s27"))) == 4096);
+  CHECK(m.at(Series("efa_rx_bytes_total", kEfaLabels.at("rdmap16s27"))) == 1024);
+  CHECK(m.at(Series("efa_rdma_write_bytes_total", kEfaLabels.at("rdmap32s27"))) == 65536);
+  CHECK(m.at(Series("efa_keep_alive_rcvd_total", kEfaLabels.at("rdmap144s27"))) == 0);
+  // Traffic of the container's EFAs, labelled with the container.
+  REQUIRE(held.size() == 2);
+  for (const std::string& efa : held) {
+    CAPTURE(efa);
+    for (const char* name :
+         {"efa_tx_bytes_total", "efa_rx_bytes_total", "efa_rdma_write_bytes_total"}) {
+      CHECK(m.at(Series(absl::StrCat("container_", name), ContainerLabels("train-0", efa))) ==
+            m.at(Series(name, kEfaLabels.at(efa))));
+    }
+  }
+  CHECK(m.at(Series("container_idle_efas",
+                    "namespace=\"default\",pod=\"train-0\",container=\"main\"")) == 0);
+  // The missing port counters: counted, absent, nothing else affected.
+  CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap160s27\",reason=\"missing\"")) == 12);
+  CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap160s27\",reason=\"error\"")) == 0);
+  CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap16s27\",reason=\"missing\"")) == 0);
+  CHECK(m.count(Series("efa_tx_bytes_total", kEfaLabels.at("rdmap160s27"))) == 0);
+  CHECK(m.at(Series("efa_keep_alive_rcvd_total", kEfaLabels.at("rdmap160s27"))) == 0);
+  CHECK(m.at("efa_device_plugin_devices{health=\"healthy\"}") == 4);
+
+  // Within the interval a scrape is answered from the last read.
+  node.sim().SetCounter("rdmap16s27", "tx_bytes", 8192);
+  const Metrics again = node.Scrape();
+  CHECK(again.at("efa_device_plugin_efa_counter_reads_total") == 1);
+  CHECK(again.at(Series("efa_tx_bytes_total", kEfaLabels.at("rdmap16s27"))) == 4096);
+}
+
+TEST_CASE("A running pod's EFAs that move no bytes are reported idle once, until bytes move",
+          "[counters][daemon][process][concurrency]") {
+  CounterNode node({"--counter-interval", "100ms", "--idle-timeout", "1s"});
+  const std::vector<std::string> held = node.Admit("train-0", 2);
+  REQUIRE(held.size() == 2);
+  const std::string idle =
+      Series("container_idle_efas", "namespace=\"default\",pod=\"train-0\",container=\"main\"");
+  REQUIRE(node.WaitScrape([&](const Metrics& m) { return m.count(idle) && m.at(idle) == 2; }));
+  const std::string warning = absl::StrCat(
+      "allocated EFAs idle: possible TCP fallback: pod default/train-0 container main: EFAs ",
+      absl::StrJoin(held, ","), " (2 of its 2) moved no bytes for 1s");
+  CHECK(node.LogLines(warning) == 1);
+
+  {
+    // Traffic on the first EFA: it is no longer idle, the other still is.
+    Ticker traffic(node.sim(), "tx_bytes", {held[0]});
+    const std::string tx =
+        Series("container_efa_tx_bytes_total", ContainerLabels("train-0", held[0]));
+    CHECK(node.WaitScrape([&](const Metrics& m) {
+      return m.count(idle) && m.at(idle) == 1 && m.count(tx) && m.at(tx) > 0;
+    }));
+    CHECK(
+        node.WaitLog(absl::StrCat("allocated EFAs moving bytes again: pod default/train-0 "
+                                  "container main: EFAs ",
+                                  held[0], " (still idle: ", held[1], ")")));
+  }
+  CHECK(node.LogLines(warning) == 1);
+
+  // The pod goes: so do its series.
+  REQUIRE(node.kubelet().RemovePod("uid-train-0").ok());
+  CHECK(node.WaitScrape([&](const Metrics& m) { return m.count(idle) == 0; }));
+}
+
+TEST_CASE(
+    "With device health on, an EFA whose keep-alives stop or whose admin commands fail is "
+    "Unhealthy until it has recovered for the hold-down",
+    "[counters][health][daemon][process][concurrency]") {
+  CounterNode node({"--device-health", "--device-health-keep-alive-timeout", "2s",
+                    "--device-health-hold-down", "1s", "--counter-interval", "100ms"});
+  Ticker keep_alive(node.sim(), "keep_alive_rcvd", kEfas);
+  const std::map<std::string, std::string> all_healthy = {{"rdmap16s27", "Healthy"},
+                                                          {"rdmap32s27", "Healthy"},
+                                                          {"rdmap144s27", "Healthy"},
+                                                          {"rdmap160s27", "Healthy"}};
+  REQUIRE(node.WaitHealth(all_healthy));
+  // Keep-alives are judged once seen advancing: two reads that differ.
+  const std::string first_keep_alive =
+      Series("efa_keep_alive_rcvd_total", kEfaLabels.at("rdmap16s27"));
+  double seen = 0;
+  REQUIRE(node.WaitScrape([&](const Metrics& m) {
+    seen = m.count(first_keep_alive) ? m.at(first_keep_alive) : 0;
+    return seen > 0;
+  }));
+  REQUIRE(node.WaitScrape([&](const Metrics& m) {
+    return m.count(first_keep_alive) && m.at(first_keep_alive) > seen;
+  }));
+
+  // The first EFA's keep-alives stop. No scrape: the daemon reads by itself.
+  keep_alive.Pause(0, true);
+  auto want = all_healthy;
+  want["rdmap16s27"] = "Unhealthy";
+  CHECK(node.WaitHealth(want));
+  CHECK(node.WaitLog(
+      "EFA rdmap16s27 is unhealthy by its counters: keep_alive_rcvd has not advanced for 2s"));
+  const Metrics m = node.Scrape();
+  CHECK(m.at(Series("efa_unhealthy_by_counters", "efa=\"rdmap16s27\",reason=\"keep_alive\"")) == 1);
+  CHECK(m.at("efa_device_plugin_devices{health=\"unhealthy\"}") == 1);
+  keep_alive.Pause(0, false);
+  CHECK(node.WaitHealth(all_healthy));
+  CHECK(node.WaitLog("EFA rdmap16s27 is healthy again by its counters: no problem for 1s"));
+
+  // Ten admin commands of the second EFA fail at once.
+  node.sim().SetCounter("rdmap32s27", "cmds_err", 10);
+  want = all_healthy;
+  want["rdmap32s27"] = "Unhealthy";
+  CHECK(node.WaitHealth(want));
+  CHECK(node.WaitHealth(all_healthy));
+  CHECK(node.LogLines("EFA rdmap32s27 is unhealthy by its counters: admin commands failing: "
+                      "cmds_err rose by 10 since the last read (limit 10)") == 1);
+  CHECK(node.LogLines("EFA rdmap32s27 is healthy again by its counters") == 1);
+  // Each change said once; the other EFAs were never judged unhealthy.
+  CHECK(node.LogLines("EFA rdmap16s27 is unhealthy by its counters") == 1);
+  CHECK(node.LogLines("EFA rdmap144s27 is unhealthy") == 0);
+  CHECK(node.LogLines("EFA rdmap160s27 is unhealthy") == 0);
+}
