@@ -184,8 +184,8 @@ class Ticker {
 }  // namespace
 
 TEST_CASE(
-    "The daemon binary reads the EFA counters only when scraped and serves them per EFA and per "
-    "container; a missing counter file is counted",
+    "The daemon binary reads the EFA counters only when scraped, serves them per EFA and per "
+    "container, and counts a missing counter file",
     "[counters][daemon][process][concurrency]") {
   // rdmap160s27's driver has no port counters (an older kernel).
   CounterNode node({"--counter-interval", "1h"}, [](SimRoot& sim) {
