@@ -31,6 +31,8 @@ namespace {
 
 constexpr auto kRegisterTimeout = std::chrono::seconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(8000);
+// Periodic passes between two full rescans when nothing seemed to change.
+constexpr int kFullRescanEvery = 6;
 
 void CloseFd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -211,6 +213,7 @@ void Daemon::Stop() {
 void Daemon::Rescan() {
   // libibverbs' own list (MarkVerbsProviders) is for the inventory command
   // only: it would load the verbs providers and read sysfs again.
+  passes_since_rescan_ = 0;
   fingerprint_ = topology::DiscoveryFingerprint(options_.roots);  // first: a change after shows
   inventory_ = topology::DiscoverEfaDevices(options_.roots);
   const topology::Inventory& inv = inventory_;
@@ -534,8 +537,12 @@ void Daemon::PeriodicCheck() {
   // The fallback for changes no uevent or inotify event reported: a full
   // discovery of a p5 costs about a thousand system calls, its fingerprint
   // a tenth of that.
+  // Every sixth pass rescans in full all the same: the attributes the
+  // fingerprint leaves out (vendor, device, NUMA node) change only with the
+  // device, or when its sysfs breaks.
   const bool guards_changed = CheckGuards();
-  if (guards_changed || topology::DiscoveryFingerprint(options_.roots) != fingerprint_) {
+  if (guards_changed || ++passes_since_rescan_ >= kFullRescanEvery ||
+      topology::DiscoveryFingerprint(options_.roots) != fingerprint_) {
     Rescan();
   } else {
     WatchDeviceDirs();  // a device directory created since

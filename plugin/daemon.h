@@ -223,7 +223,8 @@ class Daemon {
   std::string model_key_;                                   // the EFAs model_ was built from
   bool model_stale_ = false;                                // the EFAs changed since
   bool serving_started_ = false;                            // the first EFA was seen
-  std::string fingerprint_;  // DiscoveryFingerprint at the latest rescan
+  std::string fingerprint_;      // DiscoveryFingerprint at the latest rescan
+  int passes_since_rescan_ = 0;  // periodic passes since
   std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
   std::chrono::steady_clock::time_point next_report_ =                  // alignment report retry
       std::chrono::steady_clock::time_point::max();
