@@ -531,7 +531,7 @@ check_6_alignment() {
       if [ -n "$said_of_pod" ]; then
         [ "$first" = "$GPU" ] \
           || why "the daemon aligned $pod with known accelerators although the kubelet allocated its EFAs first: $said_of_pod" || return 1
-        [ "$(grep -c . <<< "$said_of_pod")" -eq 1 ] && grep -qF "($gpu_pci)" <<< "$said_of_pod" \
+        [ "$(grep -c . <<< "$said_of_pod")" -eq 1 ] && grep -qF "(accelerators $gpu_pci)" <<< "$said_of_pod" \
           || why "the daemon's GetPreferredAllocation for $pod does not name its GPU $gpu_pci: $(flat "$said_of_pod")" || return 1
         named=$((named + 1))
       fi
