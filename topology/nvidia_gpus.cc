@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "topology/sysfs.h"
 
@@ -36,6 +37,16 @@ absl::StatusOr<NvidiaGpu> ParseNvidiaGpuInformation(std::string_view text,
   }
   if (!uuid || uuid->empty()) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": no \"GPU UUID:\" line"));
+  }
+  // The driver writes "GPU-" and hex groups, or "??" while it cannot read
+  // the UUID. Anything else could not be told from the device plugin's
+  // other ID forms ("<ID>::<replica>", "MIG-GPU-...", "<i>:<j>").
+  if (constexpr std::string_view kPrefix = "GPU-";
+      !uuid->starts_with(kPrefix) ||
+      !std::all_of(uuid->begin() + kPrefix.size(), uuid->end(),
+                   [](char c) { return absl::ascii_isxdigit(c) || c == '-'; })) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": GPU UUID \"",
+                                                   uuid->substr(0, 48), "\" is not \"GPU-<hex>\""));
   }
   if (!bus)
     return absl::InvalidArgumentError(

@@ -22,7 +22,8 @@ struct NvidiaGpu {
 
 // Parses one `information` file ("Model: ...", "GPU UUID: GPU-...",
 // "Bus Location: 0000:53:00.0", ...). Errors name `source` and the missing
-// or malformed line. Pure.
+// or malformed line; a UUID not of the driver's form "GPU-<hex and dashes>"
+// ("??" while the driver cannot read it) is malformed. Pure.
 absl::StatusOr<NvidiaGpu> ParseNvidiaGpuInformation(std::string_view text, std::string_view source);
 
 // Every GPU under `proc_root`/driver/nvidia/gpus, in PCI order (the order of

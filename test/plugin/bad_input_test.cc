@@ -788,8 +788,10 @@ TEST_CASE("A huge, directory or looping checkpoint file is refused naming the fi
 // /proc: the NVIDIA driver's GPU files and the NVIDIA device plugin's process
 // =============================================================================
 
-TEST_CASE("NVIDIA information files without a UUID or with a bad bus are left out by name",
-          "[bad-input]") {
+TEST_CASE(
+    "NVIDIA information files without a UUID, with a malformed UUID or a bad bus are left out by "
+    "name",
+    "[bad-input]") {
   SimRoot sim("p5.48xlarge");
   const fs::path gpus = sim.path() / "proc/driver/nvidia/gpus";
   std::vector<std::string> errors;
@@ -800,21 +802,29 @@ TEST_CASE("NVIDIA information files without a UUID or with a bad bus are left ou
   const fs::path second = gpus / baseline[1].pci.ToString() / "information";
   const fs::path third = gpus / baseline[2].pci.ToString() / "information";
   WriteFile(first, "Model: \t\t NVIDIA H100\nGPU UUID: \t \nBus Location: \t 0000:53:00.0\n");
-  WriteFile(second, "GPU UUID: \t GPU-x\nBus Location: \t 0000:64:00.0:garbage" +
+  WriteFile(second, "GPU UUID: \t GPU-a\nBus Location: \t 0000:64:00.0:garbage" +
                         std::string(100, 'z') + "\n");
   fs::remove(third);
   fs::create_directory(third);
+  // What the driver writes while it cannot read the UUID, and a UUID that
+  // would read as a replica ID "<ID>::<replica>".
+  const fs::path fourth = gpus / baseline[3].pci.ToString() / "information";
+  const fs::path fifth = gpus / baseline[4].pci.ToString() / "information";
+  WriteFile(fourth, "GPU UUID: \t ??\nBus Location: \t " + baseline[3].pci.ToString() + "\n");
+  WriteFile(fifth, "GPU UUID: \t GPU-1::2\nBus Location: \t " + baseline[4].pci.ToString() + "\n");
   const auto gpus_now = efa::topology::ReadNvidiaGpus(sim.path() / "proc", &errors);
-  CHECK(gpus_now.size() == 5);
+  CHECK(gpus_now.size() == 3);
   CHECK(errors ==
         std::vector<std::string>{
             first.string() + ": no \"GPU UUID:\" line",
             second.string() + ": Bus Location \"0000:64:00.0:garbagezzzzzzzzzzzz\" is not a PCI "
                               "address",
-            third.string() + ": Is a directory"});
+            third.string() + ": Is a directory",
+            fourth.string() + ": GPU UUID \"??\" is not \"GPU-<hex>\"",
+            fifth.string() + ": GPU UUID \"GPU-1::2\" is not \"GPU-<hex>\""});
   for (size_t i = 0; i < gpus_now.size(); ++i) {
-    CHECK(gpus_now[i].uuid == baseline[i + 3].uuid);
-    CHECK(gpus_now[i].pci == baseline[i + 3].pci);
+    CHECK(gpus_now[i].uuid == baseline[i + 5].uuid);
+    CHECK(gpus_now[i].pci == baseline[i + 5].pci);
   }
 }
 
