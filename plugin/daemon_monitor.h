@@ -30,9 +30,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/daemon.h"
-#include "plugin/efa_count.h"
-#include "plugin/http_server.h"
-#include "plugin/metrics.h"
+#include "plugin/ops/efa_count.h"
+#include "plugin/ops/http_server.h"
+#include "plugin/ops/metrics.h"
 #include "plugin/rpc_observer.h"
 
 namespace efa::plugin {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "plugin/cdi_spec.h"
+#include "plugin/alignment/cdi_spec.h"
 #include "topology/replica_id.h"
 
 namespace efa::plugin {

@@ -14,8 +14,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
-#include "plugin/alignment.h"
-#include "plugin/resource_name.h"
+#include "plugin/alignment/alignment.h"
+#include "plugin/kubelet/resource_name.h"
 #include "plugin/rpc_observer.h"
 #include "topology/device_table.h"
 #include "topology/efa_device.h"
@@ -34,7 +34,7 @@ inline constexpr char kUnhealthy[] = "Unhealthy";
 using TargetFinder = std::function<Targets(const topology::HostModel& model)>;
 
 // Late binding: binds physical EFAs for the kubelet's device IDs at
-// PreStartContainer (plugin/late_binder.h). Called on gRPC threads.
+// PreStartContainer (plugin/alignment/late_binder.h). Called on gRPC threads.
 using PreStartBinder = std::function<absl::Status(const topology::DeviceTable& table,
                                                   const std::vector<std::string>& kubelet_ids)>;
 
@@ -57,7 +57,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
 
 // The late-binding Allocate answer for one container: the request checked as
 // AllocateContainer does, answered with only the CDI device
-// vpc.amazonaws.com/efa=<claim> of its IDs (plugin/cdi_spec.h); the device
+// vpc.amazonaws.com/efa=<claim> of its IDs (plugin/alignment/cdi_spec.h); the device
 // nodes and environment come from the claim's CDI spec. Pure.
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainerLate(
     const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request);

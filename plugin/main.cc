@@ -12,9 +12,9 @@
 #include "plugin/config.h"
 #include "plugin/daemon.h"
 #include "plugin/daemon_monitor.h"
-#include "plugin/http_server.h"
-#include "plugin/logging.h"
-#include "plugin/topology_report.h"
+#include "plugin/ops/http_server.h"
+#include "plugin/ops/logging.h"
+#include "plugin/ops/topology_report.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 

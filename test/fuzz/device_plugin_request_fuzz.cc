@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "plugin/cdi_spec.h"
+#include "plugin/alignment/cdi_spec.h"
 #include "plugin/device_plugin_service.h"
 #include "test/fuzz/fuzz_check.h"
 

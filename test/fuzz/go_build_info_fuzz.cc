@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "plugin/go_build_info.h"
+#include "plugin/guards/go_build_info.h"
 #include "test/fuzz/fuzz_check.h"
 
 using namespace efa::plugin;

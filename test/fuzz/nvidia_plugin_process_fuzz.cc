@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "plugin/nvidia_plugin_process.h"
+#include "plugin/guards/nvidia_plugin_process.h"
 #include "test/fuzz/fuzz_check.h"
 
 using namespace efa::plugin;

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "absl/synchronization/mutex.h"
-#include "plugin/cdi_spec.h"
+#include "plugin/alignment/cdi_spec.h"
 #include "plugin/device_plugin_service.h"
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"

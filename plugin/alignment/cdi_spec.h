@@ -1,0 +1,82 @@
+// The CDI specs late binding writes: one file per claim (one container's EFA
+// allocation), <cdi-dir>/vpc.amazonaws.com-efa_<claim>.json, naming the one
+// CDI device vpc.amazonaws.com/efa=<claim>:
+//
+//   {"cdiVersion":"0.5.0","kind":"vpc.amazonaws.com/efa","devices":[{
+//     "name":"<claim>","containerEdits":{
+//       "deviceNodes":[{"path":"/dev/infiniband/uverbsN",
+//                       "hostPath":"<dev-root>/infiniband/uverbsN","permissions":"rw"},..],
+//       "env":["EFA_DEVICES=<ibdev>,..","EFA_PCI_ADDRESSES=<bdf>,.."]}}]}
+//
+// CDI 0.5.0 (the first with hostPath; containerd 1.7 reads it) has no room
+// for annotations, and runtimes parse specs strictly: the file holds nothing
+// else. The bound EFAs are read back from EFA_DEVICES.
+//
+// Everything here is pure except WriteFileAtomically. Thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "plugin/kubelet/resource_name.h"
+#include "topology/efa_device.h"
+
+namespace efa::plugin {
+
+inline constexpr const char* kCdiKind = kResourceName;
+inline constexpr char kCdiVersion[] = "0.5.0";
+// Environment variables a container is given (by Allocate, or by its CDI
+// spec): the allocated devices' ibdev names and PCI addresses,
+// comma-separated, in PCI order.
+inline constexpr char kEnvDevices[] = "EFA_DEVICES";
+inline constexpr char kEnvPciAddresses[] = "EFA_PCI_ADDRESSES";
+// Spec files are <prefix><claim><suffix>.
+inline constexpr char kCdiSpecPrefix[] = "vpc.amazonaws.com-efa_";
+inline constexpr char kCdiSpecSuffix[] = ".json";
+
+// The claim of a container's EFA allocation: "claim-" and 16 hex digits of
+// a 64-bit FNV-1a hash of the sorted device IDs the kubelet gave it. The
+// kubelet's live allocations are disjoint, so the ID set names one
+// allocation; independent of the IDs' order; stable across versions (it
+// names files that outlive the process).
+std::string ClaimName(std::vector<std::string> kubelet_ids);
+
+// "vpc.amazonaws.com/efa=<claim>", the CDI device the kubelet passes on.
+std::string CdiDeviceName(const std::string& claim);
+
+// "vpc.amazonaws.com-efa_<claim>.json".
+std::string CdiSpecFileName(const std::string& claim);
+
+// The claim a spec file name is for, or "" when it is not one of ours.
+std::string ClaimOfSpecFile(const std::string& file_name);
+
+// The spec binding `efas` (in the order given; the caller sorts them by PCI
+// address) to `claim`, as text ending in a newline.
+std::string CdiSpecJson(const std::string& claim, const std::vector<topology::EfaDevice>& efas);
+
+// The EFA device IDs (EFA_DEVICES) a spec for `claim` binds. `source` names
+// the file in messages, which start with it:
+//   "<source>: invalid JSON: ..."
+//   "<source>: kind: expected \"vpc.amazonaws.com/efa\", got \"x\""
+//   "<source>: devices: expected one device named \"claim-..\""
+//   "<source>: devices[0].containerEdits.env: no EFA_DEVICES"
+// Any bytes are safe to give it.
+absl::StatusOr<std::vector<std::string>> ParseCdiSpec(std::string_view json,
+                                                      const std::string& claim,
+                                                      const std::string& source);
+
+// Replaces `path` with `content` so that a reader sees the old file or the
+// new one, never a part: a temporary file in the same directory (a name
+// starting with '.' and ending in ".tmp", which CDI readers skip) written,
+// given `mode`, fsynced and renamed over `path`, then the directory fsynced.
+// On failure nothing is left behind and the message names the path that
+// failed first: "/var/run/cdi: Permission denied".
+absl::Status WriteFileAtomically(const std::filesystem::path& path, std::string_view content,
+                                 mode_t mode);
+
+}  // namespace efa::plugin

@@ -1,0 +1,358 @@
+#include "plugin/alignment/late_binder.h"
+
+#include <algorithm>
+#include <system_error>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "plugin/alignment/cdi_spec.h"
+#include "plugin/kubelet/kubelet_checkpoint.h"
+#include "spdlog/spdlog.h"
+#include "topology/allocation_policy.h"
+#include "topology/nvidia_gpus.h"
+#include "topology/sysfs.h"
+
+namespace efa::plugin {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr mode_t kSpecMode = 0644;  // the runtime reads it; only we write it
+// Our specs are a few hundred bytes; a larger file is not ours.
+constexpr size_t kMaxCdiSpecBytes = 64 * 1024;
+
+std::vector<std::string> Sorted(std::vector<std::string> ids) {
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+// "claim-.. (kubelet devices \"a\", \"b\")": how messages name a claim.
+std::string DescribeClaim(const std::string& claim, const std::vector<std::string>& ids) {
+  std::vector<std::string> quoted;
+  for (const std::string& id : ids) {
+    quoted.push_back(absl::StrCat("\"", absl::CHexEscape(id.substr(0, 64)), "\""));
+  }
+  return absl::StrCat(claim, " (kubelet devices ", absl::StrJoin(quoted, ", "), ")");
+}
+
+}  // namespace
+
+LateBinder::LateBinder(LateBinderOptions options)
+    : options_(std::move(options)),
+      pod_resources_(options_.kubelet_dir / "pod-resources/kubelet.sock", options_.pod_resources),
+      checkpoint_(options_.kubelet_dir / "device-plugins" / kCheckpointFile),
+      gpus_(options_.proc_root) {}
+
+fs::path LateBinder::SpecPath(const std::string& claim) const {
+  return options_.cdi_dir / CdiSpecFileName(claim);
+}
+
+int LateBinder::Recover() {
+  std::error_code ec;
+  std::vector<fs::path> files;
+  for (fs::directory_iterator it(options_.cdi_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (absl::StartsWith(name, std::string(".") + kCdiSpecPrefix) && absl::EndsWith(name, ".tmp")) {
+      // A write that a crash interrupted: never renamed, so never bound.
+      std::error_code remove_ec;
+      fs::remove(it->path(), remove_ec);
+      continue;
+    }
+    if (!ClaimOfSpecFile(name).empty()) files.push_back(it->path());
+  }
+  std::sort(files.begin(), files.end());
+  std::map<std::string, Binding> recovered;
+  std::map<std::string, std::vector<std::string>> owners_of;  // EFA -> claims
+  for (const fs::path& path : files) {
+    const std::string claim = ClaimOfSpecFile(path.filename().string());
+    absl::StatusOr<std::string> text = topology::ReadFileBounded(path, kMaxCdiSpecBytes);
+    absl::StatusOr<std::vector<std::string>> efas =
+        text.ok() ? ParseCdiSpec(*text, claim, path.string())
+                  : absl::StatusOr<std::vector<std::string>>(text.status());
+    if (!efas.ok()) {
+      std::error_code remove_ec;
+      fs::remove(path, remove_ec);
+      spdlog::error(
+          "late binding: cannot recover a binding from {}; {}: its EFAs are unknown and its "
+          "container gets new ones at its next start",
+          std::string(efas.status().message()),
+          remove_ec ? "could not remove it either (" + remove_ec.message() + ")" : "removed it");
+      continue;
+    }
+    for (const std::string& efa : *efas) {
+      std::vector<std::string>& owners = owners_of[efa];
+      owners.push_back(claim);
+      // With sharing, up to `replicas` claims bind one EFA.
+      if (static_cast<int>(owners.size()) > options_.replicas) {
+        spdlog::error(
+            "late binding: EFA {} is bound {} times, by {} and by {} ({} and {}): more "
+            "containers than its {} replica(s) may share it; each is bound afresh at its next "
+            "start",
+            efa, owners.size(), owners.front(), claim, SpecPath(owners.front()).string(),
+            path.string(), options_.replicas);
+      }
+    }
+    recovered[claim] = Binding{Sorted(*efas), "", *std::move(text), 0};
+  }
+  const int n = static_cast<int>(recovered.size());
+  absl::MutexLock lock(&mu_);
+  for (auto& [claim, binding] : recovered) {
+    spdlog::info("late binding: recovered {} (EFAs {}) from {}", claim,
+                 absl::StrJoin(binding.efas, ","), SpecPath(claim).string());
+    bindings_[claim] = std::move(binding);
+  }
+  counts_.recovered += n;
+  return n;
+}
+
+std::optional<LateBinder::Checkpointed> LateBinder::ReadCheckpointed(
+    const std::string& claim) const {
+  const auto read = checkpoint_.Get();
+  if (!read->ok()) return std::nullopt;
+  const KubeletCheckpoint* checkpoint = &**read;
+  Checkpointed out;
+  out.complete = checkpoint->skipped.empty();
+  for (ContainerDevices& c :
+       CheckpointedContainers(*checkpoint, options_.resources, options_.efa_resource)) {
+    if (c.efas.empty()) continue;
+    const std::string c_claim = ClaimName(c.efas);
+    out.claims.insert(c_claim);
+    // A stale entry of a deleted pod never shares its IDs with a live one
+    // (the kubelet frees them first), so a second match is not expected.
+    if (c_claim == claim && !out.container) out.container = std::move(c);
+  }
+  return out;
+}
+
+std::optional<std::set<std::string>> LateBinder::LiveClaims(
+    const absl::StatusOr<v1::ListPodResourcesResponse>& list,
+    const std::optional<Checkpointed>& checkpointed) const {
+  if (list.ok()) {
+    std::set<std::string> claims;
+    for (const ContainerDevices& c :
+         ContainersWithDevices(*list, options_.resources, options_.efa_resource)) {
+      if (!c.efas.empty()) claims.insert(ClaimName(c.efas));
+    }
+    return claims;
+  }
+  if (checkpointed && checkpointed->complete) return checkpointed->claims;
+  return std::nullopt;
+}
+
+void LateBinder::ReleaseLocked(const std::set<std::string>& live, uint64_t generation) {
+  for (auto it = bindings_.begin(); it != bindings_.end();) {
+    if (it->second.generation > generation || live.count(it->first)) {
+      ++it;
+      continue;
+    }
+    const fs::path path = SpecPath(it->first);
+    std::error_code ec;
+    fs::remove(path, ec);
+    if (ec) {
+      spdlog::warn("late binding: released {} (EFAs {}) but cannot remove {}: {}", it->first,
+                   absl::StrJoin(it->second.efas, ","), path.string(), ec.message());
+    } else {
+      spdlog::info("late binding: released {} (EFAs {}): no container holds its devices any more",
+                   it->first, absl::StrJoin(it->second.efas, ","));
+    }
+    ++counts_.released;
+    it = bindings_.erase(it);
+  }
+}
+
+void LateBinder::ReleaseGone() {
+  uint64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    if (bindings_.empty()) return;
+    generation = generation_;
+  }
+  // The supported API first; the checkpoint only when it is down.
+  const auto list = pod_resources_.List();
+  const auto live = LiveClaims(list, list.ok() ? std::nullopt : ReadCheckpointed(""));
+  if (!live) return;
+  absl::MutexLock lock(&mu_);
+  ReleaseLocked(*live, generation);
+}
+
+absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& described,
+                                   const std::string& spec) const {
+  const fs::path path = SpecPath(claim);
+  std::error_code ec;
+  fs::create_directories(options_.cdi_dir, ec);  // on failure the write names the problem
+  absl::Status written = WriteFileAtomically(path, spec, kSpecMode);
+  if (written.ok()) return written;
+  return absl::Status(written.code(), absl::StrCat("cannot write the CDI spec of ", described,
+                                                   " to ", path.string(), ": ", written.message()));
+}
+
+absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
+                                  const std::vector<std::string>& kubelet_ids) {
+  const std::string claim = ClaimName(kubelet_ids);
+  const std::string described = DescribeClaim(claim, kubelet_ids);
+  auto fail = [&](absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    ++counts_.failed;
+    spdlog::error("late binding: PreStartContainer failed: {}", std::string(status.message()));
+    return status;
+  };
+  if (kubelet_ids.empty()) {
+    return fail(absl::InvalidArgumentError("PreStartContainer names no devices"));
+  }
+
+  uint64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    generation = generation_;
+  }
+  // By PreStartContainer the kubelet has checkpointed every resource of the
+  // container: its accelerators are there, by pod UID and container name.
+  std::optional<Checkpointed> checkpointed = ReadCheckpointed(claim);
+  std::optional<ContainerDevices> container = checkpointed ? checkpointed->container : std::nullopt;
+  std::string owner = container ? container->pod_uid + "/" + container->container : "";
+  {
+    // A restart of the container it was bound for: same EFAs.
+    std::optional<absl::Status> kept;
+    std::vector<std::string> kept_efas;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = bindings_.find(claim);
+      if (it != bindings_.end() && !owner.empty() && it->second.owner == owner) {
+        kept = absl::OkStatus();
+        kept_efas = it->second.efas;
+        std::error_code ec;
+        if (!fs::exists(SpecPath(claim), ec)) {
+          kept = WriteSpec(claim, described, it->second.spec);
+        }
+        if (kept->ok()) ++counts_.kept;
+      }
+    }
+    if (kept && !kept->ok()) return fail(*kept);
+    if (kept) {
+      spdlog::info("late binding: {} of {} started again; keeping EFAs {}", described, owner,
+                   absl::StrJoin(kept_efas, ","));
+      return absl::OkStatus();
+    }
+  }
+  // Which bindings are live (to free the EFAs of gone ones), and the
+  // container when the checkpoint does not have it yet: the kubelet lists
+  // its devices in pod-resources as soon as they are allocated.
+  const auto list = pod_resources_.List(/*rate_limited=*/false);
+  const std::optional<std::set<std::string>> live = LiveClaims(list, checkpointed);
+  if (!container) {
+    if (list.ok()) {
+      const std::vector<std::string> wanted = Sorted(kubelet_ids);
+      for (ContainerDevices& c :
+           ContainersWithDevices(*list, options_.resources, options_.efa_resource)) {
+        if (Sorted(c.efas) == wanted) {
+          owner = "pod " + c.Name();
+          container = std::move(c);
+          break;
+        }
+      }
+    }
+  }
+  Targets targets;
+  if (container && !container->accelerators.empty()) {
+    const auto gpus = gpus_.Get(*table.model);
+    const std::vector<std::string>& errors = gpus->errors;
+    targets = ResolveTargets(container->accelerators, options_.resources, gpus->gpus, *table.model);
+    if (!targets.unresolved.empty()) {
+      spdlog::warn("late binding: cannot place accelerators {} of {}{}",
+                   absl::StrJoin(targets.unresolved, ", "), described,
+                   errors.empty() ? "" : " (" + absl::StrJoin(errors, "; ") + ")");
+    }
+  }
+
+  std::vector<std::string> efas;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    // Bindings of containers that no longer hold their IDs are gone, and
+    // their EFAs free.
+    if (live) ReleaseLocked(*live, generation);
+    std::map<std::string, int> taken;  // EFA -> claims bound to it
+    for (const auto& [other, binding] : bindings_) {
+      if (other == claim) continue;
+      for (const std::string& efa : binding.efas) ++taken[efa];
+    }
+    topology::AllocationRequest request;
+    for (const topology::EfaDevice& d : table.devices) {
+      auto uses = taken.find(d.ibdev);
+      if (!d.healthy() || (uses != taken.end() && uses->second >= table.replicas)) continue;
+      request.available.push_back(d.ibdev);
+      if (uses != taken.end() && table.replicas > 1) request.shared[d.ibdev] = uses->second;
+    }
+    // With sharing, a claim of more replicas than there are EFAs with room
+    // gets each of those once (a device node is given once anyway).
+    const size_t wanted = table.replicas > 1
+                              ? std::min(kubelet_ids.size(), request.available.size())
+                              : kubelet_ids.size();
+    request.size = static_cast<int>(wanted);
+    request.target_accelerators = targets.pci;
+    request.target_neuron_indices = targets.neuron_indices;
+    std::vector<topology::EfaDevice> devices;
+    // The policy was offered ibdev names: it answers physical EFAs, which
+    // with sharing are no device IDs.
+    for (const std::string& ibdev : topology::ChooseEfas(*table.model, request)) {
+      if (const topology::EfaDevice* d = table.FindPhysical(ibdev)) devices.push_back(*d);
+    }
+    if (devices.size() < wanted || devices.empty()) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat("cannot bind ", described, ": ", kubelet_ids.size(), " EFAs wanted, ",
+                       request.available.size(), " healthy and free (", taken.size(),
+                       " bound to other containers)"));
+    } else {
+      std::sort(devices.begin(), devices.end(),
+                [](const auto& a, const auto& b) { return a.pci < b.pci; });
+      for (const auto& d : devices) efas.push_back(d.ibdev);
+      std::string spec = CdiSpecJson(claim, devices);
+      status = WriteSpec(claim, described, spec);
+      if (status.ok()) {
+        bindings_[claim] = Binding{efas, owner, std::move(spec), ++generation_};
+        ++counts_.bound;
+      }
+    }
+  }
+  if (!status.ok()) return fail(status);
+  spdlog::info("late binding: bound {} of {} to EFAs {} ({})", described,
+               owner.empty() ? "an unknown container" : owner, absl::StrJoin(efas, ","),
+               DescribeTargets(targets));
+  if (options_.on_bound) options_.on_bound();
+  return absl::OkStatus();
+}
+
+std::optional<std::vector<std::string>> LateBinder::BoundEfas(
+    const std::vector<std::string>& kubelet_ids) const {
+  const std::string claim = ClaimName(kubelet_ids);
+  absl::MutexLock lock(&mu_);
+  auto it = bindings_.find(claim);
+  if (it == bindings_.end()) return std::nullopt;
+  return it->second.efas;
+}
+
+std::map<std::string, std::vector<std::string>> LateBinder::Bindings() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, std::vector<std::string>> out;
+  for (const auto& [claim, binding] : bindings_) out[claim] = binding.efas;
+  return out;
+}
+
+LateBindingCounts LateBinder::counts() const {
+  absl::MutexLock lock(&mu_);
+  return counts_;
+}
+
+bool LateBinder::WaitForCountsForTest(const std::function<bool(const LateBindingCounts&)>& pred,
+                                      std::chrono::milliseconds timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto holds = [&] {
+    mu_.AssertHeld();
+    return pred(counts_);
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&holds), absl::FromChrono(timeout));
+}
+
+}  // namespace efa::plugin

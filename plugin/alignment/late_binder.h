@@ -1,0 +1,145 @@
+// Late binding (README, "Alignment"): the kubelet's EFA device IDs are
+// tokens it counts; the physical EFAs are chosen at PreStartContainer, when
+// all of the container's resources are known, and handed to the runtime
+// through a CDI spec per container allocation (plugin/alignment/cdi_spec.h).
+//
+// The spec files in the CDI dir are the durable state: Recover() reads them
+// back after a restart. A binding is released when no container of the
+// kubelet's checkpoint holds its kubelet IDs any more. No physical EFA is
+// ever bound to two claims, or with sharing to more claims than its
+// replicas: each choice excludes the EFAs other bindings fill.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "plugin/alignment/alignment.h"
+#include "plugin/kubelet/checkpoint_cache.h"
+#include "plugin/alignment/nvidia_gpu_cache.h"
+#include "plugin/kubelet/pod_resources_client.h"
+#include "plugin/kubelet/resource_name.h"
+#include "topology/device_table.h"
+
+namespace efa::plugin {
+
+struct LateBinderOptions {
+  std::filesystem::path cdi_dir = "/var/run/cdi";
+  std::filesystem::path kubelet_dir = "/var/lib/kubelet";
+  std::filesystem::path proc_root = "/proc";
+  std::string efa_resource = kResourceName;
+  // Sharing: how many claims may bind one EFA (the table's replicas).
+  int replicas = 1;
+  AcceleratorResources resources;
+  PodResourcesClient::Options pod_resources;
+  // Runs after each new binding, on the thread that made it (a gRPC
+  // thread); must be quick. Null: nothing.
+  std::function<void()> on_bound;
+};
+
+// Counters since start.
+struct LateBindingCounts {
+  int bound = 0;      // PreStartContainer bound EFAs for a claim
+  int kept = 0;       // PreStartContainer found the claim bound already (container restart)
+  int failed = 0;     // PreStartContainer failed
+  int released = 0;   // bindings dropped (their pod is gone)
+  int recovered = 0;  // bindings read back from the CDI dir at start
+};
+
+class LateBinder {
+ public:
+  explicit LateBinder(LateBinderOptions options);
+
+  // Reads <cdi-dir>/vpc.amazonaws.com-efa_*.json back as bindings. A spec
+  // that cannot be parsed is logged and removed (the EFAs it bound are
+  // unknown; its container gets a fresh binding at its next start); two
+  // specs binding one EFA are logged as an error and both kept. Leftover
+  // temporary files are removed. Returns how many bindings were recovered.
+  // Call before serving.
+  int Recover();
+
+  // PreStartContainer for the kubelet's `kubelet_ids`: binds the physical
+  // EFAs of `table` (healthy, bound to no other claim) nearest the
+  // container's accelerators (from the kubelet checkpoint, else
+  // pod-resources; without any, the policy's placement) and writes the
+  // claim's CDI spec atomically. A claim already bound to the same container
+  // (a restart) keeps its EFAs (its spec is written again if missing); one
+  // bound to another container, or recovered after a restart, is bound
+  // afresh. Fails, naming the claim and the IDs, when there are not enough
+  // free healthy EFAs (FAILED_PRECONDITION) or the spec cannot be written
+  // (the error of the path that failed); then nothing is bound or written.
+  // Thread-safe.
+  absl::Status PreStart(const topology::DeviceTable& table,
+                        const std::vector<std::string>& kubelet_ids);
+
+  // Releases every binding older than this call whose kubelet IDs no
+  // container holds any more, deleting its spec. Which containers hold EFAs
+  // comes from pod-resources (List), else from the checkpoint; does nothing
+  // when neither can tell (pod-resources down and the checkpoint unreadable
+  // or with entries it had to skip, any of which may be a live claim's).
+  // Thread-safe.
+  void ReleaseGone();
+
+  // The physical EFAs bound for a container holding `kubelet_ids` (in PCI
+  // order), or nullopt when they are not bound. Thread-safe.
+  std::optional<std::vector<std::string>> BoundEfas(
+      const std::vector<std::string>& kubelet_ids) const;
+  // Claim -> its physical EFAs. Thread-safe.
+  std::map<std::string, std::vector<std::string>> Bindings() const;
+  LateBindingCounts counts() const;
+  std::filesystem::path SpecPath(const std::string& claim) const;
+
+  // Blocks until pred(counts()) holds or `timeout` passes; returns whether
+  // it held.
+  bool WaitForCountsForTest(const std::function<bool(const LateBindingCounts&)>& pred,
+                            std::chrono::milliseconds timeout) const;
+
+ private:
+  struct Binding {
+    std::vector<std::string> efas;  // physical, PCI order
+    // "<pod UID>/<container>" (or a pod-resources name); empty when
+    // unknown (recovered): then the next PreStartContainer binds afresh.
+    std::string owner;
+    std::string spec;         // the spec file's content
+    uint64_t generation = 0;  // bindings made after a release began are spared
+  };
+  // The claims of the checkpoint's containers and, when `claim` is one,
+  // that container; nullopt when the checkpoint cannot be read.
+  struct Checkpointed {
+    std::set<std::string> claims;
+    std::optional<ContainerDevices> container;
+    bool complete = true;  // no entry had to be skipped
+  };
+  std::optional<Checkpointed> ReadCheckpointed(const std::string& claim) const;
+  // The claims of the containers holding EFAs now: from `list` when it
+  // succeeded, else from `checkpointed` when it is complete; nullopt when
+  // neither can tell.
+  std::optional<std::set<std::string>> LiveClaims(
+      const absl::StatusOr<v1::ListPodResourcesResponse>& list,
+      const std::optional<Checkpointed>& checkpointed) const;
+  void ReleaseLocked(const std::set<std::string>& live, uint64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the claim's spec atomically; the error names the claim and path.
+  absl::Status WriteSpec(const std::string& claim, const std::string& described,
+                         const std::string& spec) const;
+
+  const LateBinderOptions options_;
+  PodResourcesClient pod_resources_;
+  mutable CheckpointCache checkpoint_;  // read once per change
+  NvidiaGpuCache gpus_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Binding> bindings_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  LateBindingCounts counts_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace efa::plugin

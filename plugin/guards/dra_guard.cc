@@ -1,0 +1,101 @@
+#include "plugin/guards/dra_guard.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace efa::plugin {
+namespace fs = std::filesystem;
+namespace {
+
+// 0 when something listens on the unix socket at `path`, else the errno.
+int ProbeSocket(const fs::path& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.native().size() >= sizeof addr.sun_path) return ENAMETOOLONG;
+  std::memcpy(addr.sun_path, path.c_str(), path.native().size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  int err = 0;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) err = errno;
+  ::close(fd);
+  // A full backlog (EAGAIN) still means a listener.
+  return err == EAGAIN || err == EINPROGRESS ? 0 : err;
+}
+
+}  // namespace
+
+absl::StatusOr<DraPolicy> ParseDraPolicy(std::string_view text) {
+  if (text == "yield") return DraPolicy::kYield;
+  if (text == "ignore") return DraPolicy::kIgnore;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dra policy \"", absl::CHexEscape(std::string(text)), "\": expected yield or ignore"));
+}
+
+std::string_view DraPolicyName(DraPolicy policy) {
+  switch (policy) {
+    case DraPolicy::kYield:
+      return "yield";
+    case DraPolicy::kIgnore:
+      return "ignore";
+  }
+  return "?";
+}
+
+bool IsDraRegistrationName(std::string_view file_name, std::string_view driver) {
+  constexpr std::string_view kSuffix = "-reg.sock";
+  if (driver.empty() || !file_name.starts_with(driver) || !file_name.ends_with(kSuffix)) {
+    return false;
+  }
+  std::string_view middle =
+      file_name.substr(driver.size(), file_name.size() - driver.size() - kSuffix.size());
+  if (middle.empty()) return true;
+  // "-" and a pod UID: 8-4-4-4-12 lower-case hex digits.
+  if (middle.size() != 37 || middle.front() != '-') return false;
+  middle.remove_prefix(1);
+  for (size_t i = 0; i < middle.size(); ++i) {
+    const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    const char c = middle[i];
+    if (dash ? c != '-' : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+DraReport DetectDraDriver(const fs::path& registry_dir, std::string_view driver) {
+  DraReport report;
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (fs::directory_iterator it(registry_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!IsDraRegistrationName(name, driver)) continue;
+    struct stat st;
+    if (::stat(it->path().c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    if (int err = ProbeSocket(it->path()); err != 0) {
+      ++report.refusing;
+      stale.push_back(absl::StrCat(it->path().string(),
+                                   ": refuses connections (stale: ", std::strerror(err), ")"));
+      continue;
+    }
+    report.present = true;
+    report.evidence = absl::StrCat(it->path().string(), ": the ", std::string(driver),
+                                   " DRA driver's registration socket accepts connections");
+    return report;
+  }
+  report.evidence = stale.empty() ? absl::StrCat("no ", std::string(driver),
+                                                 " registration socket in ", registry_dir.string())
+                                  : absl::StrJoin(stale, "; ");
+  return report;
+}
+
+}  // namespace efa::plugin

@@ -1,0 +1,230 @@
+#include "plugin/guards/mofed_guard.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "topology/sysfs.h"
+
+namespace efa::plugin {
+namespace fs = std::filesystem;
+namespace {
+
+// Findings listed per source before "and N more": enough to act on, short
+// enough for one log line.
+constexpr size_t kMaxFindings = 3;
+
+bool IsNvidiaResource(const std::string& resource) {
+  // nvidia.com/gpu, and the renamed or shared ones (nvidia.com/gpu.shared,
+  // nvidia.com/mig-1g.10gb): all come from the NVIDIA device plugin.
+  return absl::StartsWith(resource, "nvidia.com/");
+}
+
+std::string Describe(const NvidiaPluginProcess& p) {
+  return absl::StrCat("process ", p.pid, " (", kNvidiaPluginCommand, " ",
+                      p.version.empty() ? "version unknown" : p.version, ")");
+}
+
+const char* Bool(bool b) { return b ? "true" : "false"; }
+
+}  // namespace
+
+absl::StatusOr<MofedPolicy> ParseMofedPolicy(std::string_view text) {
+  if (text == "warn") return MofedPolicy::kWarn;
+  if (text == "protect") return MofedPolicy::kProtect;
+  if (text == "off") return MofedPolicy::kOff;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "mofed policy \"", absl::CHexEscape(std::string(text)), "\": expected warn, protect or off"));
+}
+
+std::string_view MofedPolicyName(MofedPolicy policy) {
+  switch (policy) {
+    case MofedPolicy::kWarn:
+      return "warn";
+    case MofedPolicy::kProtect:
+      return "protect";
+    case MofedPolicy::kOff:
+      return "off";
+  }
+  return "?";
+}
+
+std::string_view MofedStateName(MofedState state) {
+  switch (state) {
+    case MofedState::kOff:
+      return "off";
+    case MofedState::kOn:
+      return "on";
+    case MofedState::kUnknown:
+      return "unknown";
+  }
+  return "?";
+}
+
+std::optional<std::string> MofedInAllocResponse(const v1beta1::ContainerAllocateResponse& resp) {
+  if (auto it = resp.envs().find(kNvidiaMofedEnv);
+      it != resp.envs().end() && absl::EqualsIgnoreCase(it->second, "enabled")) {
+    return absl::StrCat("env ", kNvidiaMofedEnv, "=", it->second);
+  }
+  for (const v1beta1::CDIDevice& device : resp.cdi_devices()) {
+    if (device.name() == kMofedCdiDevice) return absl::StrCat("CDI device ", kMofedCdiDevice);
+  }
+  // --device-list-strategy=cdi-annotations passes CDI names in annotations
+  // (comma-separated) instead.
+  for (const auto& [key, value] : resp.annotations()) {
+    for (absl::string_view name : absl::StrSplit(value, ',')) {
+      if (absl::StripAsciiWhitespace(name) == kMofedCdiDevice) {
+        return absl::StrCat("CDI annotation ", key, "=", kMofedCdiDevice);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+MofedEvidence MofedFromCheckpoint(const absl::StatusOr<KubeletCheckpoint>& checkpoint,
+                                  const fs::path& checkpoint_path) {
+  MofedEvidence evidence;
+  const std::string path = checkpoint_path.string();
+  if (!checkpoint.ok()) {
+    if (absl::IsNotFound(checkpoint.status())) {
+      evidence.findings.push_back(absl::StrCat(path, ": absent"));
+      return evidence;
+    }
+    evidence.state = MofedState::kUnknown;
+    evidence.findings.emplace_back(checkpoint.status().message());
+    return evidence;
+  }
+  size_t nvidia = 0, with_mofed = 0;
+  for (const CheckpointEntry& entry : checkpoint->entries) {
+    if (!IsNvidiaResource(entry.resource_name)) continue;
+    ++nvidia;
+    std::optional<std::string> shown = MofedInAllocResponse(entry.alloc_resp);
+    if (!shown) continue;
+    if (++with_mofed <= kMaxFindings) {
+      evidence.findings.push_back(absl::StrCat(
+          path, ": pod ", absl::CHexEscape(entry.pod_uid), " container \"",
+          absl::CHexEscape(entry.container_name), "\" (", entry.resource_name, ") has ", *shown));
+    }
+  }
+  if (with_mofed > kMaxFindings) {
+    evidence.findings.push_back(
+        absl::StrCat(path, ": and ", with_mofed - kMaxFindings, " more NVIDIA containers so"));
+  }
+  if (with_mofed > 0) {
+    evidence.state = MofedState::kOn;
+  } else if (!checkpoint->skipped.empty()) {
+    // A skipped entry may be an NVIDIA container's with MOFED.
+    evidence.state = MofedState::kUnknown;
+    evidence.findings.insert(evidence.findings.end(), checkpoint->skipped.begin(),
+                             checkpoint->skipped.end());
+  } else if (nvidia == 0) {
+    evidence.findings.push_back(absl::StrCat(path, ": no NVIDIA containers"));
+  } else {
+    evidence.findings.push_back(absl::StrCat(path, ": ", nvidia, " NVIDIA container",
+                                             nvidia == 1 ? "" : "s", ", none with ",
+                                             kNvidiaMofedEnv, " or the MOFED CDI device"));
+  }
+  return evidence;
+}
+
+MofedEvidence MofedFromCdiSpecDirs(const std::vector<fs::path>& dirs) {
+  MofedEvidence evidence;
+  std::vector<std::string> searched;
+  for (const fs::path& dir : dirs) {
+    searched.push_back(dir.string());
+    for (const char* ext : {".json", ".yaml"}) {
+      const fs::path spec = dir / absl::StrCat(kMofedCdiSpecStem, ext);
+      struct stat st;
+      if (::stat(spec.c_str(), &st) == 0) {
+        evidence.state = MofedState::kOn;
+        evidence.findings.push_back(
+            absl::StrCat(spec.string(), ": the NVIDIA MOFED CDI spec is installed"));
+      } else if (errno != ENOENT && errno != ENOTDIR) {
+        evidence.findings.emplace_back(topology::PathError(spec, errno).message());
+      }
+    }
+  }
+  if (evidence.state == MofedState::kOff && !dirs.empty()) {
+    evidence.findings.push_back(
+        absl::StrCat("no NVIDIA MOFED CDI spec in ", absl::StrJoin(searched, ", ")));
+  }
+  return evidence;
+}
+
+MofedEvidence MofedFromProcesses(const absl::StatusOr<std::vector<NvidiaPluginProcess>>& processes,
+                                 const fs::path& proc_root) {
+  MofedEvidence evidence;
+  if (!processes.ok()) {
+    evidence.findings.emplace_back(processes.status().message());
+    return evidence;
+  }
+  if (processes->empty()) {
+    evidence.findings.push_back(
+        absl::StrCat("no ", kNvidiaPluginCommand, " process under ", proc_root.string()));
+  }
+  for (const NvidiaPluginProcess& p : *processes) {
+    if (p.plugin_socket.empty()) {
+      // A name anyone can take: no evidence either way.
+      evidence.findings.push_back(
+          absl::StrCat(Describe(p), ": not the NVIDIA device plugin (", p.untrusted, "); ignored"));
+      continue;
+    }
+    std::string why;
+    if (p.mofed_flag) {
+      why = absl::StrCat("command line sets --mofed-enabled=", Bool(*p.mofed_flag));
+    } else if (p.mofed_env) {
+      why = absl::StrCat("environment sets MOFED_ENABLED=", Bool(*p.mofed_env));
+    } else if (auto by_default = MofedDefaultForVersion(p.version)) {
+      why = *by_default ? absl::StrCat("MOFED is on by default in ", p.version)
+                        : absl::StrCat("MOFED is off by default in ", p.version);
+    } else {
+      why = absl::StrCat("MOFED not set by flag or environment",
+                         p.environ_readable ? "" : " (environment unreadable)");
+    }
+    if (EffectiveMofed(p).value_or(false)) evidence.state = MofedState::kOn;
+    evidence.findings.push_back(absl::StrCat(Describe(p), ": ", why));
+  }
+  return evidence;
+}
+
+MofedReport CombineMofedEvidence(const std::vector<MofedEvidence>& sources) {
+  MofedReport report;
+  for (const MofedEvidence& s : sources) {
+    if (s.state == MofedState::kOn) {
+      report.state = MofedState::kOn;
+    } else if (s.state == MofedState::kUnknown && report.state == MofedState::kOff) {
+      report.state = MofedState::kUnknown;
+    }
+  }
+  for (const MofedEvidence& s : sources) {
+    std::vector<std::string>& to = s.state == report.state ? report.evidence : report.other;
+    to.insert(to.end(), s.findings.begin(), s.findings.end());
+  }
+  return report;
+}
+
+MofedReport MofedGuard::Check() const {
+  std::vector<MofedEvidence> sources;
+  if (!options_.checkpoint.empty()) {
+    sources.push_back(
+        MofedFromCheckpoint(ReadCheckpoint(options_.checkpoint), options_.checkpoint));
+  }
+  if (!options_.cdi_spec_dirs.empty()) {
+    sources.push_back(MofedFromCdiSpecDirs(options_.cdi_spec_dirs));
+  }
+  if (!options_.proc_root.empty()) {
+    sources.push_back(MofedFromProcesses(
+        FindNvidiaPluginProcesses(options_.proc_root, options_.device_plugin_dir),
+        options_.proc_root));
+  }
+  return CombineMofedEvidence(sources);
+}
+
+}  // namespace efa::plugin

@@ -1,0 +1,56 @@
+#include "plugin/kubelet/file_change_watch.h"
+
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <string>
+#include <utility>
+
+namespace efa::plugin {
+
+FileChangeWatch::FileChangeWatch(std::filesystem::path file)
+    : file_(std::move(file)), name_(file_.filename().string()) {}
+
+FileChangeWatch::~FileChangeWatch() {
+  absl::MutexLock lock(&mu_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool FileChangeWatch::Changed() {
+  absl::MutexLock lock(&mu_);
+  // Created at the first call: an object never asked costs no descriptor.
+  if (fd_ < 0 && first_) fd_ = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (fd_ < 0) return true;
+  bool changed = std::exchange(first_, false);
+  if (wd_ < 0) {
+    // The watch comes before the caller reads the file, so a change after
+    // the read is never missed.
+    wd_ = ::inotify_add_watch(fd_, file_.parent_path().c_str(),
+                              IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE |
+                                  IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
+    if (wd_ < 0) return true;  // no directory yet
+    changed = true;
+  }
+  alignas(inotify_event) char buf[4096];
+  while (true) {
+    const ssize_t n = ::read(fd_, buf, sizeof buf);
+    if (n <= 0) break;
+    for (char* p = buf; p < buf + n;) {
+      const auto* ev = reinterpret_cast<const inotify_event*>(p);
+      p += sizeof(inotify_event) + ev->len;
+      if (ev->mask & IN_Q_OVERFLOW) {
+        changed = true;
+      } else if (ev->wd == wd_ && (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED))) {
+        // The directory went: watch it again once it is back.
+        changed = true;
+        if (ev->mask & IN_MOVE_SELF) ::inotify_rm_watch(fd_, wd_);
+        wd_ = -1;
+      } else if (ev->len > 0 && name_ == ev->name) {
+        changed = true;
+      }
+    }
+  }
+  return changed;
+}
+
+}  // namespace efa::plugin

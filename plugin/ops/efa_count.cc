@@ -1,0 +1,119 @@
+#include "plugin/ops/efa_count.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "topology/instance_type.h"
+
+namespace efa::plugin {
+namespace {
+
+struct TypeCount {
+  std::string_view type;
+  int efas;
+};
+
+// EC2's MaximumEfaInterfaces for instance types that are bought for EFA.
+// Types not listed are not checked (expectedEfaCount checks any type).
+constexpr TypeCount kEfaCounts[] = {
+    {"g5.48xlarge", 1},    {"p3dn.24xlarge", 1},
+    {"p4d.24xlarge", 4},   {"p4de.24xlarge", 4},
+    {"p5.48xlarge", 32},   {"p5e.48xlarge", 32},
+    {"p5en.48xlarge", 16}, {"p6-b200.48xlarge", 8},
+    {"trn1.32xlarge", 8},  {"trn1n.32xlarge", 16},
+    {"trn2.48xlarge", 16}, {"trn2u.48xlarge", 16},  // trn2's layout (AWS's Neuron-to-EFA maps)
+};
+
+std::string Article(std::string_view word) {
+  const bool vowel =
+      !word.empty() && std::string_view("aeiou").find(word[0]) != std::string_view::npos;
+  return absl::StrCat(vowel ? "an " : "a ", std::string(word));
+}
+
+std::string Efas(int n) { return absl::StrCat(n, n == 1 ? " EFA" : " EFAs"); }
+
+}  // namespace
+
+std::optional<int> SupportedEfaCount(std::string_view instance_type) {
+  if (instance_type.substr(0, 3) == "ml.") instance_type.remove_prefix(3);
+  for (const TypeCount& t : kEfaCounts) {
+    if (t.type == instance_type) return t.efas;
+  }
+  return std::nullopt;
+}
+
+std::string ResolveInstanceType(const std::string& configured,
+                                const std::filesystem::path& sysfs_root) {
+  if (!configured.empty()) return configured;
+  auto dmi = topology::ReadInstanceType(sysfs_root);
+  return dmi.ok() ? *dmi : std::string();
+}
+
+EfaCountCheck CheckEfaCount(const std::string& instance_type, int expected_efa_count, int found) {
+  EfaCountCheck check;
+  check.instance_type = instance_type;
+  check.found = found;
+  if (expected_efa_count > 0) {
+    check.expected = expected_efa_count;
+    check.configured = true;
+  } else {
+    check.expected = SupportedEfaCount(instance_type);
+  }
+  return check;
+}
+
+std::string EfaCountCheck::Describe() const {
+  const std::string found_text = absl::StrCat("found ", Efas(found));
+  if (!expected) {
+    if (instance_type.empty()) {
+      return absl::StrCat(found_text,
+                          "; the instance type is unknown (set instanceType or expectedEfaCount "
+                          "to check the count)");
+    }
+    return absl::StrCat(found_text, "; no EFA count is known for ", instance_type,
+                        " (set expectedEfaCount to check it)");
+  }
+  const std::string reference = configured
+                                    ? absl::StrCat("expectedEfaCount is ", *expected)
+                                    : absl::StrCat(Article(instance_type), " supports ", *expected);
+  if (found == *expected) {
+    return absl::StrCat(found_text, ", as ",
+                        configured ? std::string("expectedEfaCount says")
+                                   : absl::StrCat("many as ", Article(instance_type), " supports"));
+  }
+  if (found > *expected) {
+    return absl::StrCat(found_text, ", more than expected: ", reference,
+                        configured ? "" : " (set expectedEfaCount if the table is out of date)");
+  }
+  return absl::StrCat(
+      found_text, ", but ", reference,
+      ": the node was likely launched with fewer EFA interfaces than it supports. Check the "
+      "launch template or the Karpenter EC2NodeClass: every network card needs a network "
+      "interface with interfaceType efa or efa-only",
+      found == 0 ? ", and the efa kernel module must be loaded" : "");
+}
+
+EfaCountMonitor::EfaCountMonitor(std::string instance_type, int expected_efa_count)
+    : instance_type_(std::move(instance_type)), expected_efa_count_(expected_efa_count) {}
+
+void EfaCountMonitor::Observe(int found) {
+  EfaCountCheck check = CheckEfaCount(instance_type_, expected_efa_count_, found);
+  {
+    absl::MutexLock lock(&mu_);
+    if (latest_ && latest_->found == found) return;
+    latest_ = check;
+  }
+  if (check.short_of_expected() || (check.expected && found > *check.expected)) {
+    spdlog::warn("EFA count: {}", check.Describe());
+  } else {
+    spdlog::info("EFA count: {}", check.Describe());
+  }
+}
+
+std::optional<EfaCountCheck> EfaCountMonitor::latest() const {
+  absl::MutexLock lock(&mu_);
+  return latest_;
+}
+
+}  // namespace efa::plugin

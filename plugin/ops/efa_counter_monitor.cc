@@ -1,0 +1,250 @@
+#include "plugin/ops/efa_counter_monitor.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "plugin/alignment/alignment.h"
+#include "plugin/kubelet/pod_resources_client.h"
+#include "spdlog/spdlog.h"
+
+namespace efa::plugin {
+namespace {
+
+std::string FormatDuration(std::chrono::milliseconds d) {
+  return absl::FormatDuration(absl::Milliseconds(d.count()));
+}
+
+}  // namespace
+
+EfaCounterMonitor::EfaCounterMonitor(EfaCounterMonitorOptions options)
+    : options_(std::move(options)) {}
+
+EfaCounterMonitor::Clock::time_point EfaCounterMonitor::Now() const {
+  return options_.now ? options_.now() : Clock::now();
+}
+
+void EfaCounterMonitor::SetDevices(std::vector<topology::EfaDevice> devices) {
+  absl::MutexLock lock(&mu_);
+  devices_ = std::move(devices);
+}
+
+std::map<std::string, std::string> EfaCounterMonitor::HealthProblems() const {
+  absl::MutexLock lock(&mu_);
+  return problems_;
+}
+
+std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample() {
+  absl::MutexLock read_lock(&read_mu_);
+  const Clock::time_point now = Now();
+  std::vector<topology::EfaDevice> devices;
+  int64_t reads = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (latest_ && now - read_at_ < options_.interval) return latest_;
+    devices = devices_;
+    reads = latest_ ? latest_->reads : 0;
+  }
+  auto snapshot = std::make_shared<EfaCounterSnapshot>();
+  snapshot->reads = reads + 1;
+  bool health_changed = false;
+  std::map<std::string, std::string> problems;
+  std::map<std::string, EfaState> state;  // only the present EFAs' survives
+  for (topology::EfaDevice& device : devices) {
+    EfaCounterSnapshot::Efa& efa = snapshot->efas.emplace_back();
+    efa.counters = topology::ReadEfaCounters(options_.sysfs_root, device.ibdev);
+    auto old = efa_state_.find(device.ibdev);
+    EfaState& s = state[device.ibdev] = old != efa_state_.end() ? old->second : EfaState{};
+    const auto tx = efa.counters.Get("tx_bytes");
+    const auto rx = efa.counters.Get("rx_bytes");
+    const std::optional<uint64_t> bytes = tx && rx ? std::optional(*tx + *rx) : std::nullopt;
+    if (bytes && (!s.bytes || *s.bytes != *bytes)) s.moved = now;
+    s.bytes = bytes;
+    if (options_.health.enabled) {
+      health_changed |= JudgeHealth(device.ibdev, efa.counters, now, s);
+      efa.unhealthy = s.reported;
+      efa.unhealthy_kind = s.reported_kind;
+      if (!s.reported.empty()) problems[device.ibdev] = s.reported;
+    }
+    efa.device = std::move(device);
+  }
+  // An EFA that went away leaves its health to the presence check.
+  for (const auto& [ibdev, s] : efa_state_) {
+    if (!state.count(ibdev) && !s.reported.empty()) health_changed = true;
+  }
+  efa_state_ = std::move(state);
+
+  if (options_.holders) {
+    absl::StatusOr<std::vector<EfaHolder>> holders = options_.holders();
+    if (holders.ok()) {
+      holders_ = *std::move(holders);
+    } else {
+      // A restarting kubelet: judge by the containers known last.
+      spdlog::debug(
+          "EFA counters: cannot tell which containers hold EFAs ({}); using the last known",
+          std::string(holders.status().message()));
+    }
+    // Each container's EFAs in PCI order, as the devices are.
+    std::map<std::string, size_t> pci_rank;
+    for (const auto& efa : snapshot->efas) pci_rank.emplace(efa.device.ibdev, pci_rank.size());
+    auto rank = [&](const std::string& efa) {
+      auto it = pci_rank.find(efa);
+      return it == pci_rank.end() ? pci_rank.size() : it->second;
+    };
+    std::vector<EfaHolder> holders_in_pci_order = holders_;
+    for (EfaHolder& h : holders_in_pci_order) {
+      std::stable_sort(
+          h.efas.begin(), h.efas.end(),
+          [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
+    }
+    snapshot->containers = JudgeIdle(holders_in_pci_order, now);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    latest_ = snapshot;
+    read_at_ = now;
+    problems_ = std::move(problems);
+  }
+  if (health_changed && options_.on_health_change) options_.on_health_change();
+  return snapshot;
+}
+
+bool EfaCounterMonitor::JudgeHealth(const std::string& ibdev,
+                                    const topology::EfaCounterValues& values, Clock::time_point now,
+                                    EfaState& s) const {
+  std::string problem, kind;
+  // keep_alive_rcvd is judged only once it has been seen advancing: a
+  // device (or firmware) that never sends keep-alives must not be held
+  // Unhealthy for it.
+  if (const auto keep_alive = values.Get("keep_alive_rcvd")) {
+    if (!s.keep_alive || *s.keep_alive != *keep_alive) {
+      s.keep_alive_advanced |= s.keep_alive.has_value();
+      s.keep_alive = keep_alive;
+      s.keep_alive_moved = now;
+    } else if (s.keep_alive_advanced &&
+               now - s.keep_alive_moved >= options_.health.keep_alive_timeout) {
+      problem = absl::StrCat("keep_alive_rcvd has not advanced for ",
+                             FormatDuration(options_.health.keep_alive_timeout), " (stuck at ",
+                             *keep_alive, "): the device stopped sending keep-alives");
+      kind = "keep_alive";
+    }
+  }
+  const auto cmds_err = values.Get("cmds_err");
+  const auto no_completion = values.Get("no_completion_cmds");
+  std::vector<std::string> admin;
+  if (no_completion && s.no_completion && *no_completion > *s.no_completion) {
+    admin.push_back(absl::StrCat("no_completion_cmds rose by ", *no_completion - *s.no_completion,
+                                 " (the device left admin commands unanswered)"));
+  }
+  if (cmds_err && s.cmds_err && *cmds_err >= *s.cmds_err + options_.health.admin_errors) {
+    admin.push_back(absl::StrCat("cmds_err rose by ", *cmds_err - *s.cmds_err,
+                                 " since the last read (limit ", options_.health.admin_errors,
+                                 ")"));
+  }
+  // The port counters are fetched from the device with admin commands: once
+  // its admin queue is closed they cannot be read.
+  for (const std::string& error : values.errors) {
+    if (error.find("/ports/1/hw_counters/") != std::string::npos) {
+      admin.push_back(absl::StrCat("the device cannot report its counters (", error, ")"));
+      break;
+    }
+  }
+  s.cmds_err = cmds_err;
+  s.no_completion = no_completion;
+  if (!admin.empty()) {
+    problem = absl::StrCat("admin commands failing: ", absl::StrJoin(admin, "; "),
+                           problem.empty() ? "" : "; " + problem);
+    kind = "admin_errors";
+  }
+
+  if (!problem.empty()) {
+    s.good_since.reset();
+    if (s.reported == problem) return false;
+    // A problem that goes on keeps its first reason: the kubelet's device
+    // list does not change and the log says it once.
+    if (!s.reported.empty() && s.reported_kind == kind) return false;
+    spdlog::warn("EFA {} is unhealthy by its counters: {}", ibdev, problem);
+    s.reported = problem;
+    s.reported_kind = kind;
+    return true;
+  }
+  if (s.reported.empty()) return false;
+  if (!s.good_since) s.good_since = now;
+  if (now - *s.good_since < options_.health.hold_down) return false;
+  spdlog::info("EFA {} is healthy again by its counters: no problem for {} (was: {})", ibdev,
+               FormatDuration(options_.health.hold_down), s.reported);
+  s.reported.clear();
+  s.reported_kind.clear();
+  s.good_since.reset();
+  return true;
+}
+
+std::vector<EfaCounterSnapshot::Container> EfaCounterMonitor::JudgeIdle(
+    const std::vector<EfaHolder>& holders, Clock::time_point now) {
+  std::vector<EfaCounterSnapshot::Container> out;
+  std::map<std::string, HolderState> state;
+  for (const EfaHolder& holder : holders) {
+    auto old = holder_state_.find(holder.Name());
+    HolderState& s = state[holder.Name()] =
+        old != holder_state_.end() ? old->second : HolderState{};
+    std::map<std::string, Clock::time_point> since;
+    EfaCounterSnapshot::Container& c = out.emplace_back();
+    c.holder = holder;
+    std::set<std::string> idle;
+    for (const std::string& efa : holder.efas) {
+      auto held = s.since.find(efa);
+      const Clock::time_point from = since[efa] = held != s.since.end() ? held->second : now;
+      auto e = efa_state_.find(efa);
+      // Judged only when the EFA is present and its bytes are known.
+      if (e == efa_state_.end() || !e->second.bytes) continue;
+      if (now - std::max(from, e->second.moved) >= options_.idle_timeout) {
+        idle.insert(efa);
+        c.idle.push_back(efa);
+      }
+    }
+    s.since = std::move(since);
+    std::vector<std::string> gained, lost;
+    std::set_difference(idle.begin(), idle.end(), s.idle.begin(), s.idle.end(),
+                        std::back_inserter(gained));
+    std::set_difference(s.idle.begin(), s.idle.end(), idle.begin(), idle.end(),
+                        std::back_inserter(lost));
+    if (!gained.empty()) {
+      spdlog::warn(
+          "allocated EFAs idle: possible TCP fallback: pod {}/{} container {}: EFAs {} ({} of its "
+          "{}) moved no bytes for {}",
+          holder.pod_namespace, holder.pod, holder.container, absl::StrJoin(c.idle, ","),
+          c.idle.size(), holder.efas.size(), FormatDuration(options_.idle_timeout));
+    } else if (!lost.empty()) {
+      spdlog::info(
+          "allocated EFAs moving bytes again: pod {}/{} container {}: EFAs {}{}",
+          holder.pod_namespace, holder.pod, holder.container, absl::StrJoin(lost, ","),
+          c.idle.empty() ? "" : absl::StrCat(" (still idle: ", absl::StrJoin(c.idle, ","), ")"));
+    }
+    s.idle = std::move(idle);
+  }
+  holder_state_ = std::move(state);
+  return out;
+}
+
+EfaHoldersFn EfaCounterMonitor::PodResourcesHolders(
+    const std::filesystem::path& socket, const std::string& resource,
+    std::function<std::optional<std::vector<std::string>>(const std::vector<std::string>&)>
+        physical) {
+  auto client = std::make_shared<PodResourcesClient>(socket, PodResourcesClient::Options{});
+  return [client, resource,
+          physical = std::move(physical)]() -> absl::StatusOr<std::vector<EfaHolder>> {
+    auto list = client->List();
+    if (!list.ok()) return list.status();
+    std::vector<EfaHolder> out;
+    const AcceleratorResources none{{}, {}, {}, 0};
+    for (const ContainerDevices& c : ContainersWithDevices(*list, none, resource)) {
+      std::optional<std::vector<std::string>> efas = physical(c.efas);
+      if (!efas || efas->empty()) continue;
+      out.push_back({c.pod_namespace, c.pod_name, c.container, *std::move(efas)});
+    }
+    return out;
+  };
+}
+
+}  // namespace efa::plugin

@@ -1,0 +1,270 @@
+// Alignment end to end: the daemon, the fake kubelet admitting pods one
+// resource at a time in a chosen or random order, and a fake GPU or Neuron
+// plugin, all over real unix sockets. Prints the alignment rates.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "plugin/alignment/alignment.h"
+#include "plugin/daemon.h"
+#include "test/fake_kubelet/fake_accelerator_plugin.h"
+#include "test/fake_kubelet/fake_kubelet.h"
+#include "test/sim/sim_root.h"
+#include "topology/efa_discovery.h"
+#include "topology/hwloc_loader.h"
+#include "topology/replica_id.h"
+
+using namespace std::chrono_literals;
+using efa::plugin::Daemon;
+using efa::plugin::DaemonOptions;
+using efa::sim::SimRoot;
+using efa::testing::AcceleratorKind;
+using efa::testing::FakeAcceleratorPlugin;
+using efa::testing::FakeKubelet;
+
+namespace {
+
+constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+constexpr auto kDeadline = 10s;
+
+enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
+
+class AlignedNode {
+ public:
+  AlignedNode(const std::string& machine, AcceleratorKind kind, int replicas = 1)
+      : sim_(machine),
+        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
+        accelerators_(*efa::sim::FindMachine(machine), kind,
+                      sim_.path() / "kubelet/device-plugins") {
+    REQUIRE(kubelet_.Start().ok());
+    DaemonOptions options;
+    options.roots = sim_.roots();
+    options.kubelet_dir = sim_.path() / "kubelet";
+    options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
+    options.replicas = replicas;
+    daemon_ = std::make_unique<Daemon>(options);
+    thread_ = std::thread([this] { daemon_->Run(); });
+    REQUIRE(accelerators_.Start().ok());
+    REQUIRE(kubelet_.WaitForRegistrations(kEfa, 1, kDeadline));
+    REQUIRE(kubelet_.WaitForRegistrations(accelerators_.resource_name(), 1, kDeadline));
+    REQUIRE(kubelet_.WaitForListAndWatchMessages(kEfa, 1, kDeadline));
+    REQUIRE(kubelet_.WaitForListAndWatchMessages(accelerators_.resource_name(), 1, kDeadline));
+    auto topo = efa::topology::LoadTopology({sim_.path().string(), ""});
+    REQUIRE(topo.ok());
+    model_ = efa::topology::HostModel::FromHwloc(efa::topology::DiscoverEfaDevices(sim_.roots()),
+                                                 topo->get());
+    gpus_ = efa::topology::ReadNvidiaGpus(sim_.path() / "proc", nullptr);
+  }
+  ~AlignedNode() {
+    daemon_->Stop();
+    thread_.join();
+  }
+
+  // Admits pods of `accels` accelerators + `efas` EFAs until the node is
+  // full, `rounds` times over (removing them between rounds); returns how
+  // many were aligned out of how many.
+  std::pair<int, int> Run(int accels, int efas, Order order, int rounds, unsigned seed) {
+    std::mt19937 rng(seed);
+    int aligned = 0, total = 0;
+    const std::string accel = accelerators_.resource_name();
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::string> uids;
+      while (true) {
+        bool accel_first =
+            order == Order::kAcceleratorFirst || (order == Order::kRandom && (rng() & 1));
+        std::vector<std::pair<std::string, int>> requests = {{accel, accels}, {kEfa, efas}};
+        if (!accel_first) std::swap(requests[0], requests[1]);
+        const std::string uid = absl::StrCat("uid-", pods_ + 1);
+        auto admitted = kubelet_.AdmitContainer(absl::StrCat("pod-", ++pods_), "default", uid,
+                                                "main", requests);
+        if (!admitted.ok()) break;  // the node is full
+        uids.push_back(uid);
+        ++total;
+        aligned += Aligned(uid) ? 1 : 0;
+      }
+      // The daemon judges each container after the fact, before it goes.
+      judged_ += static_cast<int>(uids.size());
+      REQUIRE(daemon_->alignment_stats()->WaitForJudgedForTest(judged_, kDeadline));
+      for (const auto& uid : uids) REQUIRE(kubelet_.RemovePod(uid).ok());
+    }
+    return {aligned, total};
+  }
+
+  bool Aligned(const std::string& uid) {
+    std::vector<std::string> efas;
+    for (const auto& id : kubelet_.container_devices(uid, "main", kEfa)) {
+      auto replica = efa::topology::ParseReplicaId(id);
+      efas.push_back(replica ? replica->ibdev : id);
+    }
+    std::vector<std::pair<std::string, std::string>> accels;
+    for (const auto& id : kubelet_.container_devices(uid, "main", accelerators_.resource_name())) {
+      accels.emplace_back(accelerators_.resource_name(), id);
+    }
+    auto targets = efa::plugin::ResolveTargets(accels, {}, gpus_, *model_);
+    return efa::plugin::IsAligned(*model_, efas, targets);
+  }
+
+  FakeKubelet& kubelet() { return kubelet_; }
+  const SimRoot& sim() const { return sim_; }
+  const std::string& accelerator_resource() const { return accelerators_.resource_name(); }
+  Daemon& daemon() { return *daemon_; }
+
+ private:
+  SimRoot sim_;
+  FakeKubelet kubelet_;
+  FakeAcceleratorPlugin accelerators_;
+  std::unique_ptr<Daemon> daemon_;
+  std::thread thread_;
+  std::shared_ptr<const efa::topology::HostModel> model_;
+  std::vector<efa::topology::NvidiaGpu> gpus_;
+  int judged_ = 0;
+  int pods_ = 0;
+};
+
+void Report(const char* what, std::pair<int, int> result) {
+  std::printf("alignment %-40s %3d/%3d = %5.1f%%\n", what, result.first, result.second,
+              result.second ? 100.0 * result.first / result.second : 0.0);
+}
+
+}  // namespace
+
+TEST_CASE("Best effort aligns every container whose GPUs come first (p5)",
+          "[alignment][daemon][concurrency]") {
+  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  auto one = node.Run(1, 4, Order::kAcceleratorFirst, 3, 1);
+  Report("p5 1 GPU + 4 EFA, GPU first", one);
+  CHECK(one.second == 24);
+  CHECK(one.first == one.second);
+  auto two = node.Run(2, 8, Order::kAcceleratorFirst, 3, 1);
+  Report("p5 2 GPU + 8 EFA, GPU first", two);
+  CHECK(two.second == 12);
+  CHECK(two.first == two.second);
+  // The daemon's own after-the-fact report agrees.
+  REQUIRE(node.daemon().alignment_stats()->WaitForJudgedForTest(36, kDeadline));
+  auto counts = node.daemon().alignment_stats()->Get();
+  CHECK(counts.aligned == 36);
+  CHECK(counts.unaligned == 0);
+  CHECK(counts.targeted == 36);
+}
+
+TEST_CASE("Best effort aligns at least 95% over random orders (p5)",
+          "[alignment][daemon][concurrency]") {
+  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  auto efa_first = node.Run(1, 4, Order::kEfaFirst, 3, 7);
+  Report("p5 1 GPU + 4 EFA, EFA first", efa_first);
+  CHECK(efa_first.first * 100 >= efa_first.second * 95);
+  auto random = node.Run(1, 4, Order::kRandom, 5, 42);
+  Report("p5 1 GPU + 4 EFA, random order", random);
+  CHECK(random.second == 40);
+  CHECK(random.first * 100 >= random.second * 95);
+  auto random2 = node.Run(2, 8, Order::kRandom, 5, 43);
+  Report("p5 2 GPU + 8 EFA, random order", random2);
+  CHECK(random2.first * 100 >= random2.second * 95);
+}
+
+TEST_CASE("Best effort aligns Neuron devices through the AWS table (trn2)",
+          "[alignment][daemon][concurrency]") {
+  AlignedNode node("trn2.48xlarge", AcceleratorKind::kNeuron);
+  auto first = node.Run(1, 1, Order::kAcceleratorFirst, 2, 1);
+  Report("trn2 1 Neuron + 1 EFA, Neuron first", first);
+  CHECK(first.second == 32);
+  CHECK(first.first == first.second);
+  auto random = node.Run(1, 1, Order::kRandom, 2, 5);
+  Report("trn2 1 Neuron + 1 EFA, random order", random);
+}
+
+TEST_CASE("A running GPU-only pod never attracts another pod's EFAs",
+          "[alignment][daemon][concurrency]") {
+  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  // GPU 53 (the lowest) goes to a running GPU-only pod.
+  REQUIRE(node.kubelet()
+              .AdmitContainer("gpu-only", "default", "u1", "main", {{"nvidia.com/gpu", 1}})
+              .ok());
+  // A GPU + EFA pod whose EFAs come first must not be aligned with GPU 53:
+  // its GPU will be 64, and so its EFAs 60-63.
+  REQUIRE(node.kubelet()
+              .AdmitContainer("train", "default", "u2", "main", {{kEfa, 4}, {"nvidia.com/gpu", 1}})
+              .ok());
+  CHECK(node.kubelet().container_devices("u2", "main", kEfa) ==
+        std::vector<std::string>{"rdmap96s0", "rdmap97s0", "rdmap98s0", "rdmap99s0"});
+  CHECK(node.Aligned("u2"));
+  auto counts = node.daemon().alignment_stats()->Get();
+  CHECK(counts.targeted == 0);
+  CHECK(counts.predicted == 1);
+}
+
+TEST_CASE("With pod-resources down or rate-limited, allocations succeed and are reported",
+          "[alignment][daemon][concurrency]") {
+  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  SECTION("down") { node.kubelet().StopPodResources(); }
+  SECTION("rate-limited") { node.kubelet().SetPodResourcesExhausted(true); }
+  SECTION("slow") { node.kubelet().SetPodResourcesDelay(2s); }
+  auto admitted = node.kubelet().AdmitContainer("p", "default", "u1", "main",
+                                                {{"nvidia.com/gpu", 1}, {kEfa, 4}});
+  REQUIRE(admitted.ok());
+  CHECK(node.kubelet().container_devices("u1", "main", kEfa).size() == 4);
+  CHECK(node.daemon().alignment_stats()->Get().degraded == 1);
+}
+
+TEST_CASE("Sharing: with 4 replicas a p5 runs 8 GPU pods and 16 EFA-only pods at once, aligned",
+          "[sharing][alignment][daemon][concurrency]") {
+  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, /*replicas=*/4);
+  FakeKubelet& kubelet = node.kubelet();
+  const auto advertised = kubelet.devices(kEfa);
+  REQUIRE(advertised.size() == 128);
+  CHECK(advertised[0].id() == "rdmap79s0::0");
+  CHECK(advertised[3].id() == "rdmap79s0::3");
+  CHECK(advertised[4].id() == "rdmap80s0::0");
+  std::map<std::string, std::string> uverbs;  // ibdev -> host path
+  for (const auto& d : efa::topology::DiscoverEfaDevices(node.sim().roots()).devices) {
+    uverbs[d.ibdev] = d.uverbs_path;
+  }
+  std::mt19937 rng(11);
+  std::map<std::string, int> uses;  // physical EFA -> containers
+  int gpu_pods = 0, aligned = 0;
+  // Two EFA-only pods, then a GPU pod (its resources in random order).
+  for (int i = 0; i < 24; ++i) {
+    const bool gpu = i % 3 == 2;
+    std::vector<std::pair<std::string, int>> requests = {{kEfa, gpu ? 4 : 1}};
+    if (gpu) requests.push_back({node.accelerator_resource(), 1});
+    if (rng() & 1) std::reverse(requests.begin(), requests.end());
+    const std::string uid = absl::StrCat("uid-", i);
+    auto admitted =
+        kubelet.AdmitContainer(absl::StrCat("pod-", i), "default", uid, "main", requests);
+    REQUIRE(admitted.ok());
+    for (const auto& a : admitted->allocations) {
+      if (a.resource != kEfa) continue;
+      // Distinct EFAs, each given once: its device node and its name in the env.
+      std::set<std::string> efas, nodes, paths;
+      for (const auto& id : a.device_ids) {
+        auto replica = efa::topology::ParseReplicaId(id);
+        REQUIRE(replica);
+        efas.insert(replica->ibdev);
+        nodes.insert(uverbs.at(replica->ibdev));
+        ++uses[replica->ibdev];
+      }
+      CHECK(efas.size() == a.device_ids.size());
+      for (const auto& spec : a.response.devices()) paths.insert(spec.host_path());
+      CHECK(paths == nodes);
+      CHECK(a.response.devices_size() == static_cast<int>(efas.size()));
+      std::vector<std::string> env = absl::StrSplit(a.response.envs().at("EFA_DEVICES"), ',');
+      CHECK(std::set<std::string>(env.begin(), env.end()) == efas);
+    }
+    if (gpu) {
+      ++gpu_pods;
+      aligned += node.Aligned(uid) ? 1 : 0;
+    }
+  }
+  Report("p5 sharing x4: 1 GPU + 4 EFA among EFA-only", {aligned, gpu_pods});
+  CHECK(gpu_pods == 8);
+  CHECK(aligned == 8);
+  // 48 replicas spread over all 32 EFAs: none shared by more than 2.
+  CHECK(uses.size() == 32);
+  for (const auto& [efa, n] : uses) CHECK(n <= 2);
+}

@@ -1,0 +1,358 @@
+// LateBinder on its own: a simulated p5 with a hand-written kubelet
+// checkpoint, PreStartContainer called directly (concurrently too).
+#include "plugin/alignment/late_binder.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "plugin/alignment/cdi_spec.h"
+#include "test/plugin/guard_fakes.h"
+#include "test/sim/machine_spec.h"
+#include "test/sim/sim_root.h"
+#include "topology/efa_discovery.h"
+#include "topology/hwloc_loader.h"
+#include "topology/replica_id.h"
+
+namespace fs = std::filesystem;
+using namespace efa::plugin;
+using efa::testing::FakeCheckpointEntry;
+
+namespace {
+
+constexpr char kGpu[] = "nvidia.com/gpu";
+constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+// p5.48xlarge: each GPU behind its own switch with 4 EFAs.
+const std::vector<std::string> kGpus = {"0000:53:00.0", "0000:64:00.0", "0000:75:00.0",
+                                        "0000:86:00.0", "0000:97:00.0", "0000:a8:00.0",
+                                        "0000:b9:00.0", "0000:ca:00.0"};
+
+std::string Uuid(const std::string& pci) {
+  return efa::sim::SimGpuUuid(*efa::topology::PciAddress::Parse(pci));
+}
+
+FakeCheckpointEntry Entry(const std::string& uid, const std::string& resource,
+                          std::vector<std::string> ids) {
+  FakeCheckpointEntry e;
+  e.pod_uid = uid;
+  e.container = "main";
+  e.resource = resource;
+  e.device_ids[0] = std::move(ids);
+  e.null_alloc_resp = true;
+  return e;
+}
+
+class Node {
+ public:
+  // `replicas`: device IDs per EFA (sharing).
+  explicit Node(int replicas = 1) : sim_("p5.48xlarge") {
+    auto inventory = efa::topology::DiscoverEfaDevices(sim_.roots());
+    auto topo = efa::topology::LoadTopology({sim_.path().string(), ""});
+    REQUIRE(topo.ok());
+    table_ = std::make_shared<efa::topology::DeviceTable>(
+        inventory.devices, efa::topology::HostModel::FromHwloc(inventory, topo->get()), replicas);
+    for (const auto& d : inventory.devices) efas_.push_back(d.ibdev);
+    fs::create_directories(kubelet_dir() / "device-plugins");
+  }
+
+  LateBinderOptions Options() const {
+    LateBinderOptions o;
+    o.cdi_dir = cdi_dir();
+    o.kubelet_dir = kubelet_dir();  // no pod-resources socket there
+    o.proc_root = sim_.path() / "proc";
+    o.replicas = table_->replicas;
+    return o;
+  }
+  // The EFAs' devices, in the order of `ibdevs`.
+  std::vector<efa::topology::EfaDevice> Devices(const std::vector<std::string>& ibdevs) const {
+    std::vector<efa::topology::EfaDevice> out;
+    for (const auto& ibdev : ibdevs) out.push_back(*table_->FindPhysical(ibdev));
+    return out;
+  }
+  // The CDI spec the binder wrote for `tokens`.
+  std::string Spec(const LateBinder& binder, const std::vector<std::string>& tokens) const {
+    std::ifstream in(binder.SpecPath(ClaimName(tokens)));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  void WriteCheckpoint(const std::vector<FakeCheckpointEntry>& entries) const {
+    std::ofstream(kubelet_dir() / "device-plugins/kubelet_internal_checkpoint")
+        << efa::testing::FakeCheckpointJson(entries);
+  }
+  // The EFAs of GPU group `g` (0-7): the 4 behind its switch.
+  std::vector<std::string> Group(int g) const {
+    return {efas_.begin() + 4 * g, efas_.begin() + 4 * g + 4};
+  }
+
+  fs::path cdi_dir() const { return sim_.path() / "cdi"; }
+  fs::path kubelet_dir() const { return sim_.path() / "kubelet"; }
+  const efa::topology::DeviceTable& table() const { return *table_; }
+
+ private:
+  efa::sim::SimRoot sim_;
+  std::shared_ptr<efa::topology::DeviceTable> table_;
+  std::vector<std::string> efas_;  // PCI order
+};
+
+}  // namespace
+
+TEST_CASE("Concurrent PreStartContainer calls bind each container beside its GPU, apart",
+          "[late-binding][concurrency]") {
+  Node node;
+  // Container i holds GPU i, and the kubelet's tokens of group 7 - i.
+  std::vector<FakeCheckpointEntry> entries;
+  for (int i = 0; i < 8; ++i) {
+    const std::string uid = absl::StrCat("uid-", i);
+    entries.push_back(Entry(uid, kGpu, {Uuid(kGpus[i])}));
+    entries.push_back(Entry(uid, kEfa, node.Group(7 - i)));
+  }
+  node.WriteCheckpoint(entries);
+  LateBinder binder(node.Options());
+  std::vector<absl::Status> results(8);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] { results[i] = binder.PreStart(node.table(), node.Group(7 - i)); });
+  }
+  for (auto& t : threads) t.join();
+  std::set<std::string> seen;
+  for (int i = 0; i < 8; ++i) {
+    INFO("container " << i);
+    CHECK(results[i].ok());
+    CHECK(binder.BoundEfas(node.Group(7 - i)) == node.Group(i));
+    for (const auto& efa : node.Group(i)) CHECK(seen.insert(efa).second);
+  }
+  CHECK(binder.counts().bound == 8);
+  int files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(node.cdi_dir())) ++files;
+  CHECK(files == 8);
+}
+
+TEST_CASE("IDs the kubelet gives a new pod are bound afresh, the old pod's spec replaced",
+          "[late-binding][concurrency]") {
+  Node node;
+  const auto tokens = node.Group(0);
+  node.WriteCheckpoint({Entry("old", kGpu, {Uuid(kGpus[2])}), Entry("old", kEfa, tokens)});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), tokens).ok());
+  CHECK(binder.BoundEfas(tokens) == node.Group(2));
+  // The old pod is gone; a new one got the same EFA IDs and another GPU.
+  node.WriteCheckpoint({Entry("new", kGpu, {Uuid(kGpus[5])}), Entry("new", kEfa, tokens)});
+  REQUIRE(binder.PreStart(node.table(), tokens).ok());
+  CHECK(binder.BoundEfas(tokens) == node.Group(5));
+  CHECK(binder.counts().bound == 2);
+  CHECK(binder.counts().kept == 0);
+  auto efas = ParseCdiSpec(
+      [&] {
+        std::ifstream in(binder.SpecPath(ClaimName(tokens)));
+        return std::string(std::istreambuf_iterator<char>(in), {});
+      }(),
+      ClaimName(tokens), "spec");
+  REQUIRE(efas.ok());
+  CHECK(*efas == node.Group(5));
+}
+
+TEST_CASE("Without a checkpoint or pod-resources, PreStartContainer binds by the policy alone",
+          "[late-binding][concurrency]") {
+  Node node;
+  LateBinder binder(node.Options());
+  const std::vector<std::string> tokens = {node.Group(3)[0], node.Group(6)[1]};
+  REQUIRE(binder.PreStart(node.table(), tokens).ok());
+  CHECK(binder.BoundEfas(tokens)->size() == 2);
+  // Without a checkpoint nothing is released.
+  binder.ReleaseGone();
+  CHECK(binder.Bindings().size() == 1);
+}
+
+TEST_CASE("PreStartContainer fails naming the claim when too few EFAs are free",
+          "[late-binding][concurrency]") {
+  Node node;
+  LateBinder binder(node.Options());
+  std::vector<FakeCheckpointEntry> entries;
+  // 30 of the 32 EFAs are bound to one container; another asks for 4.
+  std::vector<std::string> big, small;
+  for (int g = 0; g < 8; ++g) {
+    for (const auto& id : node.Group(g)) (big.size() < 30 ? big : small).push_back(id);
+  }
+  small.push_back(big.back());  // the kubelet would never do this; a lost binding might
+  small.push_back(big[big.size() - 2]);
+  node.WriteCheckpoint({Entry("big", kEfa, big), Entry("small", kEfa, small)});
+  REQUIRE(binder.PreStart(node.table(), big).ok());
+  absl::Status status = binder.PreStart(node.table(), small);
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(status.message() ==
+        absl::StrCat("cannot bind ", ClaimName(small), " (kubelet devices \"", small[0], "\", \"",
+                     small[1], "\", \"", small[2], "\", \"", small[3],
+                     "\"): 4 EFAs wanted, 2 healthy and free (30 bound to other containers)"));
+  CHECK(binder.counts().failed == 1);
+  CHECK_FALSE(fs::exists(binder.SpecPath(ClaimName(small))));
+}
+
+TEST_CASE("Recovery keeps two specs that bind one EFA, and reports it",
+          "[late-binding][concurrency]") {
+  Node node;
+  fs::create_directories(node.cdi_dir());
+  std::vector<efa::topology::EfaDevice> a = {node.table().devices[0], node.table().devices[1]};
+  std::vector<efa::topology::EfaDevice> b = {node.table().devices[1], node.table().devices[2]};
+  std::ofstream(node.cdi_dir() / CdiSpecFileName("claim-a")) << CdiSpecJson("claim-a", a);
+  std::ofstream(node.cdi_dir() / CdiSpecFileName("claim-b")) << CdiSpecJson("claim-b", b);
+  LateBinder binder(node.Options());
+  CHECK(binder.Recover() == 2);
+  auto bindings = binder.Bindings();
+  CHECK(bindings.at("claim-a") == std::vector<std::string>{a[0].ibdev, a[1].ibdev});
+  CHECK(bindings.at("claim-b") == std::vector<std::string>{b[0].ibdev, b[1].ibdev});
+  // Neither is in the (empty) checkpoint: both go, with their files.
+  node.WriteCheckpoint({});
+  binder.ReleaseGone();
+  CHECK(binder.Bindings().empty());
+  CHECK(binder.counts().released == 2);
+  CHECK(fs::is_empty(node.cdi_dir()));
+}
+
+namespace {
+
+// Replica IDs `first`..`first + n - 1` of EFA `ibdev`.
+std::vector<std::string> Replicas(const std::string& ibdev, int first, int n) {
+  std::vector<std::string> ids;
+  for (int r = first; r < first + n; ++r) ids.push_back(efa::topology::ReplicaId(ibdev, r));
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("Sharing: a claim of replica IDs binds distinct physical EFAs, each once in its spec",
+          "[late-binding][sharing][concurrency]") {
+  Node node(/*replicas=*/4);
+  // The kubelet's tokens: all four replicas of one EFA far from the GPU,
+  // and for a second container six replicas of two EFAs.
+  const auto four = Replicas(node.Group(5)[0], 0, 4);
+  auto six = Replicas(node.Group(6)[0], 0, 4);
+  for (const auto& id : Replicas(node.Group(6)[1], 0, 2)) six.push_back(id);
+  node.WriteCheckpoint({Entry("a", kGpu, {Uuid(kGpus[2])}), Entry("a", kEfa, four),
+                        Entry("b", kGpu, {Uuid(kGpus[3])}), Entry("b", kEfa, six)});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), four).ok());
+  // Four different EFAs beside the GPU, named physically, each device once.
+  CHECK(binder.BoundEfas(four) == node.Group(2));
+  CHECK(node.Spec(binder, four) == CdiSpecJson(ClaimName(four), node.Devices(node.Group(2))));
+  auto parsed = ParseCdiSpec(node.Spec(binder, four), ClaimName(four), "spec");
+  REQUIRE(parsed.ok());
+  CHECK(*parsed == node.Group(2));
+
+  // Six: the four beside the GPU and two more, all different.
+  REQUIRE(binder.PreStart(node.table(), six).ok());
+  const auto bound = *binder.BoundEfas(six);
+  CHECK(bound.size() == 6);
+  CHECK(std::set<std::string>(bound.begin(), bound.end()).size() == 6);
+  for (const auto& efa : node.Group(3)) {
+    CHECK(std::find(bound.begin(), bound.end(), efa) != bound.end());
+  }
+  CHECK(node.Spec(binder, six) == CdiSpecJson(ClaimName(six), node.Devices(bound)));
+  for (const auto& [claim, efas] : binder.Bindings()) {
+    for (const auto& efa : efas) CHECK(node.table().FindPhysical(efa) != nullptr);
+  }
+}
+
+TEST_CASE("Sharing: the binder takes the least shared EFAs beside the GPU, up to the replicas",
+          "[late-binding][sharing][concurrency]") {
+  Node node(/*replicas=*/2);
+  // Five containers beside GPU 3, one after another (a hand-written
+  // checkpoint: the binder does not care that they share the GPU).
+  // Their tokens: d asks for four, two replicas each of two EFAs.
+  const std::map<std::string, std::vector<std::string>> claims = {
+      {"a", Replicas(node.Group(0)[0], 0, 1)},
+      {"b", Replicas(node.Group(0)[1], 0, 1)},
+      {"c", Replicas(node.Group(0)[2], 0, 2)},
+      {"d",
+       {efa::topology::ReplicaId(node.Group(0)[3], 0),
+        efa::topology::ReplicaId(node.Group(0)[3], 1),
+        efa::topology::ReplicaId(node.Group(1)[1], 0),
+        efa::topology::ReplicaId(node.Group(1)[1], 1)}},
+      {"e", Replicas(node.Group(1)[0], 0, 2)}};
+  std::vector<FakeCheckpointEntry> entries;
+  for (const auto& [uid, ids] : claims) {
+    entries.push_back(Entry(uid, kGpu, {Uuid(kGpus[3])}));
+    entries.push_back(Entry(uid, kEfa, ids));
+  }
+  node.WriteCheckpoint(entries);
+  auto tokens = [&](const std::string& uid) { return claims.at(uid); };
+  LateBinder binder(node.Options());
+  const auto g = node.Group(3);
+  // Unshared EFAs first, in PCI order.
+  REQUIRE(binder.PreStart(node.table(), tokens("a")).ok());
+  CHECK(binder.BoundEfas(tokens("a")) == std::vector<std::string>{g[0]});
+  REQUIRE(binder.PreStart(node.table(), tokens("b")).ok());
+  CHECK(binder.BoundEfas(tokens("b")) == std::vector<std::string>{g[1]});
+  REQUIRE(binder.PreStart(node.table(), tokens("c")).ok());
+  CHECK(binder.BoundEfas(tokens("c")) == std::vector<std::string>{g[2], g[3]});
+  // Four: the switch's four EFAs, each a second time (distinct EFAs beside
+  // the GPU before any further away).
+  REQUIRE(binder.PreStart(node.table(), tokens("d")).ok());
+  CHECK(binder.BoundEfas(tokens("d")) == g);
+  // The switch is full (2 replicas each): two other EFAs, not a third
+  // claim on any of the switch's.
+  REQUIRE(binder.PreStart(node.table(), tokens("e")).ok());
+  const auto e = *binder.BoundEfas(tokens("e"));
+  CHECK(e.size() == 2);
+  for (const auto& efa : e) CHECK(std::find(g.begin(), g.end(), efa) == g.end());
+
+  // a and d share g[0]: both specs give its device node.
+  const std::string uverbs = "\"hostPath\":\"" + node.table().FindPhysical(g[0])->uverbs_path;
+  CHECK(node.Spec(binder, tokens("a")).find(uverbs) != std::string::npos);
+  CHECK(node.Spec(binder, tokens("d")).find(uverbs) != std::string::npos);
+  CHECK(node.Spec(binder, tokens("c")).find(uverbs) == std::string::npos);
+  std::map<std::string, int> uses;
+  for (const auto& [claim, efas] : binder.Bindings()) {
+    for (const auto& efa : efas) ++uses[efa];
+  }
+  for (const auto& efa : g) CHECK(uses[efa] == 2);
+  CHECK(binder.counts().bound == 5);
+}
+
+TEST_CASE("Sharing: EFA-only claims fill every EFA once before any twice, and never beyond",
+          "[late-binding][sharing][concurrency]") {
+  Node node(/*replicas=*/2);
+  LateBinder binder(node.Options());  // no checkpoint: the policy places them
+  std::vector<std::string> efas;
+  for (int g = 0; g < 8; ++g) {
+    for (const auto& efa : node.Group(g)) efas.push_back(efa);
+  }
+  auto uses = [&] {
+    std::map<std::string, int> out;
+    for (const auto& [claim, bound] : binder.Bindings()) {
+      for (const auto& efa : bound) ++out[efa];
+    }
+    return out;
+  };
+  // 32 claims of one replica each: every EFA once.
+  for (const auto& efa : efas) REQUIRE(binder.PreStart(node.table(), {efa + "::0"}).ok());
+  CHECK(uses().size() == 32);
+  for (const auto& [efa, n] : uses()) CHECK(n == 1);
+  // 32 more, concurrently: every EFA twice.
+  std::vector<absl::Status> results(32);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 8 * t; i < 8 * t + 8; ++i) {
+        results[i] = binder.PreStart(node.table(), {efas[i] + "::1"});
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& r : results) CHECK(r.ok());
+  CHECK(uses().size() == 32);
+  for (const auto& [efa, n] : uses()) CHECK(n == 2);
+  // Every replica is bound: a 65th claim (a lost binding's) gets none.
+  const std::vector<std::string> extra = {"rdmap79s0::1", "rdmap80s0::1"};
+  absl::Status status = binder.PreStart(node.table(), extra);
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(status.message() == absl::StrCat("cannot bind ", ClaimName(extra),
+                                         " (kubelet devices \"rdmap79s0::1\", \"rdmap80s0::1\"): "
+                                         "2 EFAs wanted, 0 healthy and free (32 bound to other "
+                                         "containers)"));
+  CHECK(binder.counts().bound == 64);
+  CHECK(binder.counts().failed == 1);
+}

@@ -1,0 +1,88 @@
+#include "plugin/guards/dra_guard.h"
+
+#include <catch2/catch.hpp>
+#include <fstream>
+
+#include "test/plugin/guard_fakes.h"
+
+using namespace efa::plugin;
+using efa::testing::FakeDraDriver;
+using efa::testing::TempDir;
+
+TEST_CASE("IsDraRegistrationName matches the driver's registration socket names exactly", "[dra]") {
+  CHECK(IsDraRegistrationName("dra.net-reg.sock", "dra.net"));
+  // Rolling updates: the pod UID between the name and the suffix.
+  CHECK(IsDraRegistrationName("dra.net-11111111-2222-3333-4444-555555555555-reg.sock", "dra.net"));
+  // Names that merely contain the driver's are other drivers' (or none).
+  for (const char* other :
+       {"dra.net.sock", "foo.dra.net-reg.sock", "dra.network-reg.sock", "dra.net-reg.sock.tmp",
+        "xdra.net-reg.sock", "dra.net-x-reg.sock", "dra.net--reg.sock",
+        "dra.net-11111111-2222-3333-4444-55555555555G-reg.sock",
+        "dra.net-111111112-222-3333-4444-555555555555-reg.sock", "ebs.csi.aws.com-reg.sock",
+        "gpu.nvidia.com-reg.sock", "dra.net"}) {
+    INFO(other);
+    CHECK_FALSE(IsDraRegistrationName(other, "dra.net"));
+  }
+  CHECK_FALSE(IsDraRegistrationName("anything", ""));
+}
+
+TEST_CASE(
+    "DetectDraDriver ignores a listening socket of another driver whose name contains "
+    "dra.net",
+    "[dra]") {
+  TempDir dir;
+  const auto registry = dir.path() / "plugins_registry";
+  FakeDraDriver other(registry, "foo.dra.net-reg.sock");
+  other.Start();
+  DraReport report = DetectDraDriver(registry, "dra.net");
+  CHECK_FALSE(report.present);
+  CHECK(report.evidence == "no dra.net registration socket in " + registry.string());
+}
+
+TEST_CASE("DetectDraDriver finds a listening dra.net registration socket", "[dra]") {
+  TempDir dir;
+  const auto registry = dir.path() / "plugins_registry";
+
+  auto no_dir = DetectDraDriver(registry);
+  CHECK_FALSE(no_dir.present);
+  CHECK(no_dir.evidence == "no dra.net registration socket in " + registry.string());
+
+  FakeDraDriver other(registry, "ebs.csi.aws.com-reg.sock");
+  other.Start();
+  CHECK_FALSE(DetectDraDriver(registry).present);
+
+  FakeDraDriver driver(registry);
+  driver.Start();
+  auto present = DetectDraDriver(registry);
+  CHECK(present.present);
+  CHECK(present.evidence == driver.socket_path().string() +
+                                ": the dra.net DRA driver's registration socket accepts "
+                                "connections");
+
+  driver.Stop();
+  CHECK_FALSE(DetectDraDriver(registry).present);
+}
+
+TEST_CASE("DetectDraDriver ignores a stale socket and a plain file", "[dra]") {
+  TempDir dir;
+  const auto registry = dir.path() / "plugins_registry";
+  FakeDraDriver driver(registry);
+  driver.Start();
+  driver.Crash();  // the file stays, nothing listens
+  auto stale = DetectDraDriver(registry);
+  CHECK_FALSE(stale.present);
+  CHECK(stale.evidence ==
+        driver.socket_path().string() + ": refuses connections (stale: Connection refused)");
+
+  std::filesystem::remove(driver.socket_path());
+  std::ofstream(registry / "dra.net-reg.sock") << "not a socket";
+  CHECK_FALSE(DetectDraDriver(registry).present);
+}
+
+TEST_CASE("DRA policies parse by name", "[dra]") {
+  CHECK(ParseDraPolicy("yield").value() == DraPolicy::kYield);
+  CHECK(ParseDraPolicy("ignore").value() == DraPolicy::kIgnore);
+  CHECK(ParseDraPolicy("share").status().message() ==
+        "dra policy \"share\": expected yield or ignore");
+  CHECK(DraPolicyName(DraPolicy::kIgnore) == "ignore");
+}

@@ -1,0 +1,351 @@
+// The EFAs' counters read from a simulated node's sysfs, with time given by
+// the test: read at most once per interval, missing files counted, idle
+// EFAs of a container, and device health with its hold-down.
+#include "plugin/ops/efa_counter_monitor.h"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
+#include "test/sim/sim_root.h"
+#include "topology/efa_discovery.h"
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using namespace efa::plugin;
+using efa::sim::SimRoot;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// The p4d's EFAs, in PCI order.
+constexpr char kEfa0[] = "rdmap16s27";
+constexpr char kEfa1[] = "rdmap32s27";
+constexpr char kEfa2[] = "rdmap144s27";
+
+// Captures what the default logger writes while it lives.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    sink->set_pattern("[%l] %v");
+    auto logger = std::make_shared<spdlog::logger>("capture", sink);
+    logger->set_level(spdlog::level::info);
+    spdlog::set_default_logger(logger);
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  // The lines logged since the last call.
+  std::vector<std::string> Take() {
+    std::vector<std::string> lines;
+    std::istringstream in(out_.str());
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    out_.str("");
+    return lines;
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// A monitor of a simulated p4d whose clock the test moves.
+struct Node {
+  explicit Node(EfaCounterMonitorOptions options = {}) : sim("p4d.24xlarge") {
+    options.sysfs_root = sim.sys();
+    options.now = [this] { return now; };
+    options.holders = [this]() -> absl::StatusOr<std::vector<EfaHolder>> {
+      if (!holders_error.ok()) return holders_error;
+      return holders;
+    };
+    options.on_health_change = [this] { ++health_changes; };
+    monitor = std::make_unique<EfaCounterMonitor>(std::move(options));
+    monitor->SetDevices(efa::topology::DiscoverEfaDevices(sim.roots()).devices);
+  }
+  const EfaCounterSnapshot::Efa& Efa(const EfaCounterSnapshot& s, const std::string& ibdev) {
+    for (const auto& e : s.efas) {
+      if (e.device.ibdev == ibdev) return e;
+    }
+    throw std::runtime_error("no EFA " + ibdev);
+  }
+
+  SimRoot sim;
+  Clock::time_point now{std::chrono::hours(1)};
+  std::vector<EfaHolder> holders;
+  absl::Status holders_error;  // not OK: listing them fails so
+  int health_changes = 0;
+  std::unique_ptr<EfaCounterMonitor> monitor;
+};
+
+EfaCounterMonitorOptions Health(std::chrono::milliseconds keep_alive, int admin_errors,
+                                std::chrono::milliseconds hold_down) {
+  EfaCounterMonitorOptions o;
+  o.interval = 10s;
+  o.health = {true, keep_alive, admin_errors, hold_down};
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("EFA counters are read at most once per interval, for the present EFAs only",
+          "[counters]") {
+  EfaCounterMonitorOptions options;
+  options.interval = 10s;
+  Node node(options);
+  auto devices = efa::topology::DiscoverEfaDevices(node.sim.roots()).devices;
+  REQUIRE(devices.size() == 4);
+  devices.pop_back();  // gone from the latest scan
+  node.monitor->SetDevices(devices);
+  node.sim.SetCounter(kEfa0, "tx_bytes", 4096);
+  node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 7);
+
+  auto first = node.monitor->Sample();
+  CHECK(first->reads == 1);
+  REQUIRE(first->efas.size() == 3);
+  const auto& efa0 = node.Efa(*first, kEfa0);
+  CHECK(efa0.device.pci.ToString() == "0000:10:1b.0");
+  CHECK(efa0.counters.Get("tx_bytes") == 4096u);
+  CHECK(efa0.counters.Get("keep_alive_rcvd") == 7u);
+  CHECK(efa0.counters.Get("rx_bytes") == 0u);
+  CHECK(efa0.counters.missing == 0);
+  CHECK(efa0.counters.errors.empty());
+
+  // Within the interval: the same read, whatever the files say now.
+  node.sim.SetCounter(kEfa0, "tx_bytes", 8192);
+  node.now += 9999ms;
+  CHECK(node.monitor->Sample() == first);
+  node.now += 1ms;
+  auto second = node.monitor->Sample();
+  CHECK(second->reads == 2);
+  CHECK(node.Efa(*second, kEfa0).counters.Get("tx_bytes") == 8192u);
+}
+
+TEST_CASE("A counter file the driver does not have is counted as missing, a bad one as an error",
+          "[counters]") {
+  Node node;
+  // An older kernel without the port counters; garbage and a directory
+  // where two counters should be.
+  fs::remove_all(node.sim.sys() / "class/infiniband" / kEfa1 / "ports/1/hw_counters");
+  const fs::path counters = node.sim.sys() / "class/infiniband" / kEfa2 / "hw_counters";
+  std::ofstream(counters / "cmds_err") << "many\n";
+  fs::remove(counters / "reg_mr_err");
+  fs::create_directory(counters / "reg_mr_err");
+
+  auto s = node.monitor->Sample();
+  const auto& efa1 = node.Efa(*s, kEfa1);
+  int port_counters = 0;
+  for (const auto& c : efa::topology::EfaCounters()) port_counters += c.port ? 1 : 0;
+  CHECK(efa1.counters.missing == port_counters);
+  CHECK(efa1.counters.errors.empty());
+  CHECK_FALSE(efa1.counters.Get("tx_bytes").has_value());
+  CHECK(efa1.counters.Get("keep_alive_rcvd") == 0u);
+
+  const auto& efa2 = node.Efa(*s, kEfa2);
+  CHECK(efa2.counters.missing == 0);
+  CHECK(efa2.counters.errors ==
+        std::vector<std::string>{
+            (counters / "cmds_err").string() + ": expected a counter like \"1234\", got \"many\"",
+            (counters / "reg_mr_err").string() + ": Is a directory"});
+  CHECK_FALSE(efa2.counters.Get("cmds_err").has_value());
+  CHECK(efa2.counters.Get("tx_bytes") == 0u);
+}
+
+TEST_CASE("A container's EFAs that move no bytes for the idle timeout are idle, until they do",
+          "[counters]") {
+  EfaCounterMonitorOptions options;
+  options.interval = 1s;
+  options.idle_timeout = 10min;
+  Node node(options);
+  LogCapture log;
+  node.holders = {{"default", "train-0", "main", {kEfa0, kEfa1}}};
+
+  auto s = node.monitor->Sample();
+  REQUIRE(s->containers.size() == 1);
+  CHECK(s->containers[0].holder.Name() == "default/train-0/main");
+  CHECK(s->containers[0].idle.empty());
+  node.now += 10min - 1s;
+  CHECK(node.monitor->Sample()->containers[0].idle.empty());
+  CHECK(log.Take().empty());
+
+  node.now += 1s;
+  CHECK(node.monitor->Sample()->containers[0].idle == std::vector<std::string>{kEfa0, kEfa1});
+  CHECK(log.Take() == std::vector<std::string>{
+                          "[warning] allocated EFAs idle: possible TCP fallback: pod "
+                          "default/train-0 container main: EFAs rdmap16s27,rdmap32s27 (2 of its "
+                          "2) moved no bytes for 10m"});
+  // Still idle: said once.
+  node.now += 1min;
+  CHECK(node.monitor->Sample()->containers[0].idle.size() == 2);
+  CHECK(log.Take().empty());
+
+  // One EFA moves bytes (received only); a new container gets an EFA that
+  // has been idle all along: it is idle only 10 minutes after it got it.
+  node.sim.SetCounter(kEfa1, "rx_bytes", 1);
+  node.holders.push_back({"ml", "infer-0", "server", {kEfa2}});
+  node.now += 1min;
+  s = node.monitor->Sample();
+  REQUIRE(s->containers.size() == 2);
+  CHECK(s->containers[0].idle == std::vector<std::string>{kEfa0});
+  CHECK(s->containers[1].idle.empty());
+  CHECK(log.Take() ==
+        std::vector<std::string>{"[info] allocated EFAs moving bytes again: pod default/train-0 "
+                                 "container main: EFAs rdmap32s27 (still idle: rdmap16s27)"});
+  node.now += 10min;
+  s = node.monitor->Sample();
+  CHECK(s->containers[0].idle == std::vector<std::string>{kEfa0, kEfa1});
+  CHECK(s->containers[1].idle == std::vector<std::string>{kEfa2});
+
+  // The pod goes: its container's series go with it.
+  node.holders.erase(node.holders.begin());
+  node.now += 1s;
+  s = node.monitor->Sample();
+  REQUIRE(s->containers.size() == 1);
+  CHECK(s->containers[0].holder.Name() == "ml/infer-0/server");
+}
+
+TEST_CASE("Holders that cannot be listed leave the last known ones", "[counters]") {
+  EfaCounterMonitorOptions options;
+  options.interval = 1s;
+  Node node(options);
+  node.holders = {{"default", "train-0", "main", {kEfa0}}};
+  CHECK(node.monitor->Sample()->containers.size() == 1);
+  node.holders_error = absl::UnavailableError("kubelet.sock: List: connection refused");
+  node.now += 1s;
+  auto s = node.monitor->Sample();
+  REQUIRE(s->containers.size() == 1);
+  CHECK(s->containers[0].holder.Name() == "default/train-0/main");
+}
+
+TEST_CASE("keep_alive_rcvd that stops makes an EFA Unhealthy, healthy again after the hold-down",
+          "[counters][health]") {
+  Node node(Health(60s, 10, 5min));
+  LogCapture log;
+  node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 1);
+  node.monitor->Sample();
+  node.now += 10s;
+  node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 2);  // seen advancing
+  node.monitor->Sample();
+  node.now += 50s;
+  node.monitor->Sample();
+  CHECK(node.monitor->HealthProblems().empty());
+
+  node.now += 10s;  // 60 s since it last advanced
+  auto s = node.monitor->Sample();
+  const std::string reason =
+      "keep_alive_rcvd has not advanced for 1m (stuck at 2): the device stopped sending "
+      "keep-alives";
+  CHECK(node.monitor->HealthProblems() == std::map<std::string, std::string>{{kEfa0, reason}});
+  CHECK(node.Efa(*s, kEfa0).unhealthy_kind == "keep_alive");
+  CHECK(node.health_changes == 1);
+  CHECK(log.Take() == std::vector<std::string>{
+                          "[warning] EFA rdmap16s27 is unhealthy by its counters: " + reason});
+
+  // It resumes, stalls again within the hold-down (still Unhealthy, said
+  // once), resumes: Healthy only a whole hold-down after the last problem.
+  node.now += 10s;
+  node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 3);
+  node.monitor->Sample();
+  for (int i = 0; i < 6; ++i) {
+    node.now += 10s;
+    node.monitor->Sample();
+  }
+  CHECK(node.monitor->HealthProblems().size() == 1);  // stalled 60 s again
+  node.now += 10s;
+  node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 4);
+  node.monitor->Sample();
+  const auto resumed = node.now;
+  while (node.now < resumed + 5min - 10s) {
+    node.now += 10s;
+    node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 5 + (node.now - resumed) / 10s);
+    node.monitor->Sample();
+    REQUIRE(node.monitor->HealthProblems().size() == 1);
+  }
+  CHECK(node.health_changes == 1);
+  CHECK(log.Take().empty());
+  node.now += 10s;
+  node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 100);
+  node.monitor->Sample();
+  CHECK(node.monitor->HealthProblems().empty());
+  CHECK(node.health_changes == 2);
+  CHECK(log.Take() == std::vector<std::string>{
+                          "[info] EFA rdmap16s27 is healthy again by its counters: no problem for "
+                          "5m (was: " +
+                          reason + ")"});
+}
+
+TEST_CASE("A keep_alive_rcvd never seen advancing is not judged", "[counters][health]") {
+  Node node(Health(60s, 10, 5min));
+  for (int i = 0; i < 10; ++i) {
+    node.monitor->Sample();
+    node.now += 1h;
+  }
+  CHECK(node.monitor->HealthProblems().empty());
+  CHECK(node.health_changes == 0);
+}
+
+TEST_CASE("Admin commands failing make an EFA Unhealthy", "[counters][health]") {
+  Node node(Health(1h, 10, 1min));
+  LogCapture log;
+  node.monitor->Sample();
+  node.sim.SetCounter(kEfa0, "cmds_err", 9);
+  node.now += 10s;
+  node.monitor->Sample();
+  CHECK(node.monitor->HealthProblems().empty());
+  node.sim.SetCounter(kEfa0, "cmds_err", 19);
+  node.sim.SetCounter(kEfa1, "no_completion_cmds", 1);
+  // The admin queue of kEfa2 is closed: its port counters cannot be read
+  // (a directory stands in for the driver's ENODEV).
+  const fs::path tx = node.sim.sys() / "class/infiniband" / kEfa2 / "ports/1/hw_counters/tx_bytes";
+  fs::remove(tx);
+  fs::create_directory(tx);
+  node.now += 10s;
+  auto s = node.monitor->Sample();
+  CHECK(node.monitor->HealthProblems() ==
+        std::map<std::string, std::string>{
+            {kEfa0, "admin commands failing: cmds_err rose by 10 since the last read (limit 10)"},
+            {kEfa1,
+             "admin commands failing: no_completion_cmds rose by 1 (the device left admin "
+             "commands unanswered)"},
+            {kEfa2, "admin commands failing: the device cannot report its counters (" +
+                        tx.string() + ": Is a directory)"}});
+  CHECK(node.Efa(*s, kEfa0).unhealthy_kind == "admin_errors");
+  CHECK(node.health_changes == 1);
+  CHECK(log.Take().size() == 3);  // a warning for each
+
+  // No more errors for the hold-down: kEfa0 and kEfa1 are Healthy again;
+  // kEfa2 still cannot report.
+  node.now += 10s;
+  node.monitor->Sample();
+  node.now += 1min;
+  node.monitor->Sample();
+  const auto problems = node.monitor->HealthProblems();
+  CHECK(problems.size() == 1);
+  CHECK(problems.count(kEfa2) == 1);
+  CHECK(node.health_changes == 2);
+  CHECK(log.Take() ==
+        std::vector<std::string>{
+            "[info] EFA rdmap16s27 is healthy again by its counters: no problem for 1m (was: admin "
+            "commands failing: cmds_err rose by 10 since the last read (limit 10))",
+            "[info] EFA rdmap32s27 is healthy again by its counters: no problem for 1m (was: admin "
+            "commands failing: no_completion_cmds rose by 1 (the device left admin commands "
+            "unanswered))"});
+}
+
+TEST_CASE("Without device health nothing is judged unhealthy", "[counters][health]") {
+  EfaCounterMonitorOptions options;
+  options.interval = 10s;
+  Node node(options);
+  node.monitor->Sample();
+  node.sim.SetCounter(kEfa0, "no_completion_cmds", 5);
+  node.now += 1h;
+  auto s = node.monitor->Sample();
+  CHECK(node.monitor->HealthProblems().empty());
+  CHECK(node.Efa(*s, kEfa0).unhealthy.empty());
+  CHECK(node.health_changes == 0);
+}

@@ -1,0 +1,156 @@
+// The HTTP server over real TCP sockets: routes, methods, limits. Requests
+// go through cpp-httplib's client; malformed and stalled ones through a bare
+// socket, which no client library sends.
+#include "plugin/ops/http_server.h"
+
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+
+using namespace efa::plugin;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<HttpServer> StartServer(HttpServerOptions options = {}) {
+  auto server =
+      HttpServer::Start("127.0.0.1:0",
+                        {{"/hello",
+                          [] {
+                            return HttpResponse{200, "text/plain; charset=utf-8", "hello\n"};
+                          }},
+                         {"/down",
+                          [] {
+                            return HttpResponse{503, "text/plain; charset=utf-8", "not ok: down\n"};
+                          }}},
+                        options);
+  REQUIRE(server.ok());
+  REQUIRE((*server)->port() != 0);
+  return *std::move(server);
+}
+
+// Sends `request` on a new loopback connection and returns what the server
+// wrote until it closed the connection (empty when it wrote nothing).
+std::string RawExchange(uint16_t port, const std::string& request) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string reply;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) reply.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return reply;
+}
+
+}  // namespace
+
+TEST_CASE("The HTTP server answers GET on its routes and closes the connection",
+          "[http][concurrency]") {
+  auto server = StartServer();
+  httplib::Client client("127.0.0.1", server->port());
+  auto reply = client.Get("/hello");
+  REQUIRE(reply);
+  CHECK(reply->status == 200);
+  CHECK(reply->body == "hello\n");
+  CHECK(reply->get_header_value("Content-Type") == "text/plain; charset=utf-8");
+  CHECK(reply->get_header_value("Content-Length") == "6");
+  CHECK(reply->get_header_value("Connection") == "close");
+
+  reply = client.Get("/hello?verbose=1");
+  REQUIRE(reply);
+  CHECK(reply->status == 200);
+  reply = client.Get("/down");
+  REQUIRE(reply);
+  CHECK(reply->status == 503);
+  CHECK(reply->body == "not ok: down\n");
+}
+
+TEST_CASE("The HTTP server answers HEAD without a body", "[http][concurrency]") {
+  auto server = StartServer();
+  auto reply = httplib::Client("127.0.0.1", server->port()).Head("/hello");
+  REQUIRE(reply);
+  CHECK(reply->status == 200);
+  CHECK(reply->get_header_value("Content-Length") == "6");
+  CHECK(reply->body.empty());
+}
+
+TEST_CASE("The HTTP server refuses unknown paths, other methods and malformed requests",
+          "[http][concurrency]") {
+  auto server = StartServer();
+  httplib::Client client("127.0.0.1", server->port());
+  CHECK(client.Get("/nope")->status == 404);
+  CHECK(client.Get("/hello/")->status == 404);
+  auto reply = client.Post("/hello", "", "text/plain");
+  REQUIRE(reply);
+  CHECK(reply->status == 405);
+  CHECK(reply->get_header_value("Allow") == "GET, HEAD");
+  CHECK(RawExchange(server->port(), "GET /hello\r\n\r\n").rfind("HTTP/1.1 400 ", 0) == 0);
+  CHECK(RawExchange(server->port(), "GET /hello SPDY/3\r\n\r\n").rfind("HTTP/1.1 400 ", 0) == 0);
+}
+
+TEST_CASE("The HTTP server bounds the request size and the time a client may take",
+          "[http][concurrency]") {
+  HttpServerOptions options;
+  options.read_timeout = 200ms;
+  auto server = StartServer(options);
+  // A header line over 8 KiB.
+  CHECK(RawExchange(server->port(),
+                    "GET /hello HTTP/1.1\r\nX-Pad: " + std::string(9000, 'a') + "\r\n\r\n")
+            .rfind("HTTP/1.1 400 ", 0) == 0);
+  // A client that stops in the middle of its request, or never starts one,
+  // is disconnected, and the server goes on serving others.
+  for (const char* stalled : {"GET /hel", ""}) {
+    INFO('"' << stalled << '"');
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(RawExchange(server->port(), stalled).empty());
+    CHECK(std::chrono::steady_clock::now() - start < 4s);
+  }
+  CHECK(httplib::Client("127.0.0.1", server->port()).Get("/hello")->status == 200);
+}
+
+TEST_CASE("Listen addresses are parsed and checked", "[http]") {
+  using Parsed = std::pair<std::string, uint16_t>;
+  CHECK(*ParseListenAddress(":8080") == Parsed{"", 8080});
+  CHECK(*ParseListenAddress("127.0.0.1:9090") == Parsed{"127.0.0.1", 9090});
+  CHECK(*ParseListenAddress("[::1]:0") == Parsed{"::1", 0});
+  CHECK(*ParseListenAddress("localhost:65535") == Parsed{"localhost", 65535});
+  for (const char* bad : {"8080", ":", ":65536", "::1:80", "[::1:80", "a b:80", ":-1", ":80a"}) {
+    INFO(bad);
+    auto parsed = ParseListenAddress(bad);
+    REQUIRE_FALSE(parsed.ok());
+    CHECK(std::string(parsed.status().message()) ==
+          std::string("expected an address like \":8080\" or \"127.0.0.1:8080\", got \"") + bad +
+              "\"");
+  }
+}
+
+TEST_CASE("A port already in use is an error naming the address", "[http][concurrency]") {
+  auto first = StartServer();
+  const std::string address = "127.0.0.1:" + std::to_string(first->port());
+  auto second = HttpServer::Start(address, {});
+  REQUIRE_FALSE(second.ok());
+  CHECK(std::string(second.status().message()) ==
+        "\"" + address + "\": bind: Address already in use");
+}
+
+TEST_CASE("A server on every interface answers on IPv4 loopback", "[http][concurrency]") {
+  auto server = HttpServer::Start(":0", {{"/hello", [] { return HttpResponse{}; }}});
+  REQUIRE(server.ok());
+  auto reply = httplib::Client("127.0.0.1", (*server)->port()).Get("/hello");
+  REQUIRE(reply);
+  CHECK(reply->status == 200);
+}
