@@ -25,7 +25,6 @@
 
 namespace efa::plugin {
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -196,7 +195,7 @@ void Daemon::Wake() {
 void Daemon::Heartbeat() {
   registered_now_ = registered_;
   known_devices_ = static_cast<int>(known_.size());
-  heartbeat_ns_ = std::max<int64_t>(1, Clock::now().time_since_epoch().count());
+  heartbeat_ns_ = std::max<int64_t>(1, options_.clock->Now().time_since_epoch().count());
 }
 
 std::optional<Clock::time_point> Daemon::heartbeat() const {
@@ -467,7 +466,7 @@ void Daemon::TryRegister() {
 void Daemon::RetryRegistrationLater(std::string_view why) {
   register_backoff_ =
       std::clamp(register_backoff_ * 2, std::chrono::milliseconds(250), kMaxBackoff);
-  next_register_ = Clock::now() + register_backoff_;
+  next_register_ = options_.clock->Now() + register_backoff_;
   spdlog::warn("{}; retrying in {} ms", why, register_backoff_.count());
 }
 
@@ -494,11 +493,11 @@ void Daemon::HandleInotify() {
                                    : "kubelet.sock appeared; registering");
           registered_ = false;
           register_backoff_ = std::chrono::milliseconds(0);
-          next_register_ = Clock::now();
+          next_register_ = options_.clock->Now();
         } else if (name == kPluginSocket && (ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
           spdlog::info("{} was deleted; serving and registering again", name);
           registered_ = false;
-          next_register_ = Clock::now();
+          next_register_ = options_.clock->Now();
         } else if (name == kCheckpointFile) {
           guards = true;  // the MOFED guard reads it
           report = true;  // a container was admitted or removed
@@ -523,7 +522,7 @@ void Daemon::HandleInotify() {
     if (registrations_ > 0) {
       registered_ = false;  // registering again is harmless, a missed restart is not
       register_backoff_ = std::chrono::milliseconds(0);
-      next_register_ = Clock::now();
+      next_register_ = options_.clock->Now();
     }
   }
   if (guards && CheckGuards()) rescan = true;
@@ -533,7 +532,7 @@ void Daemon::HandleInotify() {
 
 void Daemon::PeriodicCheck() {
   // One wake-up per interval for all periodic work, not one per kind.
-  next_periodic_ = Clock::now() + options_.rescan_interval;
+  next_periodic_ = options_.clock->Now() + options_.rescan_interval;
   // The fallback for changes no uevent or inotify event reported: a full
   // discovery of a p5 costs about a thousand system calls, its fingerprint
   // a tenth of that.
@@ -576,7 +575,7 @@ void Daemon::ReportAlignment(bool periodic) {
     if (aligner_->Report(*model_)) {
       reported_checkpoint_ = checkpoint;
     } else {
-      next_report_ = Clock::now() + std::chrono::milliseconds(500);
+      next_report_ = options_.clock->Now() + std::chrono::milliseconds(500);
     }
   }
 }
@@ -609,15 +608,15 @@ int Daemon::Run() {
     late_binder_->Recover();
     late_binder_->ReleaseGone();
   }
-  next_register_ = Clock::now();
-  next_periodic_ = Clock::now() + options_.rescan_interval;
+  next_register_ = options_.clock->Now();
+  next_periodic_ = options_.clock->Now() + options_.rescan_interval;
   bool announced_idle = false;
 
   while (!stop_) {
     if (stream_ended_.exchange(false) && registered_) {
       spdlog::info("the kubelet ended ListAndWatch; registering again");
       registered_ = false;
-      next_register_ = Clock::now();
+      next_register_ = options_.clock->Now();
     }
     const bool have_devices = !known_.empty();
     if (!have_devices && !announced_idle) {
@@ -635,7 +634,7 @@ int Daemon::Run() {
         spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
       }
     }
-    if (have_devices && !registered_ && !dra_yield_ && Clock::now() >= next_register_) {
+    if (have_devices && !registered_ && !dra_yield_ && options_.clock->Now() >= next_register_) {
       TryRegister();
     }
     UpdateModel();  // after the registration: the kubelet does not wait for hwloc
@@ -646,7 +645,8 @@ int Daemon::Run() {
       deadline = std::min(deadline, next_register_);
     }
     Heartbeat();
-    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    auto wait =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - options_.clock->Now());
     std::vector<pollfd> pfds = {{fds_->wake, POLLIN, 0}, {fds_->inotify, POLLIN, 0}};
     if (fds_->uevent >= 0) pfds.push_back({fds_->uevent, POLLIN, 0});
     if (fds_->signal >= 0) pfds.push_back({fds_->signal, POLLIN, 0});
@@ -671,7 +671,7 @@ int Daemon::Run() {
             spdlog::info("SIGHUP: rescanning and registering again");
             Rescan();
             registered_ = false;
-            next_register_ = Clock::now();
+            next_register_ = options_.clock->Now();
           } else {
             spdlog::info("signal {}: stopping", info.ssi_signo);
             stop_ = true;
@@ -679,15 +679,16 @@ int Daemon::Run() {
         }
       }
     }
-    if (Clock::now() >= next_guard_check_ && CheckGuards()) Rescan();
-    if (report_requested_.exchange(false) || Clock::now() >= next_report_) ReportAlignment();
-    if (options_.device_health.enabled && Clock::now() >= next_health_read_) {
+    if (options_.clock->Now() >= next_guard_check_ && CheckGuards()) Rescan();
+    if (report_requested_.exchange(false) || options_.clock->Now() >= next_report_)
+      ReportAlignment();
+    if (options_.device_health.enabled && options_.clock->Now() >= next_health_read_) {
       // A scrape in between reads for it; then this answers the last read.
       counters_->Sample();
-      next_health_read_ = Clock::now() + options_.counter_interval;
+      next_health_read_ = options_.clock->Now() + options_.counter_interval;
     }
     if (health_changed_.exchange(false)) Publish();
-    if (Clock::now() >= next_periodic_) PeriodicCheck();
+    if (options_.clock->Now() >= next_periodic_) PeriodicCheck();
   }
   StopServer();
   spdlog::info("stopped; {} removed", plugin_socket().string());

@@ -17,11 +17,12 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment/aligner.h"
+#include "plugin/alignment/late_binder.h"
+#include "plugin/clock.h"
 #include "plugin/device_plugin_service.h"
 #include "plugin/guards/dra_guard.h"
-#include "plugin/ops/efa_counter_monitor.h"
-#include "plugin/alignment/late_binder.h"
 #include "plugin/guards/mofed_guard.h"
+#include "plugin/ops/efa_counter_monitor.h"
 #include "plugin/rpc_observer.h"
 #include "topology/sysfs.h"
 
@@ -79,6 +80,9 @@ struct DaemonOptions {
   // owner thread; must be quick).
   RpcObserver* rpc_observer = nullptr;
   std::function<void(const topology::Inventory&)> on_inventory;
+  // The time the owner loop and the monitor read (not owned; tests pass a
+  // fake one and call Daemon::Wake() after moving it on).
+  const Clock* clock = &Clock::Steady();
 };
 
 // What the guards found at their latest check, for logs, metrics and
@@ -114,6 +118,11 @@ class Daemon {
   int Run();
   // Asks Run() to return. Thread-safe, async-signal-unsafe.
   void Stop();
+  // Makes the owner loop run a pass now, reading the clock again (after a
+  // fake clock moved on). Thread-safe.
+  void Wake();
+  // The clock of DaemonOptions. Thread-safe.
+  const Clock& clock() const { return *options_.clock; }
 
   // Successful registrations with the kubelet so far. Thread-safe.
   int registrations() const { return registrations_.load(); }
@@ -122,7 +131,7 @@ class Daemon {
   int kubelet_restarts() const { return kubelet_restarts_.load(); }
   // When the owner loop last finished a pass (it then waits up to the
   // rescan interval), or nullopt before Run() got that far. Thread-safe.
-  std::optional<std::chrono::steady_clock::time_point> heartbeat() const;
+  std::optional<Clock::time_point> heartbeat() const;
   // Whether the resource is registered with the kubelet now, and how many
   // EFAs the daemon knows (listed to the kubelet unless withdrawn), as of
   // the latest heartbeat. Thread-safe.
@@ -183,7 +192,6 @@ class Daemon {
   void TryRegister();
   void HandleInotify();
   void WatchDeviceDirs();
-  void Wake();
   // Publishes the heartbeat and the state read by other threads.
   void Heartbeat();
   // Runs the guards, logs what changed and publishes guard_status_. Returns
@@ -206,28 +214,28 @@ class Daemon {
   std::atomic<bool> stream_ended_{false};
   std::atomic<int> registrations_{0};
   std::atomic<int> kubelet_restarts_{0};
-  std::atomic<int64_t> heartbeat_ns_{0};  // steady_clock; 0: none yet
+  std::atomic<int64_t> heartbeat_ns_{0};  // clock(); 0: none yet
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
   std::atomic<int> checkpoint_entries_skipped_{0};
 
   // Owner-thread state.
   bool registered_ = false;
-  std::chrono::steady_clock::time_point next_register_;
+  Clock::time_point next_register_;
   std::chrono::milliseconds register_backoff_{0};
-  std::chrono::steady_clock::time_point next_periodic_;
-  std::chrono::steady_clock::time_point next_health_read_;  // with device health only
-  std::map<std::string, topology::EfaDevice> known_;        // every EFA seen, by PCI address
-  topology::Inventory inventory_;                           // the latest discovery
-  std::shared_ptr<const topology::HostModel> model_;        // rebuilt when the EFAs change
-  std::string model_key_;                                   // the EFAs model_ was built from
-  bool model_stale_ = false;                                // the EFAs changed since
-  bool serving_started_ = false;                            // the first EFA was seen
-  std::string fingerprint_;      // DiscoveryFingerprint at the latest rescan
-  int passes_since_rescan_ = 0;  // periodic passes since
+  Clock::time_point next_periodic_;
+  Clock::time_point next_health_read_;                // with device health only
+  std::map<std::string, topology::EfaDevice> known_;  // every EFA seen, by PCI address
+  topology::Inventory inventory_;                     // the latest discovery
+  std::shared_ptr<const topology::HostModel> model_;  // rebuilt when the EFAs change
+  std::string model_key_;                             // the EFAs model_ was built from
+  bool model_stale_ = false;                          // the EFAs changed since
+  bool serving_started_ = false;                      // the first EFA was seen
+  std::string fingerprint_;                           // DiscoveryFingerprint at the latest rescan
+  int passes_since_rescan_ = 0;                       // periodic passes since
   std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
-  std::chrono::steady_clock::time_point next_report_ =                  // alignment report retry
-      std::chrono::steady_clock::time_point::max();
+  Clock::time_point next_report_ =                                      // alignment report retry
+      Clock::time_point::max();
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
   int kubelet_watch_ = -1;
@@ -238,8 +246,7 @@ class Daemon {
   bool mofed_protect_ = false;  // every EFA held Unhealthy
   std::string mofed_problem_;   // their health problem meanwhile
   // A guard check sooner than the periodic one (a DRA socket to probe again).
-  std::chrono::steady_clock::time_point next_guard_check_ =
-      std::chrono::steady_clock::time_point::max();
+  Clock::time_point next_guard_check_ = Clock::time_point::max();
   // While a DRA registration socket refuses connections: the delay of the
   // next probe (doubling from 100 ms), since a driver binds its socket
   // before it listens and nothing signals the listen().

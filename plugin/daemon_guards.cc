@@ -86,7 +86,7 @@ bool Daemon::CheckGuards() {
     // at the bind is refused. Probe again soon, less often as it stays so.
     dra_reprobe_ = std::clamp(2 * dra_reprobe_, std::chrono::milliseconds(100),
                               std::max(options_.rescan_interval, std::chrono::milliseconds(100)));
-    next_guard_check_ = std::chrono::steady_clock::now() + dra_reprobe_;
+    next_guard_check_ = options_.clock->Now() + dra_reprobe_;
   } else {
     dra_reprobe_ = std::chrono::milliseconds(0);
   }
@@ -126,7 +126,7 @@ bool Daemon::CheckGuards() {
   if (dra_yield_ && !yield) {
     registered_ = false;
     register_backoff_ = std::chrono::milliseconds(0);
-    next_register_ = std::chrono::steady_clock::now();
+    next_register_ = options_.clock->Now();
   }
   mofed_protect_ = protect;
   dra_yield_ = yield;

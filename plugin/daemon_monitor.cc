@@ -10,8 +10,6 @@
 namespace efa::plugin {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr auto kLivenessSlack = std::chrono::seconds(15);
 
 std::string Seconds(Clock::duration d) {
@@ -205,7 +203,7 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
   const auto beat = daemon->heartbeat();
   AddSample(family("heartbeat_age_seconds",
                    "Seconds since the owner loop's last pass (see /healthz).", MetricType::Gauge),
-            beat ? std::chrono::duration<double>(Clock::now() - *beat).count() : 0);
+            beat ? std::chrono::duration<double>(daemon->clock().Now() - *beat).count() : 0);
 
   const AlignmentStats* stats = daemon->alignment_stats();
   const AlignmentStats::Counts counts = stats ? stats->Get() : AlignmentStats::Counts{};
@@ -368,8 +366,8 @@ HttpResponse DaemonMonitor::Metrics() const {
 
 HttpResponse DaemonMonitor::Healthz() const {
   const Daemon* daemon = daemon_.load();
-  return Probe(Liveness(daemon ? daemon->heartbeat() : std::nullopt, Clock::now(),
-                        options_.rescan_interval));
+  if (daemon == nullptr) return Probe(Liveness(std::nullopt, {}, options_.rescan_interval));
+  return Probe(Liveness(daemon->heartbeat(), daemon->clock().Now(), options_.rescan_interval));
 }
 
 HttpResponse DaemonMonitor::Readyz() const {

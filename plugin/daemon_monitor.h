@@ -53,8 +53,7 @@ struct ProbeVerdict {
 // Alive while the owner loop's last pass is younger than 3 rescan intervals
 // plus 15 s (the loop waits up to one interval between passes, and a
 // registration may take 10 s). Pure.
-ProbeVerdict Liveness(std::optional<std::chrono::steady_clock::time_point> heartbeat,
-                      std::chrono::steady_clock::time_point now,
+ProbeVerdict Liveness(std::optional<Clock::time_point> heartbeat, Clock::time_point now,
                       std::chrono::milliseconds rescan_interval);
 
 // Ready when the daemon serves as configured: the resource is registered

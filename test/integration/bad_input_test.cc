@@ -26,10 +26,11 @@
 #include "absl/strings/str_join.h"
 #include "plugin/config.h"
 #include "plugin/daemon.h"
-#include "plugin/kubelet/kubelet_checkpoint.h"
 #include "plugin/guards/mofed_guard.h"
 #include "plugin/guards/nvidia_plugin_process.h"
+#include "plugin/kubelet/kubelet_checkpoint.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/integration/fake_clock.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"
@@ -39,6 +40,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
+using efa::testing::FakeClock;
 using efa::testing::FakeKubelet;
 using efa::testing::FakeProc;
 using efa::testing::TempDir;
@@ -63,14 +65,15 @@ void WriteFile(const fs::path& path, const std::string& bytes) {
 // forwards each request over the daemon's real gRPC socket.
 class ServedNode {
  public:
-  explicit ServedNode(std::chrono::milliseconds rescan = 10s)
+  // `clock`: the daemon's (not owned), the real one when null.
+  explicit ServedNode(const efa::plugin::Clock* clock = nullptr)
       : sim_("p4d.24xlarge"), kubelet_(sim_.path() / "kubelet/device-plugins") {
     REQUIRE(kubelet_.Start().ok());
     DaemonOptions options;
     options.roots = sim_.roots();
     options.kubelet_dir = sim_.path() / "kubelet";
     options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
-    options.rescan_interval = rescan;
+    if (clock) options.clock = clock;
     daemon_ = std::make_unique<Daemon>(options);
     thread_ = std::thread([this] { daemon_->Run(); });
     REQUIRE(kubelet_.WaitForRegistrations(kEfa, 1, kDeadline));
@@ -92,6 +95,7 @@ class ServedNode {
 
   SimRoot& sim() { return sim_; }
   FakeKubelet& kubelet() { return kubelet_; }
+  Daemon& daemon() { return *daemon_; }
 
   // The devices as the kubelet got them ("id health numa").
   std::vector<std::string> KubeletDevices() const {
@@ -645,9 +649,19 @@ TEST_CASE("Bad uverbs device numbers skip that device only", "[bad-input]") {
 
 TEST_CASE("A device broken while the daemon runs turns Unhealthy naming why, the rest unchanged",
           "[bad-input][concurrency]") {
-  ServedNode node(200ms);
+  FakeClock clock;
+  ServedNode node(&clock);
   const fs::path numa = node.sim().sys() / "class/infiniband/rdmap32s27/device/numa_node";
   WriteFile(numa, "garbage\n");
+  // No event tells of a changed attribute: the periodic passes find it, at
+  // the latest with the full rescan of every sixth.
+  auto unhealthy = [&] {
+    const auto devices = node.kubelet().devices(kEfa);
+    return devices.size() == 4 && devices[1].health() == "Unhealthy";
+  };
+  for (int pass = 0; pass < 12 && !unhealthy(); ++pass) {
+    REQUIRE(efa::testing::AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+  }
   REQUIRE(node.kubelet().WaitForDevices(
       kEfa,
       [](const std::vector<v1beta1::Device>& devices) {

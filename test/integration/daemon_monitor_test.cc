@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/integration/fake_clock.h"
 #include "test/plugin/exposition.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
@@ -34,6 +35,8 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
+using efa::testing::AdvanceOnePass;
+using efa::testing::FakeClock;
 using efa::testing::FakeDraDriver;
 using efa::testing::FakeKubelet;
 using efa::testing::ParseMetrics;
@@ -69,7 +72,8 @@ class MonitoredNode {
   explicit MonitoredNode(const std::string& machine,
                          const std::function<void(SimRoot&)>& prepare = nullptr,
                          MofedPolicy mofed_policy = MofedPolicy::kWarn,
-                         AlignmentMode alignment = AlignmentMode::kBestEffort)
+                         AlignmentMode alignment = AlignmentMode::kBestEffort,
+                         const Clock* clock = nullptr)
       : sim_(machine), kubelet_(sim_.path() / "kubelet/device-plugins") {
     if (prepare) prepare(sim_);
     REQUIRE(kubelet_.Start().ok());
@@ -82,6 +86,7 @@ class MonitoredNode {
     options.cdi_spec_dirs = {cdi_dir()};
     options.mofed_policy = mofed_policy;
     options.alignment = alignment;
+    if (clock) options.clock = clock;
     if (alignment == AlignmentMode::kLateBinding) {
       options.cdi_dir = sim_.path() / "var/run/cdi-claims";
       fs::create_directories(options.cdi_dir);
@@ -342,6 +347,31 @@ TEST_CASE("Liveness allows three rescan intervals and some slack between loop pa
   CHECK_FALSE(Liveness(t0, t0 + 16s, 100ms).ok);
 }
 
+TEST_CASE("/healthz fails once the owner loop has not run for three rescan intervals and 15 s",
+          "[monitor]") {
+  FakeClock clock;
+  MonitoredNode node("p4d.24xlarge", nullptr, MofedPolicy::kWarn, AlignmentMode::kBestEffort,
+                     &clock);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(AdvanceOnePass(clock, node.daemon(), 0s, kDeadline));
+  HttpReply reply = HttpGet(node.probe_port(), "/healthz");
+  CHECK(reply.status == 200);
+  CHECK(reply.body == "ok: the owner loop ran 0s ago\n");
+
+  // The loop stalls (nothing wakes it) past 3 x 10 s + 15 s.
+  clock.Advance(45100ms);
+  reply = HttpGet(node.probe_port(), "/healthz");
+  CHECK(reply.status == 503);
+  CHECK(reply.body == "not ok: the owner loop last ran 45.1s ago (limit 45s)\n");
+  CHECK(node.Scrape()["efa_device_plugin_heartbeat_age_seconds"] == Approx(45.1));
+
+  // A pass, and it is alive again.
+  REQUIRE(AdvanceOnePass(clock, node.daemon(), 0s, kDeadline));
+  reply = HttpGet(node.probe_port(), "/healthz");
+  CHECK(reply.status == 200);
+  CHECK(reply.body == "ok: the owner loop ran 0s ago\n");
+}
+
 TEST_CASE("Readiness follows serving as configured, not guard findings", "[monitor][concurrency]") {
   GuardStatus clear;
   CHECK(Readiness(true, 4, clear).ok);
@@ -387,7 +417,7 @@ TEST_CASE("Readiness follows serving as configured, not guard findings", "[monit
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 // Connections to a loopback port held open by a flood: half idle (never a
 // byte), half slow (a request head that never ends, one byte every 300 ms,
@@ -413,7 +443,7 @@ class ConnectionFlood {
     bool slow = false;
     bool open = false;  // connected
     size_t sent = 0;
-    Clock::time_point next_byte;
+    SteadyClock::time_point next_byte;
   };
 
   void Open(Conn& c) {
@@ -444,7 +474,7 @@ class ConnectionFlood {
     } else if (errno != EAGAIN) {
       Close(c);
     }
-    c.next_byte = Clock::now() + 300ms;
+    c.next_byte = SteadyClock::now() + 300ms;
   }
 
   void Run() {
@@ -456,7 +486,7 @@ class ConnectionFlood {
       }
       ::poll(fds.data(), fds.size(), 100);
       size_t open = 0;
-      const auto now = Clock::now();
+      const auto now = SteadyClock::now();
       for (size_t i = 0; i < conns_.size(); ++i) {
         Conn& c = conns_[i];
         if (c.fd < 0) continue;
@@ -497,8 +527,8 @@ TEST_CASE("A flood of idle and slow connections to the metrics address does not 
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   // Both probes pass before the flood (the kubelet's initial delay).
   for (const char* path : {"/healthz", "/readyz"}) {
-    const auto deadline = Clock::now() + kDeadline;
-    while (HttpGet(node.probe_port(), path).status != 200 && Clock::now() < deadline) {
+    const auto deadline = SteadyClock::now() + kDeadline;
+    while (HttpGet(node.probe_port(), path).status != 200 && SteadyClock::now() < deadline) {
       std::this_thread::sleep_for(10ms);
     }
     REQUIRE(HttpGet(node.probe_port(), path).status == 200);
@@ -517,14 +547,14 @@ TEST_CASE("A flood of idle and slow connections to the metrics address does not 
   int probes = 0;
   double worst = 0;
   std::vector<std::string> failures;
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   for (auto next = start; next < start + 30s; next += 100ms) {
     // The schedule of a prober, not a wait for an event.
     std::this_thread::sleep_until(next);
     for (const char* path : {"/healthz", "/readyz"}) {
-      const auto sent = Clock::now();
+      const auto sent = SteadyClock::now();
       auto reply = client.Get(path);
-      const double took = std::chrono::duration<double>(Clock::now() - sent).count();
+      const double took = std::chrono::duration<double>(SteadyClock::now() - sent).count();
       worst = std::max(worst, took);
       ++probes;
       if (!reply || reply->status != 200 || took >= 1.0) {

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/integration/fake_clock.h"
 #include "test/sim/sim_root.h"
 #include "test/temp_dir.h"
 
@@ -31,6 +32,8 @@ using efa::plugin::Daemon;
 using efa::plugin::DaemonOptions;
 using efa::sim::Naming;
 using efa::sim::SimRoot;
+using efa::testing::AdvanceOnePass;
+using efa::testing::FakeClock;
 using efa::testing::FakeKubelet;
 
 namespace {
@@ -195,15 +198,22 @@ TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon][c
 TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear",
           "[daemon][concurrency]") {
   SimRoot p4d("p4d.24xlarge");
-  Node node("no-efa", 50ms);
-  // Wait for several rescans: the daemon must neither exit nor register.
-  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, 300ms) == false);
+  FakeClock clock;
+  Node node("no-efa", 10s, Naming::kUdev, [&](DaemonOptions& o) { o.clock = &clock; });
+  // Several periodic passes: the daemon must neither exit nor register.
+  for (int pass = 0; pass < 8; ++pass) {
+    REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+  }
   CHECK(node.kubelet().registrations(kEfa) == 0);
-  // EFAs appear: hot-plugged into the same root.
+  // EFAs appear: hot-plugged into the same root, found by a periodic pass
+  // (a simulated root has no uevents).
   fs::remove_all(node.sim().sys());
   fs::copy(p4d.sys(), node.sim().sys(),
            fs::copy_options::recursive | fs::copy_options::copy_symlinks);
   for (int n = 0; n < 4; ++n) node.sim().RestoreUverbs(n);  // char devices do not copy
+  for (int pass = 0; pass < 12 && node.kubelet().registrations(kEfa) == 0; ++pass) {
+    REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+  }
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   CHECK(node.kubelet().WaitForDevices(
       kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));

@@ -11,6 +11,7 @@
 #include "plugin/daemon.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/integration/fake_clock.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
 
@@ -19,10 +20,12 @@ using namespace std::chrono_literals;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
 using efa::testing::AcceleratorKind;
+using efa::testing::AdvanceOnePass;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeAcceleratorPluginOptions;
 using efa::testing::FakeCheckpointEntry;
 using efa::testing::FakeCheckpointJson;
+using efa::testing::FakeClock;
 using efa::testing::FakeDraDriver;
 using efa::testing::FakeKubelet;
 using efa::testing::FakeProc;
@@ -60,6 +63,8 @@ class GuardedNode {
     }
   }
 
+  // Before Start(): the daemon reads clock() instead of the real clock.
+  void UseFakeClock() { options_.clock = &clock_; }
   void Start() {
     daemon_ = std::make_unique<Daemon>(options_);
     thread_ = std::thread([this] { daemon_->Run(); });
@@ -94,6 +99,21 @@ class GuardedNode {
         },
         kDeadline);
   }
+  // Whether the kubelet's latest list has `n` devices, each `health`.
+  bool All(const std::string& health, size_t n = 4) const {
+    const auto devices = kubelet_.devices(kEfa);
+    return devices.size() == n && std::all_of(devices.begin(), devices.end(),
+                                              [&](const auto& d) { return d.health() == health; });
+  }
+  // With the fake clock: periodic passes, the clock moved on a rescan
+  // interval for each, until `done` holds (at most 12). Returns whether it
+  // held.
+  bool PassUntil(const std::function<bool()>& done) {
+    for (int pass = 0; pass < 12 && !done(); ++pass) {
+      if (!AdvanceOnePass(clock_, *daemon_, options_.rescan_interval, kDeadline)) return false;
+    }
+    return done();
+  }
   bool WaitStatus(const std::function<bool(const GuardStatus&)>& pred) {
     return daemon_->WaitForGuardStatusForTest(pred, kDeadline);
   }
@@ -109,6 +129,7 @@ class GuardedNode {
   SimRoot sim_;
   FakeKubelet kubelet_;
   FakeProc proc_;
+  FakeClock clock_;
   DaemonOptions options_;
   std::unique_ptr<Daemon> daemon_;
   std::thread thread_;
@@ -310,9 +331,10 @@ TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy 
 
 TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the periodic check",
           "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 100ms);
+  GuardedNode node(MofedPolicy::kProtect);
   const fs::path socket = node.device_plugin_dir() / "nvidia-gpu.sock";
   node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin"}, {"PATH=/bin"}, "v0.19.3", socket);
+  node.UseFakeClock();
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
@@ -324,30 +346,32 @@ TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the 
 
   node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.19.3",
                          socket);
-  REQUIRE(node.WaitAll("Unhealthy"));
+  REQUIRE(node.PassUntil([&] { return node.All("Unhealthy"); }));
   CHECK(node.daemon().guard_status().mofed.evidence[0] ==
         "process 4242 (nvidia-device-plugin v0.19.3): command line sets --mofed-enabled=true");
 
   node.proc().RemoveProcess(4242);
-  CHECK(node.WaitAll("Healthy"));
+  CHECK(node.PassUntil([&] { return node.All("Healthy"); }));
 }
 
 TEST_CASE("A process that only calls itself nvidia-device-plugin does not make EFAs Unhealthy",
           "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 100ms);
+  GuardedNode node(MofedPolicy::kProtect);
   // exec -a nvidia-device-plugin ... --mofed-enabled, without the plugin's socket.
   node.proc().AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"MOFED_ENABLED=true"},
                          "v0.19.1");
+  node.UseFakeClock();
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   const std::string ignored =
       "process 4242 (nvidia-device-plugin v0.19.1): not the NVIDIA device "
       "plugin (no nvidia-*.sock socket in " +
       node.device_plugin_dir().string() + "); ignored";
-  REQUIRE(node.WaitStatus([&](const GuardStatus& s) {
+  auto ignored_twice = [&](const GuardStatus& s) {
     return s.checks >= 2 && std::find(s.mofed.evidence.begin(), s.mofed.evidence.end(), ignored) !=
                                 s.mofed.evidence.end();
-  }));
+  };
+  REQUIRE(node.PassUntil([&] { return ignored_twice(node.daemon().guard_status()); }));
   CHECK(node.daemon().guard_status().mofed.state == MofedState::kOff);
   CHECK(node.WaitAll("Healthy"));
 }
