@@ -1,13 +1,8 @@
 #include "topology/host_model.h"
 
-#include <atomic>
 #include <catch2/catch.hpp>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -15,9 +10,7 @@
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 #include "topology/instance_type.h"
-#include "topology/neuron_efa_map.h"
 
-namespace fs = std::filesystem;
 using efa::sim::Naming;
 using efa::sim::SimRoot;
 using namespace efa::topology;
@@ -177,29 +170,6 @@ TEST_CASE("HostModel is the same from the hwloc XML and from the fake root", "[t
   }
 }
 
-TEST_CASE("Loading a simulated root never changes the process environment",
-          "[topology][concurrency]") {
-  // setenv/unsetenv while other threads run is undefined behaviour in
-  // glibc; the daemon loads topologies while gRPC's threads run. A thread
-  // watches HWLOC_FSROOT during the loads: it must never appear.
-  REQUIRE(std::getenv("HWLOC_FSROOT") == nullptr);
-  SimRoot sim("p4d.24xlarge");
-  std::atomic<bool> done{false};
-  std::atomic<bool> seen{false};
-  std::thread watcher([&] {
-    while (!done) {
-      if (std::getenv("HWLOC_FSROOT") != nullptr) seen = true;
-    }
-  });
-  for (int i = 0; i < 5; ++i) {
-    auto topology = LoadTopology({sim.path().string(), ""});
-    CHECK(topology.ok());
-  }
-  done = true;
-  watcher.join();
-  CHECK_FALSE(seen);
-}
-
 TEST_CASE("HostModel rebuilt from plain placements equals the hwloc model", "[topology]") {
   // Create() derives distances from the placements; FromHwloc() from the
   // closest common ancestor in the PCI tree. They must agree everywhere.
@@ -251,55 +221,6 @@ TEST_CASE("HostModel takes the instance type from DMI unless told otherwise", "[
   REQUIRE(model->neuron_table() != nullptr);
   CHECK(model->neuron_table()->name == "trn2");
   CHECK(ModelOf(sim, Source::kXml, {"p5.48xlarge"})->neuron_table() == nullptr);
-}
-
-TEST_CASE("ReadInstanceType names the DMI file it cannot read", "[topology]") {
-  SimRoot sim("p5.48xlarge");
-  const fs::path file = sim.sys() / "devices/virtual/dmi/id/product_name";
-  fs::remove(file);
-  CHECK(ReadInstanceType(sim.sys()).status().message() ==
-        file.string() + ": No such file or directory");
-  std::ofstream(file) << "\n";
-  CHECK(ReadInstanceType(sim.sys()).status().message() == file.string() + ": empty");
-}
-
-TEST_CASE("InstanceFamily is the part before the first dot", "[topology]") {
-  CHECK(InstanceFamily("p5.48xlarge") == "p5");
-  CHECK(InstanceFamily("trn3-dev0.48xlarge") == "trn3-dev0");
-  CHECK(InstanceFamily("trn1") == "trn1");
-  CHECK(InstanceFamily("") == "");
-}
-
-TEST_CASE("FindNeuronEfaTable maps instance families as AWS does", "[topology]") {
-  struct Case {
-    std::string instance_type;
-    std::string table;  // "" for none
-  };
-  const std::vector<Case> cases = {
-      {"trn1.32xlarge", "trn1"},
-      {"trn1.2xlarge", "trn1"},
-      {"trn1n.32xlarge", "trn1n"},
-      {"trn2.48xlarge", "trn2"},
-      {"trn2e.48xlarge", "trn2"},
-      {"trn2u.48xlarge", "trn2"},
-      {"trn3.48xlarge", "trn3"},
-      {"trn3p.48xlarge", "trn3"},
-      {"trn3pd98.48xlarge", "trn3"},
-      {"trn3s.48xlarge", "trn3"},
-      {"trn3-dev0.48xlarge", "trn3pds"},
-      {"trn3-dev1.48xlarge", "trn3pds"},
-      {"p5.48xlarge", ""},
-      {"inf2.48xlarge", ""},
-      {"trn", ""},
-      {"", ""},
-  };
-  for (const Case& c : cases) {
-    INFO(c.instance_type);
-    const NeuronEfaTable* table = FindNeuronEfaTable(c.instance_type);
-    CHECK((table == nullptr ? "" : std::string(table->name)) == c.table);
-  }
-  REQUIRE(NeuronEfaTables().size() == 5);
-  for (const NeuronEfaTable& t : NeuronEfaTables()) CHECK(t.efas.size() == 16);
 }
 
 TEST_CASE("HostModel maps Neuron devices to EFAs through AWS's tables", "[topology]") {

@@ -105,35 +105,6 @@ TEST_CASE("A p5.48xlarge with 31 EFAs gets the count warning naming the likely c
   CHECK(json["efaCount"]["ok"] == false);
 }
 
-TEST_CASE("The EFA count check", "[topology-report]") {
-  CHECK(SupportedEfaCount("p5.48xlarge") == 32);
-  CHECK(SupportedEfaCount("ml.p5.48xlarge") == 32);
-  CHECK(SupportedEfaCount("p5en.48xlarge") == 16);
-  CHECK(SupportedEfaCount("trn1.32xlarge") == 8);
-  CHECK(SupportedEfaCount("m5.8xlarge") == std::nullopt);
-  CHECK(SupportedEfaCount("") == std::nullopt);
-
-  CHECK(CheckEfaCount("p4d.24xlarge", 0, 4).Describe() ==
-        "found 4 EFAs, as many as a p4d.24xlarge supports");
-  CHECK(CheckEfaCount("p4d.24xlarge", 2, 2).Describe() == "found 2 EFAs, as expectedEfaCount says");
-  CHECK(CheckEfaCount("m5.8xlarge", 0, 0).Describe() ==
-        "found 0 EFAs; no EFA count is known for m5.8xlarge (set expectedEfaCount to check it)");
-  CHECK(CheckEfaCount("", 0, 1).Describe() ==
-        "found 1 EFA; the instance type is unknown (set instanceType or expectedEfaCount to "
-        "check the count)");
-  CHECK(CheckEfaCount("g5.48xlarge", 0, 2).Describe() ==
-        "found 2 EFAs, more than expected: a g5.48xlarge supports 1 (set expectedEfaCount if "
-        "the table is out of date)");
-  CHECK(CheckEfaCount("trn2.48xlarge", 0, 0).Describe() ==
-        "found 0 EFAs, but a trn2.48xlarge supports 16: the node was likely launched with fewer "
-        "EFA interfaces than it supports. Check the launch template or the Karpenter "
-        "EC2NodeClass: every network card needs a network interface with interfaceType efa or "
-        "efa-only, and the efa kernel module must be loaded");
-  const EfaCountCheck configured = CheckEfaCount("m5.8xlarge", 4, 3);
-  CHECK(configured.short_of_expected());
-  CHECK(configured.Describe().rfind("found 3 EFAs, but expectedEfaCount is 4: ", 0) == 0);
-}
-
 namespace {
 
 TopologyReport SharedReport(const SimRoot& sim, int replicas, const std::string& resource) {
