@@ -15,8 +15,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment/alignment.h"
-#include "plugin/kubelet/checkpoint_cache.h"
 #include "plugin/alignment/nvidia_gpu_cache.h"
+#include "plugin/kubelet/checkpoint_cache.h"
 #include "plugin/kubelet/pod_resources_client.h"
 #include "plugin/kubelet/resource_name.h"
 

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "plugin/kubelet/kubelet_checkpoint.h"
 #include "plugin/guards/nvidia_plugin_process.h"
+#include "plugin/kubelet/kubelet_checkpoint.h"
 
 namespace efa::plugin {
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 
 #include "absl/strings/match.h"
-#include "plugin/kubelet/kubelet_checkpoint.h"
 #include "plugin/guards/mofed_guard.h"
+#include "plugin/kubelet/kubelet_checkpoint.h"
 #include "test/fuzz/fuzz_check.h"
 
 using namespace efa::plugin;
