@@ -2,7 +2,8 @@
 # The sanitizer stages of the test suite (`scripts/test.sh --all` runs them
 # after the ci preset):
 #   asan  the whole suite but e2e, packaging and bench, built with GCC's
-#         AddressSanitizer + UndefinedBehaviorSanitizer (preset asan)
+#         AddressSanitizer + UndefinedBehaviorSanitizer (preset asan, -O1),
+#         two tests at a time
 #   tsan  the concurrency tests (Catch2 tag [concurrency]: every test with
 #         threads or a daemon process) under clang's ThreadSanitizer (preset
 #         tsan), with abseil rebuilt with TSan (scripts/tsan-abseil.sh) so
@@ -57,7 +58,8 @@ for stage in "${stages[@]}"; do
   started=$SECONDS
   case "$stage" in
     asan)
-      run_preset asan "" \
+      # What the suite runs without e2e, packaging and bench.
+      run_preset asan "efa_tests efa-simnode efa-k8s-device-plugin efa_fuzz_corpora" \
         ASAN_OPTIONS="log_path=$PWD/build/asan/sanitizer-reports/asan:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1" \
         UBSAN_OPTIONS="log_path=$PWD/build/asan/sanitizer-reports/ubsan:print_stacktrace=1:halt_on_error=1"
       ;;

@@ -282,10 +282,7 @@ TEST_CASE(
 TEST_CASE(
     "The daemon binary on a node without EFA runs no gRPC until an EFA appears, then serves and "
     "registers",
-    // Not [concurrency] for now: under TSan the daemon reported a race (exit
-    // 66) when the first EFA appears and it starts serving; being
-    // investigated (see the session note), the ci and asan presets run it.
-    "[daemon][process]") {
+    "[daemon][process][concurrency]") {
   SimRoot sim("no-efa");
   SimRoot p4d("p4d.24xlarge");
   const fs::path kubelet_dir = sim.path() / "kubelet";
