@@ -35,7 +35,6 @@ say "building abseil with -fsanitize=thread"
 cmake -S "$src" -B "$out/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_STANDARD=17 \
   -DBUILD_SHARED_LIBS=ON -DBUILD_TESTING=OFF \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" >"$out/configure.log" 2>&1 \
   || { say "ERROR: configure failed, see $out/configure.log"; exit 1; }
 cmake --build "$out/build" -j"${EFA_TSAN_JOBS:-2}" >"$out/build.log" 2>&1 \
