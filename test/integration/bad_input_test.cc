@@ -655,19 +655,13 @@ TEST_CASE("A device broken while the daemon runs turns Unhealthy naming why, the
   WriteFile(numa, "garbage\n");
   // No event tells of a changed attribute: the periodic passes find it, at
   // the latest with the full rescan of every sixth.
-  auto unhealthy = [&] {
-    const auto devices = node.kubelet().devices(kEfa);
+  auto unhealthy = [](const std::vector<v1beta1::Device>& devices) {
     return devices.size() == 4 && devices[1].health() == "Unhealthy";
   };
-  for (int pass = 0; pass < 12 && !unhealthy(); ++pass) {
+  for (int pass = 0; pass < 12 && !unhealthy(node.kubelet().devices(kEfa)); ++pass) {
     REQUIRE(efa::testing::AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
   }
-  REQUIRE(node.kubelet().WaitForDevices(
-      kEfa,
-      [](const std::vector<v1beta1::Device>& devices) {
-        return devices.size() == 4 && devices[1].health() == "Unhealthy";
-      },
-      kDeadline));
+  REQUIRE(node.kubelet().WaitForDevices(kEfa, unhealthy, kDeadline));
   CHECK(node.KubeletDevices() ==
         std::vector<std::string>{"rdmap16s27 Healthy 0", "rdmap32s27 Unhealthy 0",
                                  "rdmap144s27 Healthy 1", "rdmap160s27 Healthy 1"});

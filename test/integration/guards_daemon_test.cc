@@ -37,6 +37,11 @@ namespace {
 constexpr char kEfa[] = "vpc.amazonaws.com/efa";
 constexpr auto kDeadline = 10s;
 
+bool AllAre(const std::vector<v1beta1::Device>& devices, const std::string& health, size_t n) {
+  return devices.size() == n && std::all_of(devices.begin(), devices.end(),
+                                            [&](const auto& d) { return d.health() == health; });
+}
+
 // A p4d.24xlarge (4 EFAs) with a fake kubelet, a fake procfs, CDI spec
 // directories and a plugins registry; the daemon starts on Start().
 class GuardedNode {
@@ -89,21 +94,12 @@ class GuardedNode {
 
   bool WaitAll(const std::string& health, size_t n = 4) {
     return kubelet_.WaitForDevices(
-        kEfa,
-        [&](const std::vector<v1beta1::Device>& devices) {
-          if (devices.size() != n) return false;
-          for (const auto& d : devices) {
-            if (d.health() != health) return false;
-          }
-          return true;
-        },
+        kEfa, [&](const std::vector<v1beta1::Device>& d) { return AllAre(d, health, n); },
         kDeadline);
   }
   // Whether the kubelet's latest list has `n` devices, each `health`.
   bool All(const std::string& health, size_t n = 4) const {
-    const auto devices = kubelet_.devices(kEfa);
-    return devices.size() == n && std::all_of(devices.begin(), devices.end(),
-                                              [&](const auto& d) { return d.health() == health; });
+    return AllAre(kubelet_.devices(kEfa), health, n);
   }
   // With the fake clock: periodic passes, the clock moved on a rescan
   // interval for each, until `done` holds (at most 12). Returns whether it
