@@ -22,6 +22,8 @@ RUN cmake --preset release -DEFA_BUILD_TESTS=OFF -DEFA_REVISION="${REVISION}" \
 # loads. test/image/runtime_libs_test.sh checks this list against `ldd` of
 # the built binary: a library it links directly must be listed here (or be in
 # the base image), not arrive by chance as another package's dependency.
+# gRPC, protobuf, abseil, re2 and c-ares are linked in statically
+# (EFA_STATIC_GRPC), so none of them is here.
 FROM debian:12-slim
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -39,7 +41,6 @@ LABEL org.opencontainers.image.title="efa-k8s-device-plugin" \
 # recommendation) stays out.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 \
       libibverbs1 ibverbs-providers libhwloc15 \
       libyaml-cpp0.7 libspdlog1.10 libfmt9 \
       libprometheus-cpp-core1.0 libcpp-httplib0.11 \

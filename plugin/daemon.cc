@@ -645,8 +645,9 @@ int Daemon::Run() {
       deadline = std::min(deadline, next_register_);
     }
     Heartbeat();
-    auto wait =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - options_.clock->Now());
+    // Rounded up: rounded down, a deadline 0.9 ms away became a zero timeout
+    // and the loop spun until it passed.
+    auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - options_.clock->Now());
     std::vector<pollfd> pfds = {{fds_->wake, POLLIN, 0}, {fds_->inotify, POLLIN, 0}};
     if (fds_->uevent >= 0) pfds.push_back({fds_->uevent, POLLIN, 0});
     if (fds_->signal >= 0) pfds.push_back({fds_->signal, POLLIN, 0});
