@@ -359,9 +359,9 @@ TEST_CASE("/healthz fails once the owner loop has not run for three rescan inter
   CHECK(reply.body == "ok: the owner loop ran 0s ago\n");
 
   // The loop stalls (nothing wakes it) past 3 x 10 s + 15 s. An event the
-  // clock does not hold back (a late inotify event of the registration, seen
-  // once under ASan) may still wake it between the two reads: then the stall
-  // is tried again from that pass.
+  // fake clock does not hold back may still wake it between the two reads
+  // (seen once under ASan; which event was not found): then the stall is
+  // tried again from that pass.
   bool stalled = false;
   for (int attempt = 0; attempt < 5 && !stalled; ++attempt) {
     const auto beat = node.daemon().heartbeat();
