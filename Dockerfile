@@ -43,7 +43,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libibverbs1 ibverbs-providers libhwloc15 \
       libyaml-cpp0.7 libspdlog1.10 libfmt9 \
-      libprometheus-cpp-core1.0 libcpp-httplib0.11 \
+      libprometheus-cpp-core1.0 \
+      libevent-core-2.1-7 libevent-extra-2.1-7 libevent-pthreads-2.1-7 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/release/plugin/efa-k8s-device-plugin /usr/bin/efa-k8s-device-plugin
 # Root (uid 0) owns the kubelet's device-plugins directory (0750), where the

@@ -11,9 +11,10 @@ daemon=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libibverbs-dev ibverbs-providers libhwloc-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  prometheus-cpp-dev libcpp-httplib-dev
+  prometheus-cpp-dev libevent-dev
 )
 tests=(
+  libcpp-httplib-dev
   clang libclang-rt-14-dev catch2 libbenchmark-dev util-linux python3-yaml unzip
   python3-prometheus-client
 )

@@ -1,20 +1,46 @@
 #include "plugin/ops/http_server.h"
 
-#include <httplib.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
+#include <event2/thread.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <deque>
-#include <functional>
-#include <thread>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 
 namespace efa::plugin {
+
+struct HttpLoop {
+  std::string address;
+  std::map<std::string, HttpHandler> routes;
+  event_base* base = nullptr;
+  evhttp* http = nullptr;
+  evconnlistener* listener = nullptr;  // evhttp's, over our socket
+  event* resume = nullptr;             // re-enables accepting after EMFILE
+  event* stop = nullptr;               // activated by ~HttpServer
+  bool warned = false;                 // of running out of descriptors
+
+  ~HttpLoop() {
+    if (http != nullptr) evhttp_free(http);  // closes the listener and connections
+    for (event* e : {resume, stop}) {
+      if (e != nullptr) event_free(e);
+    }
+    if (base != nullptr) event_base_free(base);
+  }
+};
+
 namespace {
 
 bool IsHostChar(char c) {
@@ -22,70 +48,100 @@ bool IsHostChar(char c) {
          c == '-' || c == '_';
 }
 
-// cpp-httplib's pool starts all of its threads at once and queues without
-// bound. This one starts a worker only when a connection finds none idle
-// (a server nobody calls has its accepting thread alone), keeps it for the
-// next ones, and past `limit` connections waiting or being served runs the
-// task on the calling (accepting) thread, which accepts no more meanwhile.
-class BoundedTaskQueue final : public httplib::TaskQueue {
- public:
-  BoundedTaskQueue(size_t threads, size_t limit) : max_threads_(threads), limit_(limit) {}
-  ~BoundedTaskQueue() override { shutdown(); }
+void Reply(evhttp_request* req, int status, const char* content_type, const std::string& body) {
+  evkeyvalq* headers = evhttp_request_get_output_headers(req);
+  evhttp_add_header(headers, "Content-Type", content_type);
+  evhttp_add_header(headers, "Content-Length", std::to_string(body.size()).c_str());
+  if (evhttp_request_get_command(req) != EVHTTP_REQ_HEAD) {
+    evbuffer_add(evhttp_request_get_output_buffer(req), body.data(), body.size());
+  }
+  evhttp_send_reply(req, status, nullptr, nullptr);  // the standard reason phrase
+}
 
-  void enqueue(std::function<void()> fn) override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (jobs_.size() + busy_ < limit_ && !shutdown_) {
-        jobs_.push_back(std::move(fn));
-        if (idle_ < jobs_.size() && threads_.size() < max_threads_) {
-          threads_.emplace_back([this] { Work(); });
-        }
-        return;
+// Routing by exact path, GET and HEAD only; every connection is closed
+// after its one request (a kept-alive one would hold a descriptor between
+// scrapes for nothing).
+void Serve(evhttp_request* req, void* arg) {
+  const auto& routes = static_cast<HttpLoop*>(arg)->routes;
+  evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+  const evhttp_uri* uri = evhttp_request_get_evhttp_uri(req);
+  const char* path = uri != nullptr ? evhttp_uri_get_path(uri) : nullptr;
+  auto route = path != nullptr ? routes.find(path) : routes.end();
+  if (route == routes.end()) return Reply(req, 404, "text/plain; charset=utf-8", "not found\n");
+  const evhttp_cmd_type method = evhttp_request_get_command(req);
+  if (method != EVHTTP_REQ_GET && method != EVHTTP_REQ_HEAD) {
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
+    return Reply(req, 405, "text/plain; charset=utf-8", "method not allowed\n");
+  }
+  const HttpResponse answer = route->second();
+  Reply(req, answer.status, answer.content_type.c_str(), answer.body);
+}
+
+// accept() failed with the descriptors (or memory) exhausted: the
+// listening socket stays readable, so a level-triggered loop would spin.
+// Stop accepting for 100 ms; the connections wait in the backlog.
+// The server whose loop runs on this thread (the listener's callback
+// argument is evhttp's own).
+thread_local HttpLoop* this_thread_loop = nullptr;
+
+void OnAcceptError(evconnlistener* listener, void*) {
+  HttpLoop* loop = this_thread_loop;
+  const int err = EVUTIL_SOCKET_ERROR();
+  if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return;
+  if (!loop->warned) {
+    loop->warned = true;
+    spdlog::warn("\"{}\": accept: {}; not accepting for 100 ms at a time until it passes",
+                 loop->address, std::strerror(err));
+  }
+  evconnlistener_disable(listener);
+  const timeval pause{0, 100'000};
+  evtimer_add(loop->resume, &pause);
+}
+
+// A listening socket (non-blocking, close-on-exec, SO_REUSEADDR; IPv6 with
+// IPv4 mapped) on the first address `host` resolves to that can be bound.
+// Returns the descriptor, or the message of the last failure.
+absl::StatusOr<int> Listen(const std::string& address, const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  std::vector<std::string> hosts =
+      host.empty() ? std::vector<std::string>{"::", "0.0.0.0"} : std::vector<std::string>{host};
+  const std::string service = std::to_string(port);
+  std::string failure = "cannot listen";
+  for (const std::string& h : hosts) {
+    addrinfo* found = nullptr;
+    if (int rc = ::getaddrinfo(h.c_str(), service.c_str(), &hints, &found); rc != 0) {
+      failure = absl::StrCat("resolve: ", ::gai_strerror(rc));
+      continue;
+    }
+    for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+      const int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) {
+        failure = absl::StrCat("socket: ", std::strerror(errno));
+        continue;
+      }
+      int one = 1, zero = 0;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (ai->ai_family == AF_INET6)
+        ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+      if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
+        ::freeaddrinfo(found);
+        return fd;
+      }
+      const int err = errno;
+      ::close(fd);
+      failure = absl::StrCat("bind: ", std::strerror(err));
+      if (err == EADDRINUSE || err == EACCES) {
+        ::freeaddrinfo(found);
+        return absl::UnavailableError(absl::StrCat("\"", address, "\": ", failure));
       }
     }
-    fn();
+    ::freeaddrinfo(found);
   }
-  void shutdown() override {
-    std::vector<std::thread> threads;
-    {
-      absl::MutexLock lock(&mu_);
-      shutdown_ = true;
-      threads.swap(threads_);
-    }
-    for (std::thread& t : threads) t.join();
-  }
-
- private:
-  void Work() {
-    mu_.Lock();
-    while (true) {
-      ++idle_;
-      mu_.Await(absl::Condition(this, &BoundedTaskQueue::HasWorkOrShutdown));
-      --idle_;
-      if (jobs_.empty()) break;  // shut down, nothing left to serve
-      std::function<void()> fn = std::move(jobs_.front());
-      jobs_.pop_front();
-      ++busy_;
-      mu_.Unlock();
-      fn();
-      mu_.Lock();
-      --busy_;
-    }
-    mu_.Unlock();
-  }
-  bool HasWorkOrShutdown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !jobs_.empty() || shutdown_;
-  }
-
-  const size_t max_threads_;
-  const size_t limit_;
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;  // workers waiting for a job
-  size_t busy_ ABSL_GUARDED_BY(mu_) = 0;  // workers serving one
-  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-};
+  return absl::UnavailableError(absl::StrCat("\"", address, "\": ", failure));
+}
 
 }  // namespace
 
@@ -126,74 +182,72 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   auto parsed = ParseListenAddress(address);
   if (!parsed.ok()) return parsed.status();
   auto [host, port] = *std::move(parsed);
+  auto fd = Listen(std::string(address), host, port);
+  if (!fd.ok()) return fd.status();
 
-  auto server = std::make_unique<httplib::Server>();
-  server->new_task_queue = [options] {
-    return new BoundedTaskQueue(options.threads, options.threads + options.max_queued);
-  };
-  // One request per connection: a kept-alive connection would hold a
-  // worker, which polls it every 10 ms, between scrapes.
-  server->set_keep_alive_max_count(1);
-  server->set_keep_alive_timeout(options.first_byte_timeout.count());
-  server->set_read_timeout(options.read_timeout);
-  server->set_write_timeout(options.write_timeout);
-  server->set_payload_max_length(0);
-  // cpp-httplib's default also sets SO_REUSEPORT, with which a second
-  // process could bind the same port and take half of the connections.
-  server->set_socket_options([](int fd) {
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  });
-  // Routing by exact path here: cpp-httplib's own routes are regular
-  // expressions, and it answers 404, not 405, to another method.
-  server->set_pre_routing_handler(
-      [routes = std::move(routes)](const httplib::Request& req, httplib::Response& res) {
-        auto route = routes.find(req.path);
-        if (route == routes.end()) return httplib::Server::HandlerResponse::Unhandled;
-        if (req.method != "GET" && req.method != "HEAD") {
-          res.status = 405;
-          res.set_header("Allow", "GET, HEAD");
-          return httplib::Server::HandlerResponse::Handled;
-        }
-        HttpResponse answer = route->second();
-        res.status = answer.status;
-        res.set_content(answer.body, answer.content_type.c_str());
-        return httplib::Server::HandlerResponse::Handled;
-      });
+  // The destructor stops the loop from another thread.
+  static std::once_flag threads;
+  std::call_once(threads, [] { evthread_use_pthreads(); });
+  auto loop = std::make_unique<HttpLoop>();
+  loop->address = std::string(address);
+  loop->routes = std::move(routes);
+  loop->base = event_base_new();
+  loop->http = loop->base != nullptr ? evhttp_new(loop->base) : nullptr;
+  evhttp_bound_socket* bound =
+      loop->http != nullptr ? evhttp_accept_socket_with_handle(loop->http, *fd) : nullptr;
+  if (bound == nullptr) {
+    ::close(*fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("\"", std::string(address), "\": cannot start the HTTP server"));
+  }
+  loop->listener = evhttp_bound_socket_get_listener(bound);
+  loop->resume = evtimer_new(
+      loop->base,
+      [](evutil_socket_t, short, void* l) {
+        evconnlistener_enable(static_cast<evconnlistener*>(l));
+      },
+      loop->listener);
+  loop->stop = event_new(
+      loop->base, -1, 0,
+      [](evutil_socket_t, short, void* b) { event_base_loopbreak(static_cast<event_base*>(b)); },
+      loop->base);
+  evconnlistener_set_error_cb(loop->listener, OnAcceptError);
+  // Every method reaches Serve, which answers 405 itself with an Allow
+  // header (evhttp's own 405 has none).
+  evhttp_set_allowed_methods(loop->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+                                             EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
+                                             EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+  evhttp_set_gencb(loop->http, Serve, loop.get());
+  const timeval timeout{options.timeout.count() / 1000,
+                        static_cast<suseconds_t>(options.timeout.count() % 1000 * 1000)};
+  evhttp_set_timeout_tv(loop->http, &timeout);
+  evhttp_set_max_headers_size(loop->http, static_cast<ev_ssize_t>(options.max_header_bytes));
+  evhttp_set_max_body_size(loop->http, 0);
 
-  // Every interface: IPv6 with IPv4 mapped (cpp-httplib clears
-  // IPV6_V6ONLY), else IPv4 alone.
-  int bound = -1;
-  errno = 0;
-  for (const std::string& h :
-       host.empty() ? std::vector<std::string>{"::", "0.0.0.0"} : std::vector<std::string>{host}) {
-    bound = port == 0 ? server->bind_to_any_port(h) : (server->bind_to_port(h, port) ? port : -1);
-    if (bound >= 0 || errno == EADDRINUSE || errno == EACCES) break;
-  }
-  if (bound < 0) {
-    const int err = errno;
-    return absl::UnavailableError(absl::StrCat(
-        "\"", std::string(address), "\": bind: ", err != 0 ? std::strerror(err) : "cannot listen"));
-  }
-  std::unique_ptr<HttpServer> http(new HttpServer(std::move(server), static_cast<uint16_t>(bound)));
-  return http;
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  ::getsockname(*fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const uint16_t bound_port =
+      ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                       : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(loop), bound_port));
 }
 
-HttpServer::HttpServer(std::unique_ptr<httplib::Server> server, uint16_t port)
-    : server_(std::move(server)), port_(port) {
-  thread_ = std::thread([s = server_.get()] {
-    // Named for the per-thread figures (scripts/bench.sh); the workers,
-    // started from this thread, inherit the name.
+HttpServer::HttpServer(std::unique_ptr<HttpLoop> loop, uint16_t port)
+    : loop_(std::move(loop)), port_(port) {
+  thread_ = std::thread([loop = loop_.get()] {
+    // Named for the per-thread figures (scripts/bench.sh).
     ::pthread_setname_np(::pthread_self(), "efa-http");
-    s->listen_after_bind();
+    this_thread_loop = loop;
+    event_base_loop(loop->base, EVLOOP_NO_EXIT_ON_EMPTY);
   });
-  // stop() does nothing before the loop has begun (its first statement
-  // marks it running): a server destroyed at once would never stop.
-  while (!server_->is_running()) std::this_thread::yield();
 }
 
 HttpServer::~HttpServer() {
-  server_->stop();
+  // An activated event, unlike event_base_loopbreak, is not lost when the
+  // loop has not begun yet.
+  event_active(loop_->stop, 0, 0);
   thread_.join();
 }
 

@@ -1,20 +1,18 @@
 // The daemon's HTTP endpoints (/metrics, /healthz, /readyz), served by
-// cpp-httplib: GET and HEAD on a fixed set of paths, one request per
-// connection (Connection: close). Each server has an accepting thread that
-// blocks in accept() and up to a few worker threads, started as connections
-// come (none until the first), that block on a condition variable: idle, it
-// takes no CPU and no wake-ups (no timer).
+// libevent's evhttp: GET and HEAD on a fixed set of paths, one request per
+// connection (Connection: close). Each server is one thread running its own
+// event loop, which serves every connection without blocking on any: a slow
+// or stalled client delays no other. Idle, the thread sleeps in epoll_wait
+// with no timer armed: no CPU, no wake-ups. (Debian's cpp-httplib, used
+// before, is built with OpenSSL, whose static initializer cost the daemon
+// 3.4 MiB of RSS: BENCHMARKS.md.)
 //
-// A client gets `first_byte_timeout` to start its request and
-// `read_timeout` for each read after that; requests are served by
-// `threads` workers with at most `max_queued` accepted connections waiting.
-// Beyond that the accepting thread serves the connection itself and accepts
-// no more until it is done, so a flood of connections costs a bounded
-// number of file descriptors and threads (the rest wait in the kernel's
-// backlog). A slow client can still hold a worker for long (cpp-httplib
-// bounds each read, not the whole request): serve the probes on a listener
-// of their own (DaemonMonitor::ProbeRoutes) so that clients of /metrics
-// cannot delay them.
+// A client is disconnected after `timeout` without progress, reading its
+// request or writing the response; a request whose line and headers pass
+// `max_header_bytes` is refused. When the process runs out of file
+// descriptors the server stops accepting for 100 ms at a time (the
+// connections wait in the kernel's backlog) instead of spinning on
+// accept().
 #pragma once
 
 #include <chrono>
@@ -29,10 +27,6 @@
 
 #include "absl/status/statusor.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace efa::plugin {
 
 struct HttpResponse {
@@ -41,16 +35,14 @@ struct HttpResponse {
   std::string body;
 };
 
-// Runs on a server thread for each GET or HEAD of its path; may run on
-// several threads at once.
+// Runs on the server's thread for each GET or HEAD of its path, and should
+// be quick: the server serves nothing else meanwhile. Servers sharing a
+// handler may run it at once.
 using HttpHandler = std::function<HttpResponse()>;
 
 struct HttpServerOptions {
-  size_t threads = 2;                             // requests served at once
-  size_t max_queued = 8;                          // accepted, waiting for a worker
-  std::chrono::seconds first_byte_timeout{1};     // connect to the request's first byte
-  std::chrono::milliseconds read_timeout{1000};   // each read of the request
-  std::chrono::milliseconds write_timeout{1000};  // each write of the response
+  std::chrono::milliseconds timeout{1000};  // without progress, reading or writing
+  size_t max_header_bytes = 8192;           // request line and headers
 };
 
 // A listen address split into host and port: "host:port", ":port" (every
@@ -59,6 +51,8 @@ struct HttpServerOptions {
 // says what was expected, e.g. `expected an address like ":8080" or
 // "127.0.0.1:8080", got "8080"`.
 absl::StatusOr<std::pair<std::string, uint16_t>> ParseListenAddress(std::string_view address);
+
+struct HttpLoop;  // libevent's state of a server (http_server.cc)
 
 class HttpServer {
  public:
@@ -71,7 +65,7 @@ class HttpServer {
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       std::string_view address, std::map<std::string, HttpHandler> routes,
       HttpServerOptions options = {});
-  ~HttpServer();  // stops accepting, waits for the requests being served
+  ~HttpServer();  // lets a handler running finish, then closes every connection
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
@@ -79,9 +73,9 @@ class HttpServer {
   uint16_t port() const { return port_; }
 
  private:
-  HttpServer(std::unique_ptr<httplib::Server> server, uint16_t port);
+  HttpServer(std::unique_ptr<HttpLoop> loop, uint16_t port);
 
-  std::unique_ptr<httplib::Server> server_;
+  std::unique_ptr<HttpLoop> loop_;
   const uint16_t port_;
   std::thread thread_;
 };

@@ -544,11 +544,10 @@ TEST_CASE("A flood of idle and slow connections to the metrics address does not 
     }
     REQUIRE(HttpGet(node.probe_port(), path).status == 200);
   }
-  // 400 connections: each is a descriptor of this process, which also runs
-  // the servers, and cpp-httplib waits with select(), which cannot watch a
-  // descriptor past FD_SETSIZE (1024). Beyond the metrics server's workers
-  // and queue the rest wait in the kernel's backlog or for their SYN's
-  // retransmission, as they would from another pod.
+  // 400 connections, half idle and half trickling a request a byte every
+  // 300 ms: each is a descriptor of this process, which also runs the
+  // servers, and cpp-httplib's client waits with select(), which cannot
+  // watch a descriptor past FD_SETSIZE (1024).
   ConnectionFlood flood(node.metrics_port(), 400);
 
   httplib::Client client("127.0.0.1", node.probe_port());
@@ -578,9 +577,8 @@ TEST_CASE("A flood of idle and slow connections to the metrics address does not 
   INFO("worst probe: " << worst << " s; most flood connections open at once: " << flood.max_open());
   CHECK(failures == std::vector<std::string>{});
   CHECK(probes >= 200);
-  // The flood was real: it filled the metrics server's workers, its queue
-  // and the backlog.
-  CHECK(flood.max_open() >= HttpServerOptions{}.threads + HttpServerOptions{}.max_queued);
+  // The flood was real: most of its connections were open at once.
+  CHECK(flood.max_open() >= 300);
 }
 
 // The series of a family of the EFAs' counters on the p4d: one per EFA.
