@@ -15,8 +15,9 @@ COPY scripts/install-deps.sh scripts/
 RUN scripts/install-deps.sh --daemon
 COPY . .
 RUN cmake --preset release -DEFA_BUILD_TESTS=OFF -DEFA_REVISION="${REVISION}" \
- && cmake --build --preset release -j"$(nproc)" --target efa-k8s-device-plugin \
- && strip build/release/plugin/efa-k8s-device-plugin
+ && cmake --build --preset release -j"$(nproc)" \
+      --target efa-k8s-device-plugin efa-k8s-device-plugin-idle \
+ && strip build/release/plugin/efa-k8s-device-plugin build/release/plugin/efa-k8s-device-plugin-idle
 
 # Runtime stage: Debian 12 slim and only the shared libraries the binary
 # loads. test/image/runtime_libs_test.sh checks this list against `ldd` of
@@ -47,6 +48,9 @@ RUN apt-get update \
       libevent-core-2.1-7 libevent-extra-2.1-7 libevent-pthreads-2.1-7 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/release/plugin/efa-k8s-device-plugin /usr/bin/efa-k8s-device-plugin
+# What the daemon execs on a node without EFA; its libraries are a subset of
+# the daemon's.
+COPY --from=build /src/build/release/plugin/efa-k8s-device-plugin-idle /usr/bin/efa-k8s-device-plugin-idle
 # Root (uid 0) owns the kubelet's device-plugins directory (0750), where the
 # plugin creates its socket; the chart drops every capability.
 USER 0:0

@@ -1,7 +1,6 @@
 #include "plugin/daemon.h"
 
 #include <grpcpp/grpcpp.h>
-#include <linux/netlink.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -22,6 +21,7 @@
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
+#include "topology/uevents.h"
 
 namespace efa::plugin {
 namespace fs = std::filesystem;
@@ -36,40 +36,6 @@ constexpr int kFullRescanEvery = 6;
 void CloseFd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
-}
-
-// A socket that receives the kernel's kobject uevents; -1 where the network
-// namespace does not get them (then the periodic rescan covers).
-int OpenUeventSocket() {
-  int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_KOBJECT_UEVENT);
-  if (fd < 0) return -1;
-  sockaddr_nl addr{};
-  addr.nl_family = AF_NETLINK;
-  addr.nl_groups = 1;  // the kernel's multicast group
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// True when a batch of uevents touches RDMA devices or PCI bindings.
-bool DrainUevents(int fd) {
-  bool relevant = false;
-  char buf[8192];
-  while (true) {
-    ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
-    if (n <= 0) break;
-    buf[n] = '\0';
-    for (ssize_t i = 0; i < n; i += static_cast<ssize_t>(std::strlen(buf + i)) + 1) {
-      std::string_view field(buf + i);
-      if (field == "SUBSYSTEM=infiniband" || field == "SUBSYSTEM=infiniband_verbs" ||
-          field == "SUBSYSTEM=pci") {
-        relevant = true;
-      }
-    }
-  }
-  return relevant;
 }
 
 // 0 when a unix socket can be bound at `path` (it is removed again), else
@@ -327,12 +293,8 @@ void Daemon::UpdateModel() {
 void Daemon::WatchDeviceDirs() {
   // inotify reports device nodes coming and going under devtmpfs and every
   // change of a simulated sysfs; real sysfs sends none (uevents cover it).
-  for (const fs::path& dir :
-       {options_.roots.dev / "infiniband", options_.roots.sysfs / "class/infiniband",
-        options_.roots.sysfs / "class/infiniband_verbs"}) {
-    int wd = ::inotify_add_watch(fds_->inotify, dir.c_str(),
-                                 IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_ATTRIB |
-                                     IN_DELETE_SELF | IN_ONLYDIR);
+  for (const fs::path& dir : topology::DiscoveryDirs(options_.roots)) {
+    int wd = ::inotify_add_watch(fds_->inotify, dir.c_str(), topology::kDiscoveryDirEvents);
     if (wd >= 0) device_watches_[wd] = dir.string();
   }
 }
@@ -585,7 +547,7 @@ int Daemon::Run() {
     spdlog::error("cannot create eventfd/inotify: {}", std::strerror(errno));
     return 1;
   }
-  fds_->uevent = OpenUeventSocket();
+  fds_->uevent = topology::OpenUeventSocket();
   if (options_.handle_signals) {
     sigset_t set;
     sigemptyset(&set);
@@ -620,8 +582,9 @@ int Daemon::Run() {
     }
     const bool have_devices = !known_.empty();
     if (!have_devices && !announced_idle) {
-      spdlog::info("no EFA on this node; idle until one appears");
       announced_idle = true;
+      if (!serving_started_ && options_.on_idle) options_.on_idle();
+      spdlog::info("no EFA on this node; idle until one appears");
     }
     if (have_devices && !serving_started_) {
       // The first EFA: the API is served (the guards look before the
@@ -664,7 +627,7 @@ int Daemon::Run() {
       } else if (p.fd == fds_->inotify) {
         HandleInotify();
       } else if (p.fd == fds_->uevent) {
-        if (DrainUevents(fds_->uevent)) Rescan();
+        if (topology::DrainUevents(fds_->uevent)) Rescan();
       } else if (p.fd == fds_->signal) {
         signalfd_siginfo info;
         while (::read(fds_->signal, &info, sizeof info) == sizeof info) {

@@ -80,6 +80,10 @@ struct DaemonOptions {
   // owner thread; must be quick).
   RpcObserver* rpc_observer = nullptr;
   std::function<void(const topology::Inventory&)> on_inventory;
+  // Called once on the owner thread when the first scan finds no EFA,
+  // before the daemon idles in its loop: the binary execs the idle process
+  // here (it returns only when it could not).
+  std::function<void()> on_idle;
   // The time the owner loop and the monitor read (not owned; tests pass a
   // fake one and call Daemon::Wake() after moving it on).
   const Clock* clock = &Clock::Steady();

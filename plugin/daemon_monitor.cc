@@ -1,7 +1,5 @@
 #include "plugin/daemon_monitor.h"
 
-#include <cmath>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plugin/device_plugin_service.h"
@@ -10,23 +8,11 @@
 namespace efa::plugin {
 namespace {
 
-constexpr auto kLivenessSlack = std::chrono::seconds(15);
-
-std::string Seconds(Clock::duration d) {
-  const double s = std::chrono::duration<double>(d).count();
-  return absl::StrCat(std::round(s * 10) / 10, "s");
-}
-
 // The labels of an EFA's series.
 std::vector<prometheus::ClientMetric::Label> EfaLabels(const topology::EfaDevice& d) {
   return {{"efa", d.ibdev},
           {"pci_address", d.pci.ToString()},
           {"numa_node", d.numa_node ? std::to_string(*d.numa_node) : "-1"}};
-}
-
-HttpResponse Probe(const ProbeVerdict& verdict) {
-  return {verdict.ok ? 200 : 503, "text/plain; charset=utf-8",
-          absl::StrCat(verdict.ok ? "ok: " : "not ok: ", verdict.reason, "\n")};
 }
 
 }  // namespace
@@ -72,18 +58,6 @@ std::string_view GrpcCodeName(grpc::StatusCode code) {
   }
 }
 
-ProbeVerdict Liveness(std::optional<Clock::time_point> heartbeat, Clock::time_point now,
-                      std::chrono::milliseconds rescan_interval) {
-  if (!heartbeat) return {false, "the owner loop has not started"};
-  const Clock::duration age = now - *heartbeat;
-  const Clock::duration limit = 3 * rescan_interval + kLivenessSlack;
-  if (age > limit) {
-    return {false, absl::StrCat("the owner loop last ran ", Seconds(age), " ago (limit ",
-                                Seconds(limit), ")")};
-  }
-  return {true, absl::StrCat("the owner loop ran ", Seconds(age), " ago")};
-}
-
 ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards,
                        const std::string& resource) {
   // Guard findings are logs and metrics, not readiness: a 503 here would
@@ -96,35 +70,33 @@ ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& gu
                          " is withdrawn, as --dra-policy=yield asks (", guards.dra.evidence, ")")};
   }
   if (registered) return {true, absl::StrCat(resource, " is registered with the kubelet")};
-  if (known_devices == 0) return {true, "no EFA on this node, nothing to register"};
+  if (known_devices == 0) return {true, kNoEfaReadiness};
   return {false, absl::StrCat(resource, " is not registered with the kubelet yet")};
 }
-
-constexpr char kPrefix[] = "efa_device_plugin_";
 
 DaemonMonitor::DaemonMonitor(MonitorOptions options)
     : options_(std::move(options)),
       efa_count_(ResolveInstanceType(options_.instance_type, options_.sysfs_root),
                  options_.expected_efa_count) {
   allocations_ = &prometheus::BuildCounter()
-                      .Name(absl::StrCat(kPrefix, "allocations_total"))
+                      .Name(absl::StrCat(kMetricPrefix, "allocations_total"))
                       .Help("Allocate calls, by gRPC status code.")
                       .Register(registry_);
   allocations_ok_ = &allocations_->Add({{"code", "OK"}});
   allocation_size_ = &prometheus::BuildHistogram()
-                          .Name(absl::StrCat(kPrefix, "allocation_size"))
+                          .Name(absl::StrCat(kMetricPrefix, "allocation_size"))
                           .Help("EFAs given to each container by Allocate.")
                           .Register(registry_)
                           .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32});
   efa_allocations_ =
       &prometheus::BuildCounter()
-           .Name(absl::StrCat(kPrefix, "efa_allocations_total"))
+           .Name(absl::StrCat(kMetricPrefix, "efa_allocations_total"))
            .Help(
                "Containers given each physical EFA by Allocate (with sharing, its replicas' "
                "containers).")
            .Register(registry_);
   auto& rpc = prometheus::BuildHistogram()
-                  .Name(absl::StrCat(kPrefix, "rpc_duration_seconds"))
+                  .Name(absl::StrCat(kMetricPrefix, "rpc_duration_seconds"))
                   .Help("Time spent in the device-plugin RPC handlers, by method.")
                   .Register(registry_);
   for (RpcMethod m : {RpcMethod::kGetDevicePluginOptions, RpcMethod::kGetPreferredAllocation,
@@ -166,18 +138,9 @@ void DaemonMonitor::EfaAllocated(std::string_view ibdev) {
 void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) const {
   using prometheus::MetricType;
   auto family = [&](const char* name, const char* help, MetricType type) -> auto& {
-    return AddFamily(out, absl::StrCat(kPrefix, name), help, type);
+    return AddFamily(out, absl::StrCat(kMetricPrefix, name), help, type);
   };
-  const auto efas = efa_count_.latest();
-  AddSample(family("efas_found", "EFAs found on the node by the last scan.", MetricType::Gauge),
-            efas ? efas->found : 0);
-  // A family without samples still shows its HELP and TYPE, as before
-  // prometheus-cpp: dashboards and alerts see the name.
-  auto& expected = family("efas_expected",
-                          "EFAs the node should have (expectedEfaCount, else the instance type's "
-                          "count); absent when unknown.",
-                          MetricType::Gauge);
-  if (efas && efas->expected) AddSample(expected, *efas->expected);
+  CollectEfaCount(efa_count_.latest(), out);
   const Daemon* daemon = daemon_.load();
   if (daemon == nullptr) return;
 
@@ -272,7 +235,7 @@ void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
                                     std::vector<prometheus::MetricFamily>& out) {
   using prometheus::MetricType;
   auto family = [&](const std::string& name, const std::string& help, MetricType type) -> auto& {
-    return AddFamily(out, absl::StrCat(kPrefix, name), help, type);
+    return AddFamily(out, absl::StrCat(kMetricPrefix, name), help, type);
   };
   auto container_labels = [](const EfaHolder& h) {
     return std::vector<prometheus::ClientMetric::Label>{

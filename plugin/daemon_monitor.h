@@ -33,6 +33,7 @@
 #include "plugin/ops/efa_count.h"
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/metrics.h"
+#include "plugin/ops/probes.h"
 #include "plugin/rpc_observer.h"
 
 namespace efa::plugin {
@@ -43,18 +44,6 @@ struct MonitorOptions {
   std::filesystem::path sysfs_root = "/sys";
   int expected_efa_count = 0;  // 0: from the instance type
 };
-
-// A probe's answer: OK or not, and why, in words.
-struct ProbeVerdict {
-  bool ok = false;
-  std::string reason;
-};
-
-// Alive while the owner loop's last pass is younger than 3 rescan intervals
-// plus 15 s (the loop waits up to one interval between passes, and a
-// registration may take 10 s). Pure.
-ProbeVerdict Liveness(std::optional<Clock::time_point> heartbeat, Clock::time_point now,
-                      std::chrono::milliseconds rescan_interval);
 
 // Ready when the daemon serves as configured: the resource is registered
 // with the kubelet, or there is no EFA to register (a node without EFA is

@@ -1,10 +1,15 @@
 // efa-k8s-device-plugin: the kubelet device plugin for AWS EFA.
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
@@ -20,6 +25,7 @@
 
 namespace {
 
+namespace fs = std::filesystem;
 using efa::plugin::Config;
 using efa::plugin::EffectiveConfig;
 
@@ -64,37 +70,63 @@ int RunTopology(const Config& c, const std::string& format) {
   return 0;
 }
 
-int RunDaemon(const EffectiveConfig& effective) {
+// On a node without EFA the daemon hands over to efa-k8s-device-plugin-idle,
+// installed beside it, which answers the probes and /metrics without
+// mapping gRPC and execs the daemon again (same PID, same command line and
+// environment) when an EFA appears. Returns when it cannot: without the
+// idle binary the daemon idles in its own loop.
+void ExecIdleProcess(const Config& c, int argc, char** argv) {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  const fs::path idle = self.parent_path() / "efa-k8s-device-plugin-idle";
+  if (ec || ::access(idle.c_str(), X_OK) != 0) return;
+  std::vector<std::string> args = {idle.string(),
+                                   "--sysfs-root",
+                                   *c.sysfs_root,
+                                   "--dev-root",
+                                   *c.dev_root,
+                                   "--rescan-interval-ms",
+                                   std::to_string(c.rescan_interval->count()),
+                                   "--metrics-address",
+                                   *c.metrics_address,
+                                   "--probe-address",
+                                   *c.probe_address,
+                                   "--instance-type",
+                                   *c.instance_type,
+                                   "--expected-efa-count",
+                                   std::to_string(*c.expected_efa_count),
+                                   "--log-level",
+                                   std::string(efa::plugin::LogLevelName(*c.log_level)),
+                                   "--log-format",
+                                   *c.log_format == efa::plugin::LogFormat::kJson ? "json" : "text",
+                                   "--",
+                                   self.string()};
+  args.insert(args.end(), argv + 1, argv + argc);
+  std::vector<char*> exec_args;
+  for (std::string& a : args) exec_args.push_back(a.data());
+  exec_args.push_back(nullptr);
+  spdlog::info("no EFA on this node: handing over to {} until one appears", idle.string());
+  spdlog::default_logger()->flush();
+  ::execv(exec_args[0], exec_args.data());
+  spdlog::warn("cannot run {}: {}; idle in this process instead", idle.string(),
+               std::strerror(errno));
+}
+
+int RunDaemon(const EffectiveConfig& effective, int argc, char** argv) {
   const Config& c = effective.config;
   spdlog::info("configuration: {}", effective.Summary());
   efa::plugin::DaemonOptions options = efa::plugin::ToDaemonOptions(c);
   options.handle_signals = true;
+  options.on_idle = [&c, argc, argv] { ExecIdleProcess(c, argc, argv); };
   efa::plugin::DaemonMonitor monitor(
       {*c.rescan_interval, *c.instance_type, *c.sysfs_root, *c.expected_efa_count});
   monitor.Attach(options);
   efa::plugin::Daemon daemon(options);
   monitor.Watch(&daemon);
-  // /metrics (and the probes) on metricsAddress; the probes alone on
-  // probeAddress, where no scraper or stalled client of /metrics can delay
-  // them.
-  std::unique_ptr<efa::plugin::HttpServer> http, probes;
-  auto serve = [](const char* key, const std::string& address,
-                  std::map<std::string, efa::plugin::HttpHandler> routes, const char* paths,
-                  std::unique_ptr<efa::plugin::HttpServer>& server) {
-    if (address.empty()) return true;
-    auto started = efa::plugin::HttpServer::Start(address, std::move(routes));
-    if (!started.ok()) {
-      spdlog::error("{}: {}", key, std::string(started.status().message()));
-      return false;
-    }
-    server = *std::move(started);
-    spdlog::info("serving {} on {} (port {})", paths, address, server->port());
-    return true;
-  };
-  if (!serve("metricsAddress", *c.metrics_address, monitor.Routes(),
-             "/metrics, /healthz and /readyz", http) ||
-      !serve("probeAddress", *c.probe_address, monitor.ProbeRoutes(), "/healthz and /readyz",
-             probes)) {
+  auto servers = efa::plugin::ServeEndpoints(*c.metrics_address, monitor.Routes(), *c.probe_address,
+                                             monitor.ProbeRoutes());
+  if (!servers.ok()) {
+    spdlog::error("{}", std::string(servers.status().message()));
     return 1;
   }
   return daemon.Run();
@@ -148,5 +180,5 @@ int main(int argc, char** argv) {
   efa::topology::PointLibibverbsAt(*c.sysfs_root);
   if (inventory->parsed()) return RunInventory({*c.sysfs_root, *c.dev_root, *c.proc_root});
   if (topology->parsed()) return RunTopology(c, format);
-  return RunDaemon(*effective);
+  return RunDaemon(*effective, argc, argv);
 }

@@ -14,5 +14,6 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 build=build/bench
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEFA_WERROR=ON >/dev/null
-cmake --build "$build" -j"${EFA_BENCH_JOBS:-2}" --target efa_bench efa-bench-echo efa-k8s-device-plugin
+cmake --build "$build" -j"${EFA_BENCH_JOBS:-2}" --target efa_bench efa-bench-echo efa-k8s-device-plugin \
+  efa-k8s-device-plugin-idle
 exec "$build/test/efa_bench" --out "$build/bench-results.md" "$@"

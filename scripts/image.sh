@@ -2,7 +2,8 @@
 # Builds the image from the Dockerfile for real, with podman, and proves it
 # runs: its binary prints --version and the inventory of a simulated p5 node
 # inside the image (so the runtime stage has every library the binary loads,
-# libibverbs' EFA provider included). Then saves it as an archive containerd
+# libibverbs' EFA provider included), and on a simulated node without EFA
+# hands over to the idle process. Then saves it as an archive containerd
 # can import (`ctr -n k8s.io images import`).
 #
 #   scripts/image.sh [TAG]     (default efa-k8s-device-plugin:dev)
@@ -73,6 +74,22 @@ echo "$inventory" | head -3
 found="$(grep -c '^rdmap.* listed ' <<< "$inventory" || true)"
 [ "$found" -eq 32 ] ||
   die "in the image libibverbs lists $found of the simulated p5.48xlarge's 32 EFAs (no EFA provider?)"
+
+# On a node without EFA the daemon hands over to the idle process (same
+# PID): wait for its line, then look at what PID 1 runs.
+"$simnode" m5.8xlarge "$work/no-efa" >/dev/null
+container="$(podman run -d --rm --network none -v "$work/no-efa:/node:ro" "$tag" \
+  --sysfs-root /node/sys --dev-root /node/dev --kubelet-dir /tmp/kubelet)" ||
+  die "the daemon did not start in the image"
+for _ in $(seq 100); do
+  podman logs "$container" 2>&1 | grep -q "no EFA on this node; idle until one appears" && break
+  sleep 0.1
+done
+exe="$(podman exec "$container" readlink /proc/1/exe)"
+podman stop -t 10 "$container" >/dev/null
+[ "$exe" = /usr/bin/efa-k8s-device-plugin-idle ] ||
+  die "on a node without EFA the image's PID 1 runs '$exe', not /usr/bin/efa-k8s-device-plugin-idle"
+echo "no EFA: PID 1 handed over to $exe"
 
 mkdir -p "$(dirname "$tar")"
 rm -f "$tar"

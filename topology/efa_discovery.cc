@@ -1,6 +1,5 @@
 #include "topology/efa_discovery.h"
 
-#include <infiniband/verbs.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -228,21 +227,9 @@ std::string DiscoveryFingerprint(const HostRoots& roots) {
   return out;
 }
 
-void PointLibibverbsAt(const fs::path& sysfs_root) {
-  if (sysfs_root != "/sys") ::setenv("SYSFS_PATH", sysfs_root.c_str(), /*overwrite=*/1);
-}
-
-void MarkVerbsProviders(Inventory& inventory) {
-  int count = 0;
-  ibv_device** list = ibv_get_device_list(&count);
-  if (list == nullptr) return;
-  for (int i = 0; i < count; ++i) {
-    std::string_view name = ibv_get_device_name(list[i]);
-    for (EfaDevice& dev : inventory.devices) {
-      if (dev.ibdev == name) dev.verbs_provider = true;
-    }
-  }
-  ibv_free_device_list(list);
+std::vector<fs::path> DiscoveryDirs(const HostRoots& roots) {
+  return {roots.dev / "infiniband", roots.sysfs / "class/infiniband",
+          roots.sysfs / "class/infiniband_verbs"};
 }
 
 }  // namespace efa::topology

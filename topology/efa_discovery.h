@@ -1,7 +1,12 @@
 // EFA discovery from sysfs, cross-checked with libibverbs.
 #pragma once
 
+#include <sys/inotify.h>
+
+#include <cstdint>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "topology/efa_device.h"
 #include "topology/sysfs.h"
@@ -24,6 +29,14 @@ Inventory DiscoverEfaDevices(const HostRoots& roots);
 // device, a tenth of a discovery: for the periodic fallback rescan.
 // Thread-safe.
 std::string DiscoveryFingerprint(const HostRoots& roots);
+
+// The directories whose entries DiscoverEfaDevices lists: inotify on them
+// (kDiscoveryDirEvents) reports device nodes coming and going under
+// devtmpfs and every change of a simulated sysfs (real sysfs sends none;
+// uevents cover it).
+std::vector<std::filesystem::path> DiscoveryDirs(const HostRoots& roots);
+inline constexpr uint32_t kDiscoveryDirEvents =
+    IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_ATTRIB | IN_DELETE_SELF | IN_ONLYDIR;
 
 // Sets `verbs_provider` on each device that libibverbs lists. libibverbs
 // reads SYSFS_PATH once per process, so call PointLibibverbsAt() before the

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "plugin/ops/metrics.h"
 #include "spdlog/spdlog.h"
 #include "topology/instance_type.h"
 
@@ -114,6 +115,21 @@ void EfaCountMonitor::Observe(int found) {
 std::optional<EfaCountCheck> EfaCountMonitor::latest() const {
   absl::MutexLock lock(&mu_);
   return latest_;
+}
+
+void CollectEfaCount(const std::optional<EfaCountCheck>& check,
+                     std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  AddSample(AddFamily(out, absl::StrCat(kMetricPrefix, "efas_found"),
+                      "EFAs found on the node by the last scan.", MetricType::Gauge),
+            check ? check->found : 0);
+  // A family without samples still shows its HELP and TYPE, as before
+  // prometheus-cpp: dashboards and alerts see the name.
+  auto& expected = AddFamily(out, absl::StrCat(kMetricPrefix, "efas_expected"),
+                             "EFAs the node should have (expectedEfaCount, else the instance "
+                             "type's count); absent when unknown.",
+                             MetricType::Gauge);
+  if (check && check->expected) AddSample(expected, *check->expected);
 }
 
 }  // namespace efa::plugin

@@ -5,10 +5,13 @@
 // compares the EFAs found with the instance type's EFA count.
 #pragma once
 
+#include <prometheus/metric_family.h>
+
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -58,5 +61,10 @@ class EfaCountMonitor {
   mutable absl::Mutex mu_;
   std::optional<EfaCountCheck> latest_ ABSL_GUARDED_BY(mu_);
 };
+
+// The families efas_found and efas_expected of `check` (nullopt: before
+// the first scan) appended to `out`.
+void CollectEfaCount(const std::optional<EfaCountCheck>& check,
+                     std::vector<prometheus::MetricFamily>& out);
 
 }  // namespace efa::plugin

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -249,6 +250,27 @@ HttpServer::~HttpServer() {
   // loop has not begun yet.
   event_active(loop_->stop, 0, 0);
   thread_.join();
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeEndpoints(
+    const std::string& metrics_address, std::map<std::string, HttpHandler> routes,
+    const std::string& probe_address, std::map<std::string, HttpHandler> probe_routes) {
+  std::vector<std::unique_ptr<HttpServer>> servers;
+  for (auto& [key, address, paths, what] : {
+           std::tuple("metricsAddress", &metrics_address, &routes,
+                      "/metrics, /healthz and /readyz"),
+           std::tuple("probeAddress", &probe_address, &probe_routes, "/healthz and /readyz"),
+       }) {
+    if (address->empty()) continue;
+    auto started = HttpServer::Start(*address, std::move(*paths));
+    if (!started.ok()) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat(key, ": ", started.status().message()));
+    }
+    spdlog::info("serving {} on {} (port {})", what, *address, (*started)->port());
+    servers.push_back(*std::move(started));
+  }
+  return servers;
 }
 
 }  // namespace efa::plugin

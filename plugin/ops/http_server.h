@@ -24,6 +24,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -79,5 +80,15 @@ class HttpServer {
   const uint16_t port_;
   std::thread thread_;
 };
+
+// The daemon's endpoints: `routes` (/metrics and the probes) on
+// `metrics_address` and `probe_routes` alone on `probe_address`, where no
+// client of /metrics can delay them; an empty address serves nothing.
+// Logs each listener started ("serving /metrics, /healthz and /readyz on
+// :8080 (port 8080)"); fails naming the configuration key of an address
+// that cannot be served ("metricsAddress: ...").
+absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeEndpoints(
+    const std::string& metrics_address, std::map<std::string, HttpHandler> routes,
+    const std::string& probe_address, std::map<std::string, HttpHandler> probe_routes);
 
 }  // namespace efa::plugin

@@ -18,6 +18,9 @@
 namespace efa::plugin {
 
 // The Content-Type of SerializeMetrics()'s output.
+// Every family's name starts with it.
+inline constexpr char kMetricPrefix[] = "efa_device_plugin_";
+
 inline constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 
 // Appends an empty family (a counter or a gauge) to `families` and returns

@@ -75,11 +75,12 @@ std::vector<std::string> DaemonArgs(const SimRoot& sim, const std::string& log_l
   return args;
 }
 
-// The port a daemon serves /metrics on: its "serving /metrics, ... (port N)"
-// log line (written before it registers); 0 when there is none.
+// The port a daemon serves /metrics on: its last "serving /metrics, ...
+// (port N)" log line (written before it registers, and again by the idle
+// process); 0 when there is none.
 int MetricsPort(const fs::path& log) {
   const std::string text = efa::testing::ReadFile(log);
-  const size_t at = text.find("serving /metrics");
+  const size_t at = text.rfind("serving /metrics");
   const size_t port = at == std::string::npos ? at : text.find("(port ", at);
   return port == std::string::npos ? 0 : std::atoi(text.c_str() + port + 6);
 }
@@ -289,20 +290,43 @@ TEST_CASE(
   FakeKubelet kubelet(kubelet_dir / "device-plugins");
   REQUIRE(kubelet.Start().ok());
   const fs::path log = sim.path() / "daemon.log";
+  // Installed beside the daemon, the idle process takes over (same PID);
+  // alone, the daemon idles in its own loop.
+  const bool alone = GENERATE(false, true);
+  fs::path binary = EFA_PLUGIN_BINARY;
+  if (alone) {
+    binary = sim.path() / "bin/efa-k8s-device-plugin";
+    fs::create_directories(binary.parent_path());
+    fs::copy_file(EFA_PLUGIN_BINARY, binary);
+  }
+  const fs::path idle_binary = binary.parent_path() / "efa-k8s-device-plugin-idle";
+  INFO((alone ? "the daemon alone" : "with the idle process"));
   ChildProcess daemon(
-      {EFA_PLUGIN_BINARY, "--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
+      {binary.string(), "--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
        "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
        (sim.path() / "etc/cdi").string(), "--rescan-interval", "100ms", "--metrics-address",
        "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
       log);
   REQUIRE(WaitForLogLine(log, "no EFA on this node; idle until one appears", 10s));
-  // Idle: no plugin socket, no gRPC threads (the owner loop and the two
-  // HTTP listeners' accepting threads; workers start with the first
-  // connection).
+  const fs::path exe = "/proc/" + std::to_string(daemon.pid()) + "/exe";
+  CHECK(fs::read_symlink(exe) == (alone ? binary : idle_binary));
+  CHECK(absl::StrContains(ReadAll(log), "handing over to") != alone);
+  // Idle: no plugin socket, no gRPC threads (the loop and the two HTTP
+  // listeners' event loops).
   const fs::path socket = kubelet_dir / "device-plugins/aws-efa-device-plugin.sock";
   CHECK_FALSE(fs::exists(socket));
   CHECK(Threads(daemon.pid()) == 3 + kRuntimeThreads);
   CHECK(kubelet.registrations(kEfa) == 0);
+  // Its endpoints answer (the idle process's "serving" lines come last).
+  httplib::Client client("127.0.0.1", MetricsPort(log));
+  auto metrics = client.Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->status == 200);
+  CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_efas_found 0\n"));
+  auto ready = client.Get("/readyz");
+  REQUIRE(ready);
+  CHECK(ready->body == "ok: no EFA on this node, nothing to register\n");
+  CHECK(client.Get("/healthz")->status == 200);
 
   // An EFA appears: the p4d's four, hot-plugged into the same root.
   fs::remove_all(sim.sys());
@@ -317,6 +341,7 @@ TEST_CASE(
       },
       10s));
   CHECK(fs::is_socket(socket));
+  CHECK(fs::read_symlink(exe) == binary);
   daemon.Signal(SIGTERM);
   CHECK(daemon.Wait(10s) == 0);
 }

@@ -1,0 +1,163 @@
+// efa-k8s-device-plugin-idle: the device plugin on a node without EFA.
+//
+// The daemon execs it (same PID) when its first scan finds no EFA, with the
+// daemon's own command line after `--`. It answers /healthz, /readyz and
+// /metrics on the daemon's addresses, watches for an EFA as the daemon
+// does (uevents, inotify on the discovery directories, the rescan
+// interval) and execs the daemon again when one appears. It maps no gRPC,
+// protobuf, hwloc or libibverbs, so the thousands of nodes of a cluster
+// that have no EFA keep only its few MiB resident (BENCHMARKS.md).
+//
+//   efa-k8s-device-plugin-idle --sysfs-root /sys --dev-root /dev
+//       --rescan-interval-ms 10000 --metrics-address :8080 --probe-address :8081
+//       --instance-type "" --expected-efa-count 0 --log-level info --log-format text
+//       -- /usr/bin/efa-k8s-device-plugin [the daemon's arguments]
+#include <poll.h>
+#include <signal.h>
+#include <sys/inotify.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "plugin/ops/efa_count.h"
+#include "plugin/ops/http_server.h"
+#include "plugin/ops/logging.h"
+#include "plugin/ops/metrics.h"
+#include "plugin/ops/probes.h"
+#include "spdlog/spdlog.h"
+#include "topology/efa_discovery.h"
+#include "topology/uevents.h"
+
+namespace {
+
+using efa::plugin::HttpHandler;
+using efa::plugin::HttpServer;
+using SteadyClock = std::chrono::steady_clock;
+
+// The loop's last pass, for /healthz.
+std::atomic<SteadyClock::rep> heartbeat{0};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string sysfs_root = "/sys", dev_root = "/dev", metrics_address, probe_address;
+  std::string instance_type;
+  int expected_efa_count = 0;
+  int64_t rescan_ms = 10000;
+  efa::plugin::LogLevel level = efa::plugin::LogLevel::kInfo;
+  efa::plugin::LogFormat format = efa::plugin::LogFormat::kText;
+  std::vector<std::string> daemon;
+  CLI::App app{"The EFA device plugin on a node without EFA (run by the daemon)"};
+  app.add_option("--sysfs-root", sysfs_root);
+  app.add_option("--dev-root", dev_root);
+  app.add_option("--rescan-interval-ms", rescan_ms)->check(CLI::PositiveNumber);
+  app.add_option("--metrics-address", metrics_address);
+  app.add_option("--probe-address", probe_address);
+  app.add_option("--instance-type", instance_type);
+  app.add_option("--expected-efa-count", expected_efa_count);
+  app.add_option("--log-level", level)
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, efa::plugin::LogLevel>{{"trace", efa::plugin::LogLevel::kTrace},
+                                                       {"debug", efa::plugin::LogLevel::kDebug},
+                                                       {"info", efa::plugin::LogLevel::kInfo},
+                                                       {"warn", efa::plugin::LogLevel::kWarn},
+                                                       {"error", efa::plugin::LogLevel::kError}}));
+  app.add_option("--log-format", format)
+      ->transform(CLI::CheckedTransformer(std::map<std::string, efa::plugin::LogFormat>{
+          {"text", efa::plugin::LogFormat::kText}, {"json", efa::plugin::LogFormat::kJson}}));
+  app.add_option("daemon", daemon, "The daemon's command line, after --")->required();
+  CLI11_PARSE(app, argc, argv);
+  efa::plugin::ConfigureLogging(level, format);
+
+  // The daemon blocked these before exec (the mask is inherited): taken here
+  // through a signalfd as the daemon does.
+  sigset_t signals;
+  sigemptyset(&signals);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&signals, s);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const efa::topology::HostRoots roots{sysfs_root, dev_root, "/proc"};
+  const auto interval = std::chrono::milliseconds(rescan_ms);
+  const efa::plugin::EfaCountCheck count = efa::plugin::CheckEfaCount(
+      efa::plugin::ResolveInstanceType(instance_type, sysfs_root), expected_efa_count, 0);
+  std::map<std::string, HttpHandler> probes = {
+      {"/healthz",
+       [interval] {
+         const SteadyClock::rep beat = heartbeat.load();
+         return efa::plugin::Probe(efa::plugin::Liveness(
+             beat == 0 ? std::nullopt
+                       : std::optional(SteadyClock::time_point(SteadyClock::duration(beat))),
+             SteadyClock::now(), interval));
+       }},
+      {"/readyz", [] {
+         return efa::plugin::Probe({true, efa::plugin::kNoEfaReadiness});
+       }}};
+  std::map<std::string, HttpHandler> routes = probes;
+  routes.emplace("/metrics", [count] {
+    std::vector<prometheus::MetricFamily> families;
+    efa::plugin::CollectEfaCount(count, families);
+    return efa::plugin::HttpResponse{200, efa::plugin::kMetricsContentType,
+                                     efa::plugin::SerializeMetrics(std::move(families))};
+  });
+  auto servers = efa::plugin::ServeEndpoints(metrics_address, std::move(routes), probe_address,
+                                             std::move(probes));
+  if (!servers.ok()) {
+    spdlog::error("{}", std::string(servers.status().message()));
+    return 1;
+  }
+
+  const int signal_fd = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
+  const int inotify_fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  const int uevent_fd = efa::topology::OpenUeventSocket();
+  // Watched again before each look: a directory created later (the driver
+  // loaded after boot) is picked up at the latest by the timer.
+  auto efa_present = [&] {
+    for (const auto& dir : efa::topology::DiscoveryDirs(roots)) {
+      ::inotify_add_watch(inotify_fd, dir.c_str(), efa::topology::kDiscoveryDirEvents);
+    }
+    return !efa::topology::DiscoverEfaDevices(roots).devices.empty();
+  };
+  bool found = efa_present();  // one may have come since the daemon looked
+  if (!found) spdlog::info("no EFA on this node; idle until one appears");
+  while (!found) {
+    heartbeat = SteadyClock::now().time_since_epoch().count();
+    std::vector<pollfd> fds = {{signal_fd, POLLIN, 0}, {inotify_fd, POLLIN, 0}};
+    if (uevent_fd >= 0) fds.push_back({uevent_fd, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), static_cast<int>(rescan_ms)) < 0 && errno != EINTR) {
+      spdlog::error("poll: {}", std::strerror(errno));
+      return 1;
+    }
+    signalfd_siginfo info;
+    while (::read(signal_fd, &info, sizeof info) == sizeof info) {
+      if (info.ssi_signo != SIGHUP) {
+        spdlog::info("signal {}: stopping", info.ssi_signo);
+        return 0;
+      }
+    }
+    char buf[4096];
+    while (::read(inotify_fd, buf, sizeof buf) > 0) {
+    }
+    if (uevent_fd >= 0) efa::topology::DrainUevents(uevent_fd);
+    found = efa_present();
+  }
+
+  spdlog::info("an EFA appeared; starting the device plugin");
+  servers->clear();  // the daemon binds the same addresses
+  spdlog::default_logger()->flush();
+  std::vector<char*> args;
+  for (std::string& a : daemon) args.push_back(a.data());
+  args.push_back(nullptr);
+  ::execv(args[0], args.data());
+  spdlog::error("cannot run {}: {}", daemon[0], std::strerror(errno));
+  return 1;
+}
