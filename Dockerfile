@@ -37,7 +37,8 @@ LABEL org.opencontainers.image.title="efa-k8s-device-plugin" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.base.name="debian:12-slim"
-# libibverbs1 loads its EFA provider (ibverbs-providers) with dlopen; hwloc's
+# The inventory command loads libibverbs1 with dlopen, and libibverbs its
+# EFA provider (ibverbs-providers); hwloc's
 # Linux backend reads PCI from sysfs itself, so libhwloc-plugins (a
 # recommendation) stays out.
 RUN apt-get update \

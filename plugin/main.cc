@@ -32,7 +32,10 @@ using efa::plugin::EffectiveConfig;
 // Prints the node's EFAs and what discovery passed over.
 int RunInventory(const efa::topology::HostRoots& roots) {
   auto inv = efa::topology::DiscoverEfaDevices(roots);
-  efa::topology::MarkVerbsProviders(inv);
+  if (absl::Status verbs = efa::topology::MarkVerbsProviders(inv); !verbs.ok()) {
+    std::fprintf(stderr, "%s (the LIBIBVERBS column is unknown)\n",
+                 std::string(verbs.message()).c_str());
+  }
   std::printf("%zu EFA device(s) under %s\n", inv.devices.size(), roots.sysfs.c_str());
   if (!inv.devices.empty()) {
     std::printf("%-12s %-9s %-13s %-5s %-4s %-11s %-10s %s\n", "IBDEV", "UVERBS", "PCI", "EFA",

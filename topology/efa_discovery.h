@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "topology/efa_device.h"
 #include "topology/sysfs.h"
 
@@ -41,7 +42,8 @@ inline constexpr uint32_t kDiscoveryDirEvents =
 // Sets `verbs_provider` on each device that libibverbs lists. libibverbs
 // reads SYSFS_PATH once per process, so call PointLibibverbsAt() before the
 // first use. Not thread-safe with other libibverbs users.
-void MarkVerbsProviders(Inventory& inventory);
+// libibverbs is loaded (dlopen) by the first call; fails when it cannot be.
+absl::Status MarkVerbsProviders(Inventory& inventory);
 
 // Points libibverbs at `sysfs_root` (SYSFS_PATH) unless it is "/sys". Call
 // once, before any other libibverbs use in the process.

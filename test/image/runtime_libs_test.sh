@@ -13,8 +13,9 @@
 #     listed package (apt installs it with that package).
 # A library the binary links directly (readelf NEEDED) must be provided by a
 # listed or base package, not by chance through another package's
-# dependencies. libibverbs loads its providers (libefa) with dlopen, which
-# ldd cannot see: ibverbs-providers must be listed too. The mapping holds
+# dependencies. The inventory command loads libibverbs with dlopen, and
+# libibverbs its providers (libefa), which ldd cannot see: libibverbs1 and
+# ibverbs-providers must be listed too. The mapping holds
 # because the build stage and this machine are both Debian 12; the test says
 # so when they are not. Also checks the Dockerfile's shape (multi-stage, the
 # runtime base, OCI labels, the binary as entrypoint). Listed packages that
@@ -187,11 +188,14 @@ while read -r soname path; do
   fi
 done <<<"$libs"
 
-# Loaded with dlopen, so invisible to ldd.
-if [ -n "${needed[libibverbs.so.1]:-}" ]; then
-  if [ -n "${listed[ibverbs-providers]:-}" ]; then
-    used[ibverbs-providers]=1; pass "ibverbs-providers listed: libibverbs loads the efa provider with dlopen"
-  else fail "libibverbs loads the efa provider with dlopen: add ibverbs-providers to the runtime stage's apt-get install"; fi
+# Loaded with dlopen, so invisible to ldd: libibverbs by the inventory
+# command, the efa provider (libefa) by libibverbs.
+if [ -n "${needed[libibverbs.so.1]:-}" ] || grep -qa 'libibverbs\.so\.1' "$BINARY"; then
+  for pkg in libibverbs1 ibverbs-providers; do
+    if [ -n "${listed[$pkg]:-}" ]; then
+      used[$pkg]=1; pass "$pkg listed: loaded with dlopen (libibverbs by the inventory command, its efa provider by libibverbs)"
+    else fail "$pkg is loaded with dlopen: add $pkg to the runtime stage's apt-get install"; fi
+  done
 fi
 
 for pkg in $(printf '%s\n' "${!listed[@]}" | sort); do
