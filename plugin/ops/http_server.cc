@@ -78,13 +78,13 @@ void Serve(evhttp_request* req, void* arg) {
   Reply(req, answer.status, answer.content_type.c_str(), answer.body);
 }
 
-// accept() failed with the descriptors (or memory) exhausted: the
-// listening socket stays readable, so a level-triggered loop would spin.
-// Stop accepting for 100 ms; the connections wait in the backlog.
 // The server whose loop runs on this thread (the listener's callback
 // argument is evhttp's own).
 thread_local HttpLoop* this_thread_loop = nullptr;
 
+// accept() failed with the descriptors (or memory) exhausted: the
+// listening socket stays readable, so a level-triggered loop would spin.
+// Stop accepting for 100 ms; the connections wait in the backlog.
 void OnAcceptError(evconnlistener* listener, void*) {
   HttpLoop* loop = this_thread_loop;
   const int err = EVUTIL_SOCKET_ERROR();
