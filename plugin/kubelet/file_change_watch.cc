@@ -22,15 +22,7 @@ bool FileChangeWatch::Changed() {
   if (fd_ < 0 && first_) fd_ = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   if (fd_ < 0) return true;
   bool changed = std::exchange(first_, false);
-  if (wd_ < 0) {
-    // The watch comes before the caller reads the file, so a change after
-    // the read is never missed.
-    wd_ = ::inotify_add_watch(fd_, file_.parent_path().c_str(),
-                              IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE |
-                                  IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
-    if (wd_ < 0) return true;  // no directory yet
-    changed = true;
-  }
+  bool look = wd_ < 0 && ancestor_wd_ < 0;  // nothing watched yet
   alignas(inotify_event) char buf[4096];
   while (true) {
     const ssize_t n = ::read(fd_, buf, sizeof buf);
@@ -40,17 +32,43 @@ bool FileChangeWatch::Changed() {
       p += sizeof(inotify_event) + ev->len;
       if (ev->mask & IN_Q_OVERFLOW) {
         changed = true;
+        look = wd_ < 0;
+      } else if (ev->wd == ancestor_wd_) {
+        look = true;  // something appeared on the way to the directory
       } else if (ev->wd == wd_ && (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED))) {
         // The directory went: watch it again once it is back.
         changed = true;
+        look = true;
         if (ev->mask & IN_MOVE_SELF) ::inotify_rm_watch(fd_, wd_);
         wd_ = -1;
-      } else if (ev->len > 0 && name_ == ev->name) {
+      } else if (ev->wd == wd_ && ev->len > 0 && name_ == ev->name) {
         changed = true;
       }
     }
   }
-  return changed;
+  if (wd_ >= 0 || !look) return changed;
+  // The watch comes before the caller reads the file, so a change after the
+  // read is never missed. While the directory is absent, its nearest
+  // existing ancestor is watched instead (first, so that the directory
+  // appearing meanwhile is seen): until something is created there, the
+  // file cannot have appeared and no call looks at the file system.
+  if (ancestor_wd_ >= 0) ::inotify_rm_watch(fd_, ancestor_wd_);
+  ancestor_wd_ = -1;
+  const std::filesystem::path dir = file_.parent_path();
+  for (std::filesystem::path p = dir.parent_path();; p = p.parent_path()) {
+    ancestor_wd_ = ::inotify_add_watch(
+        fd_, p.c_str(), IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
+    if (ancestor_wd_ >= 0 || p == p.parent_path() || p.empty()) break;
+  }
+  wd_ = ::inotify_add_watch(fd_, dir.c_str(),
+                            IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE |
+                                IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
+  if (wd_ >= 0) {
+    ::inotify_rm_watch(fd_, ancestor_wd_);
+    ancestor_wd_ = -1;
+    return true;
+  }
+  return changed || ancestor_wd_ < 0;  // nothing watchable: every call is true
 }
 
 }  // namespace efa::plugin

@@ -21,9 +21,10 @@ class FileChangeWatch {
   FileChangeWatch& operator=(const FileChangeWatch&) = delete;
 
   // True when the file may have changed since the previous call: it was
-  // created, written, renamed or removed, events were lost, or the directory
-  // cannot be watched (then every call is true). The first call is true.
-  // Costs a non-blocking read of the inotify descriptor. Thread-safe.
+  // created, written, renamed or removed, its directory appeared, events
+  // were lost, or nothing on its path can be watched (then every call is
+  // true). The first call is true. Costs a non-blocking read of the inotify
+  // descriptor, also while the directory is absent. Thread-safe.
   bool Changed();
 
   const std::filesystem::path& file() const { return file_; }
@@ -33,7 +34,8 @@ class FileChangeWatch {
   const std::string name_;  // file_'s name in its directory
   absl::Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
-  int wd_ ABSL_GUARDED_BY(mu_) = -1;
+  int wd_ ABSL_GUARDED_BY(mu_) = -1;           // the file's directory
+  int ancestor_wd_ ABSL_GUARDED_BY(mu_) = -1;  // its nearest ancestor, while it is absent
   bool first_ ABSL_GUARDED_BY(mu_) = true;
 };
 
