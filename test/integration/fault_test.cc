@@ -28,6 +28,7 @@
 #include "test/bench/child_process.h"
 #include "test/bench/proc_stats.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
 #include "test/temp_dir.h"
 
@@ -42,18 +43,7 @@ namespace {
 
 constexpr char kEfa[] = "vpc.amazonaws.com/efa";
 
-// Built (with the daemon) under AddressSanitizer or ThreadSanitizer.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using efa::testing::kSanitized;
 constexpr auto kDeadline = 10s;
 
 // What the process holds: open files, threads, resident memory.

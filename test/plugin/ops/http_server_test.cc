@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "test/sanitized.h"
+
 using namespace efa::plugin;
 using namespace std::chrono_literals;
 
@@ -189,19 +191,7 @@ long ThreadCpuTicks(const std::string& name) {
   return ticks;
 }
 
-// Built under AddressSanitizer or ThreadSanitizer, whose runtimes need
-// descriptors of their own (with none left UBSan's vptr check misfires).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+using efa::testing::kSanitized;
 
 }  // namespace
 
