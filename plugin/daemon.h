@@ -236,6 +236,7 @@ class Daemon {
   bool model_stale_ = false;                          // the EFAs changed since
   bool serving_started_ = false;                      // the first EFA was seen
   std::string fingerprint_;                           // DiscoveryFingerprint at the latest rescan
+  std::string uevent_seqnum_;                         // UeventSeqnum at the latest look
   int passes_since_rescan_ = 0;                       // periodic passes since
   std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
   Clock::time_point next_report_ =                                      // alignment report retry

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -150,6 +151,12 @@ int main(int argc, char** argv) {
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // gRPC polls every client channel's connection every 5 s from its timer
+  // thread, to notice a peer gone while no call runs. The daemon's one
+  // lasting channel, to the kubelet's pod-resources socket, is replaced
+  // when the socket is and after a failed call, so it needs no such poll:
+  // off (the environment may say otherwise), before gRPC reads it.
+  setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "0", /*overwrite=*/0);
 
   CLI::App app{"EFA device plugin for Kubernetes"};
   app.set_version_flag("--version",

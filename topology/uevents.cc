@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "topology/sysfs.h"
+
 namespace efa::topology {
 
 int OpenUeventSocket() {
@@ -38,6 +40,10 @@ bool DrainUevents(int fd) {
     }
   }
   return relevant;
+}
+
+std::string UeventSeqnum(const std::filesystem::path& sysfs_root) {
+  return ReadAttribute(sysfs_root / "kernel/uevent_seqnum").value_or("");
 }
 
 }  // namespace efa::topology

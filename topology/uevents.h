@@ -3,6 +3,9 @@
 // inotify events).
 #pragma once
 
+#include <filesystem>
+#include <string>
+
 namespace efa::topology {
 
 // A non-blocking, close-on-exec socket that receives the kernel's uevents;
@@ -13,5 +16,10 @@ int OpenUeventSocket();
 // Reads every uevent waiting on `fd`; true when one touches RDMA devices
 // (infiniband, infiniband_verbs) or PCI functions.
 bool DrainUevents(int fd);
+
+// The kernel's count of the uevents it has sent, in any network namespace
+// (<sysfs>/kernel/uevent_seqnum): while it stands, no device came, went, was
+// bound, unbound or renamed. Empty when it cannot be read.
+std::string UeventSeqnum(const std::filesystem::path& sysfs_root);
 
 }  // namespace efa::topology

@@ -653,12 +653,14 @@ TEST_CASE("A device broken while the daemon runs turns Unhealthy naming why, the
   ServedNode node(&clock);
   const fs::path numa = node.sim().sys() / "class/infiniband/rdmap32s27/device/numa_node";
   WriteFile(numa, "garbage\n");
-  // No event tells of a changed attribute: the periodic passes find it, at
-  // the latest with the full rescan of every sixth.
+  // No event tells of a changed attribute: the periodic passes of a node
+  // where uevents come and go (other devices') find it, at the latest with
+  // the full rescan of every sixth.
   auto unhealthy = [](const std::vector<v1beta1::Device>& devices) {
     return devices.size() == 4 && devices[1].health() == "Unhealthy";
   };
   for (int pass = 0; pass < 12 && !unhealthy(node.kubelet().devices(kEfa)); ++pass) {
+    REQUIRE(efa::sim::CountUevent(node.sim().path().string()).ok());
     REQUIRE(efa::testing::AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
   }
   REQUIRE(node.kubelet().WaitForDevices(kEfa, unhealthy, kDeadline));

@@ -195,6 +195,42 @@ TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon][c
         grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+TEST_CASE(
+    "A periodic pass looks at the devices again only once the kernel counted a uevent",
+    "[daemon][concurrency]") {
+  FakeClock clock;
+  Node node("p4d.24xlarge", 10s, Naming::kUdev, [&](DaemonOptions& o) { o.clock = &clock; });
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  auto health = [&node] {
+    const v1beta1::ListAndWatchResponse list = node.daemon().advertised();
+    for (const auto& d : list.devices()) {
+      if (d.id() == "rdmap32s27") return d.health();
+    }
+    return std::string("absent");
+  };
+  REQUIRE(health() == "Healthy");
+  // Unbound from its driver. A simulated root sends no event for it (the
+  // link is below the watched directories); a real kernel counts a uevent.
+  fs::remove(node.sim().sys() / "class/infiniband/rdmap32s27/device/driver");
+  auto pass = [&] { return AdvanceOnePass(clock, node.daemon(), 10s, kDeadline); };
+  SECTION("a uevent counted") {
+    REQUIRE(pass());
+    CHECK(health() == "Healthy");  // the fingerprint was not taken
+    REQUIRE(efa::sim::CountUevent(node.sim().path().string()).ok());
+    REQUIRE(pass());
+    CHECK(health() == "Unhealthy");
+  }
+  SECTION("no uevent: not even the full rescan of every sixth pass") {
+    for (int n = 1; n <= 7; ++n) {
+      REQUIRE(pass());
+      CHECK(health() == "Healthy");
+    }
+    REQUIRE(efa::sim::CountUevent(node.sim().path().string()).ok());
+    REQUIRE(pass());
+    CHECK(health() == "Unhealthy");
+  }
+}
+
 TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear",
           "[daemon][concurrency]") {
   SimRoot p4d("p4d.24xlarge");

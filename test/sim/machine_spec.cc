@@ -406,7 +406,29 @@ absl::Status RestoreUverbsNode(const std::string& root, int uverbs) {
   if (!(in >> major >> colon >> minor) || colon != ':') {
     return absl::NotFoundError(absl::StrCat(dev_file.string(), ": no \"major:minor\""));
   }
-  return MakeCharDevice(fs::path(root) / "dev/infiniband" / name, major, minor);
+  if (auto made = MakeCharDevice(fs::path(root) / "dev/infiniband" / name, major, minor);
+      !made.ok()) {
+    return made;
+  }
+  return CountUevent(root);
+}
+
+absl::Status CountUevent(const std::string& root) {
+  const fs::path path = fs::path(root) / "sys/kernel/uevent_seqnum";
+  std::ifstream in(path);
+  uint64_t count = 0;
+  if (!(in >> count)) return absl::NotFoundError(absl::StrCat(path.string(), ": no count"));
+  in.close();
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << count + 1 << "\n";
+    if (!out) return absl::InternalError(absl::StrCat(tmp.string(), ": cannot write"));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::ErrnoToStatus(ec.value(), path.string());
+  return absl::OkStatus();
 }
 
 absl::Status SetEfaCounter(const std::string& root, const std::string& ibdev,
@@ -474,6 +496,9 @@ absl::Status WriteMachine(const MachineSpec& spec, const std::string& root, Nami
   Machine m{spec, fs::absolute(root), fs::absolute(root) / "sys", {}};
   m.Cpus();
   m.Dmi();
+  // The kernel's uevent count: change it with every device change that
+  // the kernel would announce (BumpUeventSeqnum).
+  m.w.File(m.sys / "kernel/uevent_seqnum", "4711\n");
 
   // Verbs devices are numbered in PCI order, as the kernel probes them.
   std::vector<const Endpoint*> verbs;

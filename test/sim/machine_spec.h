@@ -71,6 +71,11 @@ absl::Status MakeCharDevice(const std::filesystem::path& path, unsigned major, u
 // it, as a device going away does).
 absl::Status RestoreUverbsNode(const std::string& root, int uverbs);
 
+// Counts one more uevent in root/sys/kernel/uevent_seqnum, as the kernel
+// does for every device it adds, removes, binds, unbinds or renames (and
+// RestoreUverbsNode for the device it brings back).
+absl::Status CountUevent(const std::string& root);
+
 // Sets the efa counter `name` of verbs device `ibdev` (in
 // root/sys/class/infiniband/<ibdev>/hw_counters or ports/1/hw_counters,
 // wherever the simulated driver has it) to `value`, atomically. NotFound
