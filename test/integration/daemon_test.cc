@@ -195,9 +195,8 @@ TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon][c
         grpc::StatusCode::FAILED_PRECONDITION);
 }
 
-TEST_CASE(
-    "A periodic pass looks at the devices again only once the kernel counted a uevent",
-    "[daemon][concurrency]") {
+TEST_CASE("A periodic pass looks at the devices again only once the kernel counted a uevent",
+          "[daemon][concurrency]") {
   FakeClock clock;
   Node node("p4d.24xlarge", 10s, Naming::kUdev, [&](DaemonOptions& o) { o.clock = &clock; });
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));

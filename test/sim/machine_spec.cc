@@ -397,6 +397,24 @@ absl::Status MakeCharDevice(const std::filesystem::path& path, unsigned major, u
   return absl::OkStatus();
 }
 
+namespace {
+
+// Whole values only, as sysfs shows them: writes aside, then renames.
+absl::Status ReplaceFile(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    if (!out) return absl::InternalError(absl::StrCat(tmp.string(), ": cannot write"));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::ErrnoToStatus(ec.value(), path.string());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RestoreUverbsNode(const std::string& root, int uverbs) {
   const std::string name = absl::StrCat("uverbs", uverbs);
   const fs::path dev_file = fs::path(root) / "sys/class/infiniband_verbs" / name / "dev";
@@ -419,16 +437,7 @@ absl::Status CountUevent(const std::string& root) {
   uint64_t count = 0;
   if (!(in >> count)) return absl::NotFoundError(absl::StrCat(path.string(), ": no count"));
   in.close();
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << count + 1 << "\n";
-    if (!out) return absl::InternalError(absl::StrCat(tmp.string(), ": cannot write"));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::ErrnoToStatus(ec.value(), path.string());
-  return absl::OkStatus();
+  return ReplaceFile(path, absl::StrCat(count + 1, "\n"));
 }
 
 absl::Status SetEfaCounter(const std::string& root, const std::string& ibdev,
@@ -441,16 +450,7 @@ absl::Status SetEfaCounter(const std::string& root, const std::string& ibdev,
     return absl::NotFoundError(absl::StrCat(dev.string(), ": no counter ", name,
                                             " in hw_counters or ports/1/hw_counters"));
   }
-  // Whole values only, as sysfs shows them: write aside, then rename.
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << value << "\n";
-    if (!out) return absl::InternalError(absl::StrCat(tmp.string(), ": cannot write"));
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::ErrnoToStatus(ec.value(), path.string());
-  return absl::OkStatus();
+  return ReplaceFile(path, absl::StrCat(value, "\n"));
 }
 
 std::string VerbsName(Kind kind, const PciAddress& addr, int index, Naming naming) {
@@ -496,8 +496,8 @@ absl::Status WriteMachine(const MachineSpec& spec, const std::string& root, Nami
   Machine m{spec, fs::absolute(root), fs::absolute(root) / "sys", {}};
   m.Cpus();
   m.Dmi();
-  // The kernel's uevent count: change it with every device change that
-  // the kernel would announce (BumpUeventSeqnum).
+  // The kernel's uevent count: tests add one (CountUevent) for every
+  // device change the kernel would announce.
   m.w.File(m.sys / "kernel/uevent_seqnum", "4711\n");
 
   // Verbs devices are numbered in PCI order, as the kernel probes them.
