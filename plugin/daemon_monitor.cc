@@ -322,6 +322,7 @@ std::string DaemonMonitor::CountersText(std::shared_ptr<const EfaCounterSnapshot
 HttpResponse DaemonMonitor::Metrics() const {
   std::vector<prometheus::MetricFamily> families = registry_.Collect();
   CollectState(families);
+  CollectEndpointCounters(http_, families);
   std::string text = SerializeMetrics(std::move(families));
   if (const Daemon* daemon = daemon_.load()) text += CountersText(daemon->efa_counters().Sample());
   return {200, kMetricsContentType, std::move(text)};

@@ -95,6 +95,12 @@ void ExecIdleProcess(const Config& c, int argc, char** argv) {
                                    *c.metrics_address,
                                    "--probe-address",
                                    *c.probe_address,
+                                   "--metrics-max-connections",
+                                   std::to_string(*c.metrics_max_connections),
+                                   "--probe-max-connections",
+                                   std::to_string(*c.probe_max_connections),
+                                   "--http-request-timeout-ms",
+                                   std::to_string(c.http_request_timeout->count()),
                                    "--instance-type",
                                    *c.instance_type,
                                    "--expected-efa-count",
@@ -127,8 +133,13 @@ int RunDaemon(const EffectiveConfig& effective, int argc, char** argv) {
   monitor.Attach(options);
   efa::plugin::Daemon daemon(options);
   monitor.Watch(&daemon);
+  // Every HTTP connection is a descriptor: the two caps are all the HTTP
+  // side may hold, whatever its clients do. (Where the process's
+  // descriptor budget is known, fit them within it here.)
+  const efa::plugin::EndpointLimits limits{*c.metrics_max_connections, *c.probe_max_connections,
+                                           *c.http_request_timeout};
   auto servers = efa::plugin::ServeEndpoints(*c.metrics_address, monitor.Routes(), *c.probe_address,
-                                             monitor.ProbeRoutes());
+                                             monitor.ProbeRoutes(), limits, &monitor.http());
   if (!servers.ok()) {
     spdlog::error("{}", std::string(servers.status().message()));
     return 1;
