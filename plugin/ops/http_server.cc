@@ -416,7 +416,7 @@ absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeEndpoints(
 void CollectEndpointCounters(const EndpointCounters& counters,
                              std::vector<prometheus::MetricFamily>& out) {
   auto& family = AddFamily(
-      out, absl::StrCat(kMetricPrefix, "http_connections_dropped"),
+      out, absl::StrCat(kMetricPrefix, "http_connections_dropped_total"),
       "HTTP connections closed without an answer, by listener (metrics, probe) and reason: limit "
       "(accepted while metricsMaxConnections or probeMaxConnections were open, closed at once), "
       "timeout (not answered within httpRequestTimeout of connecting).",
