@@ -963,6 +963,13 @@ class Suite {
     const auto metrics_port =
         static_cast<uint16_t>(LoggedPort(log, "/metrics, /healthz and /readyz"));
     const auto probe_port = static_cast<uint16_t>(LoggedPort(log, "/healthz and /readyz"));
+    // Live before the first phase (the kubelet's initial delay): the owner
+    // loop's first pass ends after the registration.
+    for (const auto until = Clock::now() + kDeadline;
+         efa::bench::ProbeOnce(probe_port, "/healthz", 1s).status != 200;) {
+      if (Clock::now() > until) Fail("the flood's daemon was not live within 10 s");
+      std::this_thread::sleep_for(10ms);
+    }
     struct Phase {
       std::vector<double> probes, registered;
       size_t failures = 0;
