@@ -129,10 +129,13 @@ void OnAcceptError(evconnlistener* listener, void*) {
   HttpLoop* loop = this_thread_loop;
   const int err = EVUTIL_SOCKET_ERROR();
   if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return;
+  if (loop->options.counters != nullptr) ++loop->options.counters->accept_pauses;
   if (!loop->warned) {
     loop->warned = true;
-    spdlog::warn("\"{}\": accept: {}; not accepting for 100 ms at a time until it passes",
-                 loop->address, std::strerror(err));
+    spdlog::warn(
+        "\"{}\": accept: {}; not accepting for 100 ms at a time until it passes (counted in "
+        "efa_device_plugin_http_accept_pauses_total)",
+        loop->address, std::strerror(err));
   }
   loop->paused = true;
   evconnlistener_disable(listener);
@@ -427,6 +430,15 @@ void CollectEndpointCounters(const EndpointCounters& counters,
               {{"listener", listener}, {"reason", "limit"}});
     AddSample(family, static_cast<double>(c->timed_out.load()),
               {{"listener", listener}, {"reason", "timeout"}});
+  }
+  auto& pauses = AddFamily(
+      out, absl::StrCat(kMetricPrefix, "http_accept_pauses_total"),
+      "Pauses of 100 ms in accepting HTTP connections, by listener, because accept() found no "
+      "descriptor or memory left (EMFILE, ENFILE, ENOBUFS, ENOMEM).",
+      prometheus::MetricType::Counter);
+  for (const auto& [listener, c] :
+       {std::pair("metrics", &counters.metrics), std::pair("probe", &counters.probe)}) {
+    AddSample(pauses, static_cast<double>(c->accept_pauses.load()), {{"listener", listener}});
   }
 }
 

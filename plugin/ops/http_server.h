@@ -53,6 +53,9 @@ using HttpHandler = std::function<HttpResponse()>;
 struct HttpCounters {
   std::atomic<uint64_t> over_limit{0};  // accepted while max_connections were open
   std::atomic<uint64_t> timed_out{0};   // not answered within request_timeout
+  // accept() failed for want of descriptors or memory: 100 ms without
+  // accepting, each counted.
+  std::atomic<uint64_t> accept_pauses{0};
 };
 
 struct HttpServerOptions {
@@ -114,7 +117,8 @@ struct EndpointCounters {
   HttpCounters probe;
 };
 
-// The family http_connections_dropped of `counters` appended to `out`.
+// The families http_connections_dropped and http_accept_pauses of
+// `counters` appended to `out`.
 void CollectEndpointCounters(const EndpointCounters& counters,
                              std::vector<prometheus::MetricFamily>& out);
 

@@ -313,7 +313,10 @@ TEST_CASE("A server out of descriptors stops accepting for a while, then serves 
     WARN("not run under a sanitizer: its runtime needs descriptors while none are left");
     return;
   }
-  auto server = StartServer();
+  HttpCounters counters;
+  HttpServerOptions options;
+  options.counters = &counters;
+  auto server = StartServer(options);
   // The client's socket exists before the descriptors run out; its
   // connection then waits in the backlog while accept() fails with EMFILE.
   const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -345,6 +348,9 @@ TEST_CASE("A server out of descriptors stops accepting for a while, then serves 
   const long spent = ThreadCpuTicks("efa-http") - before;
   INFO("CPU ticks of the server thread in the half second: " << spent);
   CHECK(spent * 1000 / ::sysconf(_SC_CLK_TCK) < 100);
+  // Each pause counted: a few in the half second, not one per spin.
+  CHECK(counters.accept_pauses >= 1);
+  CHECK(counters.accept_pauses <= 10);
   // Descriptors again: the waiting connection is accepted and answered.
   timeval tv{5, 0};
   ::setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
