@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -40,9 +41,11 @@ struct HttpLoop {
   bool paused = false;                 // not accepting, out of descriptors
   bool warned = false;                 // of running out of descriptors
   bool warned_limit = false;           // of max_connections reached
+  bool warned_client_limit = false;    // of max_connections_per_client reached
   bool warned_timeout = false;         // of a connection timed out
   // Connections with a descriptor: every one counts against the cap.
   std::set<HttpConn*> conns;
+  std::map<std::string, int> per_client;  // adopted connections by client address
 
   ~HttpLoop();
 };
@@ -55,11 +58,16 @@ struct HttpConn {
   evhttp_connection* evcon = nullptr;  // set when adopted
   event* timer = nullptr;              // adoption, then the request timeout
   bool over_limit = false;             // accepted past max_connections
+  std::string client;                  // its address, once counted in per_client
 };
 
 namespace {
 
 void ForgetConn(HttpConn* conn) {
+  if (!conn->client.empty()) {
+    auto it = conn->loop->per_client.find(conn->client);
+    if (--it->second == 0) conn->loop->per_client.erase(it);
+  }
   conn->loop->conns.erase(conn);
   event_free(conn->timer);
   delete conn;
@@ -172,20 +180,37 @@ void OnConnTimer(evutil_socket_t, short, void* arg) {
     }
     conn->evcon = static_cast<evhttp_connection*>(evcon);
     evhttp_connection_set_closecb(conn->evcon, OnConnClose, conn);
-    if (!conn->over_limit) {
+    char* client = nullptr;
+    ev_uint16_t client_port = 0;
+    evhttp_connection_get_peer(conn->evcon, &client, &client_port);
+    const int per_client = loop->options.max_connections_per_client;
+    const bool client_full =
+        per_client > 0 && client != nullptr && loop->per_client[client] >= per_client;
+    if (!conn->over_limit && !client_full) {
+      if (client != nullptr) {
+        conn->client = client;
+        ++loop->per_client[client];
+      }
       const timeval timeout = ToTimeval(loop->options.request_timeout);
       evtimer_add(conn->timer, &timeout);
       return;
     }
-    // Past the cap: closed before anything is read, and accepting resumes
-    // (OnNewConnection stopped it so that the next one waits its turn).
+    // Past a cap: closed before anything is read, and accepting resumes
+    // (OnNewConnection stopped it past the listener's cap, so that the
+    // next one waits its turn).
     if (loop->options.counters != nullptr) ++loop->options.counters->over_limit;
-    if (!loop->warned_limit) {
+    if (conn->over_limit && !loop->warned_limit) {
       loop->warned_limit = true;
       spdlog::warn(
           "\"{}\": {} connections open, as many as allowed: closing new ones at once while it "
           "lasts (counted in efa_device_plugin_http_connections_dropped_total)",
           loop->address, loop->options.max_connections);
+    } else if (!conn->over_limit && !loop->warned_client_limit) {
+      loop->warned_client_limit = true;
+      spdlog::warn(
+          "\"{}\": {} holds {} connections, as many as one client may: closing its new ones at "
+          "once while it lasts (counted in efa_device_plugin_http_connections_dropped_total)",
+          loop->address, client, per_client);
     }
     evhttp_connection_free(conn->evcon);  // forgets conn
     if (!loop->paused) evconnlistener_enable(loop->listener);
@@ -208,7 +233,9 @@ bufferevent* OnNewConnection(event_base* base, void* arg) {
   auto* loop = static_cast<HttpLoop*>(arg);
   bufferevent* bev = bufferevent_socket_new(base, -1, 0);  // evhttp closes the socket itself
   if (bev == nullptr) return nullptr;                      // evhttp makes its own
-  auto* conn = new HttpConn{loop, bev};
+  auto* conn = new HttpConn;
+  conn->loop = loop;
+  conn->bev = bev;
   conn->timer = evtimer_new(base, OnConnTimer, conn);
   if (conn->timer == nullptr) {
     delete conn;
@@ -307,7 +334,8 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseListenAddress(std::string_
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     std::string_view address, std::map<std::string, HttpHandler> routes,
     HttpServerOptions options) {
-  if (options.max_connections < 1 || options.request_timeout.count() < 1) {
+  if (options.max_connections < 1 || options.request_timeout.count() < 1 ||
+      options.max_connections_per_client < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "\"", std::string(address), "\": expected at least 1 connection and 1 ms, got ",
         options.max_connections, " and ", options.request_timeout.count(), " ms"));
@@ -403,6 +431,7 @@ absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeEndpoints(
     HttpServerOptions options;
     options.request_timeout = limits.request_timeout;
     options.max_connections = cap;
+    options.max_connections_per_client = std::max(1, cap / 2);
     options.counters = count;
     auto started = HttpServer::Start(*address, std::move(*paths), options);
     if (!started.ok()) {
@@ -421,7 +450,8 @@ void CollectEndpointCounters(const EndpointCounters& counters,
   auto& family = AddFamily(
       out, absl::StrCat(kMetricPrefix, "http_connections_dropped_total"),
       "HTTP connections closed without an answer, by listener (metrics, probe) and reason: limit "
-      "(accepted while metricsMaxConnections or probeMaxConnections were open, closed at once), "
+      "(accepted while metricsMaxConnections or probeMaxConnections, or half of them from the same "
+      "client, were open; closed at once), "
       "timeout (not answered within httpRequestTimeout of connecting).",
       prometheus::MetricType::Counter);
   for (const auto& [listener, c] :

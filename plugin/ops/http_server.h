@@ -8,9 +8,10 @@
 // 3.4 MiB of RSS: BENCHMARKS.md.)
 //
 // What a client can make a server hold is bounded: at most
-// `max_connections` connections at once (one more is accepted and closed
-// at once, so that the kernel's backlog never fills with a flood and a
-// client that comes later is told at once); each is closed
+// `max_connections` connections at once, and `max_connections_per_client`
+// from one address (one more is accepted and closed at once, so that the
+// kernel's backlog never fills with a flood and a client that comes later
+// is told at once); each is closed
 // `request_timeout` after it was accepted, answered or not, however slowly
 // its bytes trickle in (evhttp's own timeouts start again at every byte);
 // a request whose line and headers pass `max_header_bytes` is refused,
@@ -62,6 +63,9 @@ struct HttpServerOptions {
   std::chrono::milliseconds request_timeout{3000};  // from accept to the answer sent
   size_t max_header_bytes = 8192;                   // request line and headers
   int max_connections = 64;                         // held at once, at least 1
+  // Held at once by one client address (1..max_connections; 0: no bound
+  // of its own), so that one neighbour cannot take every place.
+  int max_connections_per_client = 0;
   HttpCounters* counters = nullptr;  // counted there when set; must outlive the server
 };
 
@@ -125,7 +129,10 @@ void CollectEndpointCounters(const EndpointCounters& counters,
 // The daemon's endpoints: `routes` (/metrics and the probes) on
 // `metrics_address` and `probe_routes` alone on `probe_address`, where no
 // client of /metrics can delay them (each listener has its own thread,
-// event loop and connection cap); an empty address serves nothing.
+// event loop and connection cap); an empty address serves nothing. One
+// client address holds at most half of a listener's connections: a single
+// neighbour flooding the probe port leaves places for the kubelet, whose
+// probes come from the node's address.
 // `counters`, when set, must outlive the servers. Logs each listener
 // started ("serving /metrics, /healthz and /readyz on :8080 (port 8080, at
 // most 64 connections)"); fails naming the configuration key of an address

@@ -159,10 +159,11 @@ struct ProbeResult {
 };
 
 // GET `path` on a loopback port with a deadline for the whole exchange,
-// as the kubelet's prober does. On any descriptor number (cpp-httplib's
-// client waits with select(), which cannot watch one past 1023).
+// as the kubelet's prober does, from `source` (any of 127.0.0.0/8; empty:
+// the kernel's choice). On any descriptor number (cpp-httplib's client
+// waits with select(), which cannot watch one past 1023).
 inline ProbeResult ProbeOnce(uint16_t port, const std::string& path,
-                             std::chrono::milliseconds timeout) {
+                             std::chrono::milliseconds timeout, const std::string& source = "") {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout;
   ProbeResult result;
@@ -174,6 +175,15 @@ inline ProbeResult ProbeOnce(uint16_t port, const std::string& path,
     pollfd p{fd, events, 0};
     return left.count() > 0 && ::poll(&p, 1, static_cast<int>(left.count())) == 1;
   };
+  if (!source.empty()) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    if (::inet_pton(AF_INET, source.c_str(), &from.sin_addr) != 1 ||
+        ::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) {
+      ::close(fd);
+      return result;
+    }
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
@@ -208,20 +218,23 @@ inline ProbeResult ProbeOnce(uint16_t port, const std::string& path,
 }
 
 // Asks `paths` on a loopback `port` every 100 ms on a thread of its own,
-// as the kubelet's prober does (1 s timeout), until stopped. A probe
+// as the kubelet's prober does (1 s timeout), from `source` (ProbeOnce),
+// until stopped. A probe
 // fails when it gets no answer within the timeout, or, on the paths of
 // `must_pass`, an answer other than 200 (a readiness probe may rightly
 // answer 503 for a moment, while the daemon registers again).
 class Prober {
  public:
-  Prober(uint16_t port, std::vector<std::string> paths, std::vector<std::string> must_pass)
-      : thread_([this, port, paths = std::move(paths), must_pass = std::move(must_pass)] {
+  Prober(uint16_t port, std::vector<std::string> paths, std::vector<std::string> must_pass,
+         std::string source = "")
+      : thread_([this, port, paths = std::move(paths), must_pass = std::move(must_pass),
+                 source = std::move(source)] {
           for (auto next = std::chrono::steady_clock::now(); !stop_;
                next += std::chrono::milliseconds(100)) {
             // The prober's schedule, not a wait for an event.
             std::this_thread::sleep_until(next);
             for (const std::string& path : paths) {
-              const ProbeResult result = ProbeOnce(port, path, std::chrono::seconds(1));
+              const ProbeResult result = ProbeOnce(port, path, std::chrono::seconds(1), source);
               seconds_.push_back(result.seconds);
               const bool pass =
                   std::find(must_pass.begin(), must_pass.end(), path) != must_pass.end();

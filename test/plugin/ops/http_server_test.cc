@@ -144,13 +144,17 @@ TEST_CASE("The HTTP server bounds the request size and the time a client may tak
 
 namespace {
 
-// A loopback connection to `port`, connected (the kernel completes it
-// before the server accepts it).
-int Connect(uint16_t port) {
+// A loopback connection to `port` from `source` (any of 127.0.0.0/8),
+// connected (the kernel completes it before the server accepts it).
+int Connect(uint16_t port, const char* source = "127.0.0.1") {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
   timeval tv{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  REQUIRE(::inet_pton(AF_INET, source, &from.sin_addr) == 1);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
@@ -206,6 +210,34 @@ TEST_CASE("A connection past the cap is closed at once, and a freed place serves
   CHECK(reply.rfind("HTTP/1.1 200 ", 0) == 0);
   for (size_t i = 1; i < held.size(); ++i) ::close(held[i]);
   ::close(held[0]);
+}
+
+TEST_CASE("One client address holds at most its share of the connections; another is served",
+          "[http][concurrency]") {
+  HttpCounters counters;
+  HttpServerOptions options;
+  options.max_connections = 4;
+  options.max_connections_per_client = 2;
+  options.request_timeout = 10s;
+  options.counters = &counters;
+  auto server = StartServer(options);
+  const int first = Connect(server->port());
+  const int second = Connect(server->port());
+  // The third from the same address is closed at once, with places left.
+  const int third = Connect(server->port());
+  CHECK(SecondsUntilClosed(third) < 2);
+  ::close(third);
+  CHECK(counters.over_limit == 1);
+  // Another address is served.
+  const int other = Connect(server->port(), "127.0.0.2");
+  const std::string request = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
+  REQUIRE(::send(other, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size()));
+  char buf[4096];
+  const ssize_t n = ::recv(other, buf, sizeof buf, 0);
+  REQUIRE(n > 0);
+  CHECK(std::string(buf, static_cast<size_t>(n)).rfind("HTTP/1.1 200 ", 0) == 0);
+  for (int fd : {first, second, other}) ::close(fd);
 }
 
 TEST_CASE("A client trickling its request is disconnected at the request timeout after accept",
