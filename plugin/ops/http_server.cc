@@ -184,8 +184,9 @@ void OnConnTimer(evutil_socket_t, short, void* arg) {
     ev_uint16_t client_port = 0;
     evhttp_connection_get_peer(conn->evcon, &client, &client_port);
     const int per_client = loop->options.max_connections_per_client;
+    const auto held = client != nullptr ? loop->per_client.find(client) : loop->per_client.end();
     const bool client_full =
-        per_client > 0 && client != nullptr && loop->per_client[client] >= per_client;
+        per_client > 0 && held != loop->per_client.end() && held->second >= per_client;
     if (!conn->over_limit && !client_full) {
       if (client != nullptr) {
         conn->client = client;
