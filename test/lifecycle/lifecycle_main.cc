@@ -85,7 +85,7 @@ constexpr auto kQuiet = 5s;
 // The kubelet's default probe period (the chart's liveness probe: every 10 s).
 constexpr auto kProbePeriod = 10s;
 // How long the descriptor table stays full.
-constexpr auto kFdWindow = 500ms;
+constexpr auto kFdWindow = 300ms;
 
 // ---------------------------------------------------------------------------
 // Events
@@ -887,7 +887,9 @@ std::optional<Violation> Node::CheckEfasApart() {
                                       " names ", nodes.size(), " device nodes")};
       }
     }
+    ++counts["running containers checked"];
     for (const std::string& node : nodes) {
+      ++counts["device nodes checked"];
       auto [it, inserted] = holder.emplace(node, who);
       if (!inserted) {
         return Violation{"no EFA in two running containers",
@@ -1041,11 +1043,9 @@ bool RunAndReport(const Config& config, std::optional<unsigned> seed,
   std::printf("lifecycle: %s FAILED at step %zu: %s: %s\n", what.c_str(), o.failed_at + 1,
               v.invariant.c_str(), v.detail.c_str());
   std::printf("lifecycle: the steps up to it:\n");
-  for (size_t i = 0; i <= o.failed_at && i < o.actions.size(); ++i) {
-    if (o.failed_at > 40 && i + 40 < o.failed_at) {
-      if (i == 0) std::printf("  ... (%zu earlier steps)\n", o.failed_at - 39);
-      continue;
-    }
+  const size_t first = o.failed_at >= 40 ? o.failed_at - 39 : 0;
+  if (first > 0) std::printf("  ... (%zu earlier steps)\n", first);
+  for (size_t i = first; i <= o.failed_at && i < o.actions.size(); ++i) {
     std::printf("  %4zu. %s\n", i + 1, o.actions[i].c_str());
   }
   std::printf("lifecycle: the daemon's last log lines:\n%s\n", o.log_tail.c_str());
