@@ -954,7 +954,7 @@ struct Outcome {
 // Runs `steps` (or, when `generate` is set, that many generated ones) on a
 // fresh node, checking after each; stops at the first violation.
 Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigned> generate_seed,
-            int generate_count) {
+            int generate_count, bool print = false) {
   Outcome out;
   const auto start = Clock::now();
   std::optional<Node> node;
@@ -971,7 +971,7 @@ Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigne
     out.steps.push_back(step);
     std::optional<Violation> v = node->Apply(step);
     out.actions.push_back(node->last_action());
-    if (config.verbose && generate_seed) {
+    if (print) {
       std::printf("  %4zu. %s\n", i + 1, node->last_action().c_str());
     }
     if (!v) v = node->Check();
@@ -1030,7 +1030,7 @@ bool RunAndReport(const Config& config, std::optional<unsigned> seed,
                                                config.machine, ", ", steps, " steps)")
                                 : absl::StrCat("replay (", ModeName(config), ", ", config.machine,
                                                ", ", replay.size(), " steps)");
-  Outcome o = Run(config, replay, seed, steps);
+  Outcome o = Run(config, replay, seed, steps, config.verbose);
   if (!o.violation) {
     std::vector<std::string> counts;
     for (const auto& [name, n] : o.counts) counts.push_back(absl::StrCat(name, " ", n));
