@@ -188,8 +188,17 @@ struct Config {
   std::string machine = "p5.48xlarge";
   bool late_binding = true;
   std::set<std::string> excluded;  // event groups
+  // The fake kubelet imitates kubelet 1.20 (the e2e's) where later ones
+  // differ (FakeKubelet::Options::kubelet_1_20): odd seeds do.
+  bool kubelet_1_20 = false;
   bool verbose = false;
 };
+
+FakeKubelet::Options KubeletOptions(const fs::path& kubelet_dir, bool kubelet_1_20) {
+  FakeKubelet::Options options = FakeKubelet::ForKubeletDir(kubelet_dir);
+  options.kubelet_1_20 = kubelet_1_20;
+  return options;
+}
 
 struct Violation {
   std::string invariant;
@@ -319,7 +328,7 @@ class Node {
   explicit Node(const Config& config)
       : config_(config),
         sim_(config.machine),
-        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
+        kubelet_(KubeletOptions(sim_.path() / "kubelet", config.kubelet_1_20)),
         gpus_(*efa::sim::FindMachine(config.machine), AcceleratorKind::kNvidiaGpu,
               sim_.path() / "kubelet/device-plugins"),
         cdi_dir_(sim_.path() / "var/run/cdi"),
@@ -1019,7 +1028,8 @@ std::vector<Step> Shrink(const Config& config, std::vector<Step> steps,
 }
 
 std::string ModeName(const Config& config) {
-  return config.late_binding ? "late-binding" : "best-effort";
+  return absl::StrCat(config.late_binding ? "late-binding" : "best-effort",
+                      config.kubelet_1_20 ? ", kubelet 1.20" : "");
 }
 
 // One seed (or one replayed sequence): runs, reports, shrinks. Returns
@@ -1067,8 +1077,9 @@ bool RunAndReport(const Config& config, std::optional<unsigned> seed,
     std::printf("  -> %s: %s\n", again.violation->invariant.c_str(),
                 again.violation->detail.c_str());
   }
-  std::printf("lifecycle: replay: efa-lifecycle --mode %s --machine %s --replay '%s'\n",
-              ModeName(config).c_str(), config.machine.c_str(), Encode(shortest).c_str());
+  std::printf("lifecycle: replay: efa-lifecycle --mode %s --machine %s%s --replay '%s'\n",
+              config.late_binding ? "late-binding" : "best-effort", config.machine.c_str(),
+              config.kubelet_1_20 ? " --kubelet-1-20" : "", Encode(shortest).c_str());
   return false;
 }
 
@@ -1096,6 +1107,8 @@ int main(int argc, char** argv) {
                  "Replay this sequence (as a failure prints it) instead of seeds");
   app.add_option("--shrink-seconds", shrink_seconds, "Time given to shrinking a failing sequence");
   app.add_flag("--verbose", config.verbose, "Print every step");
+  app.add_flag("--kubelet-1-20", config.kubelet_1_20,
+               "With --replay: the fake kubelet imitates kubelet 1.20 (seeds: the odd ones do)");
   CLI11_PARSE(app, argc, argv);
   if (const char* env = std::getenv("EFA_LIFECYCLE_EXCLUDE"); env != nullptr && exclude.empty())
     exclude = env;
@@ -1143,6 +1156,7 @@ int main(int argc, char** argv) {
       continue;
     }
     for (unsigned seed : seeds) {
+      config.kubelet_1_20 = seed % 2 == 1;
       ok &= RunAndReport(config, seed, {}, steps, std::chrono::seconds(shrink_seconds));
     }
   }
