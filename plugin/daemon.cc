@@ -96,6 +96,8 @@ Daemon::Daemon(DaemonOptions options)
     late.efa_resource = options_.resource_name;
     late.replicas = options_.replicas;
     late.resources = options_.accelerator_resources;
+    late.now = [this] { return options_.clock->Now(); };
+    late.release_after = options_.late_release_after;
     late.on_bound = [this] {
       report_requested_ = true;  // judge the new binding now, not at the next rescan
       Wake();
@@ -537,7 +539,7 @@ void Daemon::ReportAlignment(bool periodic) {
       spdlog::warn("kubelet checkpoint: skipping an entry that cannot be parsed: {}", why);
     }
   }
-  if (late_binder_) late_binder_->ReleaseGone();
+  if (late_binder_) ReleaseGone();
   // Admissions change the checkpoint (and are reported on its inotify
   // event); a periodic pass over the same checkpoint would ask
   // pod-resources for nothing new.
@@ -549,6 +551,10 @@ void Daemon::ReportAlignment(bool periodic) {
       next_report_ = options_.clock->Now() + std::chrono::milliseconds(500);
     }
   }
+}
+
+void Daemon::ReleaseGone() {
+  next_release_ = late_binder_->ReleaseGone().value_or(Clock::time_point::max());
 }
 
 int Daemon::Run() {
@@ -577,7 +583,7 @@ int Daemon::Run() {
   if (late_binder_) {
     // Before serving: no PreStartContainer may bind an EFA a spec holds.
     late_binder_->Recover();
-    late_binder_->ReleaseGone();
+    ReleaseGone();
   }
   next_register_ = options_.clock->Now();
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
@@ -611,7 +617,7 @@ int Daemon::Run() {
     }
     UpdateModel();  // after the registration: the kubelet does not wait for hwloc
 
-    auto deadline = std::min({next_periodic_, next_guard_check_, next_report_});
+    auto deadline = std::min({next_periodic_, next_guard_check_, next_report_, next_release_});
     if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
     if (have_devices && !registered_ && !dra_yield_ && IsSocket(kubelet_socket())) {
       deadline = std::min(deadline, next_register_);
@@ -655,6 +661,7 @@ int Daemon::Run() {
     if (options_.clock->Now() >= next_guard_check_ && CheckGuards()) Rescan();
     if (report_requested_.exchange(false) || options_.clock->Now() >= next_report_)
       ReportAlignment();
+    if (options_.clock->Now() >= next_release_) ReleaseGone();
     if (options_.device_health.enabled && options_.clock->Now() >= next_health_read_) {
       // A scrape in between reads for it; then this answers the last read.
       counters_->Sample();
