@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "plugin/alignment/cdi_spec.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -30,6 +31,10 @@ namespace {
 
 constexpr auto kRegisterTimeout = std::chrono::seconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(8000);
+// The retry of a failed alignment report: doubling from the first to the
+// most while pod-resources keeps failing.
+constexpr std::chrono::milliseconds kReportRetryFirst{500};
+constexpr std::chrono::milliseconds kReportRetryMost{30000};
 // Periodic passes between two full rescans when nothing seemed to change.
 constexpr int kFullRescanEvery = 6;
 
@@ -470,6 +475,12 @@ void Daemon::HandleInotify() {
         }
       } else if (guard_watches_.count(ev->wd)) {
         if (ev->mask & IN_IGNORED) guard_watches_.erase(ev->wd);
+        // Late binding's own specs (and their temporary files) in a CDI
+        // dir the MOFED guard watches are no guard's business.
+        if (late_binder_ && (name.starts_with(kCdiSpecPrefix) ||
+                             name.starts_with(std::string(".") + kCdiSpecPrefix))) {
+          continue;
+        }
         guards = true;
         dra_reprobe_ = std::chrono::milliseconds(0);  // a new socket: probe it quickly
       } else if (device_watches_.count(ev->wd)) {
@@ -547,8 +558,11 @@ void Daemon::ReportAlignment(bool periodic) {
   if (aligner_ && model_) {
     if (aligner_->Report(*model_)) {
       reported_checkpoint_ = checkpoint;
+      report_backoff_ = std::chrono::milliseconds(0);
     } else {
-      next_report_ = options_.clock->Now() + std::chrono::milliseconds(500);
+      // pod-resources failed: try again, less often while it keeps failing.
+      report_backoff_ = std::clamp(report_backoff_ * 2, kReportRetryFirst, kReportRetryMost);
+      next_report_ = options_.clock->Now() + report_backoff_;
     }
   }
 }

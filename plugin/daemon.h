@@ -247,6 +247,7 @@ class Daemon {
   std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
   Clock::time_point next_report_ =                                      // alignment report retry
       Clock::time_point::max();
+  std::chrono::milliseconds report_backoff_{0};                // doubles while reports fail
   Clock::time_point next_release_ = Clock::time_point::max();  // late binding: confirm a release
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory

@@ -61,9 +61,11 @@ class LateNode {
                       sim_.path() / "kubelet/device-plugins") {
     options_.roots = sim_.roots();
     options_.kubelet_dir = sim_.path() / "kubelet";
-    options_.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
     options_.alignment = mode;
     options_.cdi_dir = cdi_dir.empty() ? sim_.path() / "var/run/cdi" : cdi_dir;
+    // Never the host's; the MOFED guard watches the spec dir late binding
+    // writes to, as on a node (/var/run/cdi).
+    options_.cdi_spec_dirs = {sim_.path() / "etc/cdi", options_.cdi_dir};
     options_.replicas = replicas;
     // Released on the first look without the container, as the pods churn
     // here faster than a real node's (the confirmation has unit tests).
@@ -335,6 +337,26 @@ TEST_CASE("Late binding writes the spec whole, once, and keeps it for a restarte
   REQUIRE(node.kubelet().StartContainer("u1", kMain).ok());
   CHECK(ReadFile(node.SpecOf("u1")) == spec);
   CHECK(node.binder().counts().kept == 2);
+}
+
+TEST_CASE("Late binding's own spec writes run no guard check",
+          "[late-binding][daemon][guards][concurrency]") {
+  LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  REQUIRE(node.Admit("u1", 1, 4, true).ok());
+  auto checks = [&] { return node.daemon().guard_status().checks; };
+  const int before = checks();
+  // Each restart of the container writes its deleted spec again.
+  for (int i = 0; i < 5; ++i) {
+    fs::remove(node.SpecOf("u1"));
+    REQUIRE(node.kubelet().StartContainer("u1", kMain).ok());
+    REQUIRE(fs::exists(node.SpecOf("u1")));
+  }
+  // Another file in that dir is the guard's business; the daemon handles
+  // inotify events in order, so once its check shows the others were seen.
+  std::ofstream(node.cdi_dir() / "other.json") << "{}";
+  REQUIRE(node.daemon().WaitForGuardStatusForTest(
+      [&](const efa::plugin::GuardStatus& g) { return g.checks > before; }, kDeadline));
+  CHECK(checks() <= before + 2);  // the other file, and a periodic pass at most
 }
 
 TEST_CASE("Late binding releases a binding when its pod leaves the checkpoint",
