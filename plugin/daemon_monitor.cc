@@ -187,6 +187,10 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
     AddSample(judgments, counts.aligned, {{"result", "aligned"}});
     AddSample(judgments, counts.unaligned, {{"result", "unaligned"}});
   }
+  auto& failures = family("alignment_report_failures_total",
+                          "Judgment passes that pod-resources failed; retried with backoff.",
+                          MetricType::Counter);
+  if (stats) AddSample(failures, counts.report_failed, {});
   auto& events = family(
       "late_binding_total",
       "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "

@@ -66,6 +66,7 @@ class LateNode {
     // Never the host's; the MOFED guard watches the spec dir late binding
     // writes to, as on a node (/var/run/cdi).
     options_.cdi_spec_dirs = {sim_.path() / "etc/cdi", options_.cdi_dir};
+    if (cdi_dir.empty()) fs::create_directories(options_.cdi_dir);  // watched from the start
     options_.replicas = replicas;
     // Released on the first look without the container, as the pods churn
     // here faster than a real node's (the confirmation has unit tests).
