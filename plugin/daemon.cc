@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "plugin/alignment/cdi_spec.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -30,6 +31,10 @@ namespace {
 
 constexpr auto kRegisterTimeout = std::chrono::seconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(8000);
+// The retry of a failed alignment report: doubling from the first to the
+// most while pod-resources keeps failing.
+constexpr std::chrono::milliseconds kReportRetryFirst{500};
+constexpr std::chrono::milliseconds kReportRetryMost{30000};
 // Periodic passes between two full rescans when nothing seemed to change.
 constexpr int kFullRescanEvery = 6;
 
@@ -96,6 +101,8 @@ Daemon::Daemon(DaemonOptions options)
     late.efa_resource = options_.resource_name;
     late.replicas = options_.replicas;
     late.resources = options_.accelerator_resources;
+    late.now = [this] { return options_.clock->Now(); };
+    late.release_after = options_.late_release_after;
     late.on_bound = [this] {
       report_requested_ = true;  // judge the new binding now, not at the next rescan
       Wake();
@@ -468,6 +475,12 @@ void Daemon::HandleInotify() {
         }
       } else if (guard_watches_.count(ev->wd)) {
         if (ev->mask & IN_IGNORED) guard_watches_.erase(ev->wd);
+        // Late binding's own specs (and their temporary files) in a CDI
+        // dir the MOFED guard watches are no guard's business.
+        if (late_binder_ && (name.starts_with(kCdiSpecPrefix) ||
+                             name.starts_with(std::string(".") + kCdiSpecPrefix))) {
+          continue;
+        }
         guards = true;
         dra_reprobe_ = std::chrono::milliseconds(0);  // a new socket: probe it quickly
       } else if (device_watches_.count(ev->wd)) {
@@ -537,7 +550,7 @@ void Daemon::ReportAlignment(bool periodic) {
       spdlog::warn("kubelet checkpoint: skipping an entry that cannot be parsed: {}", why);
     }
   }
-  if (late_binder_) late_binder_->ReleaseGone();
+  if (late_binder_) ReleaseGone();
   // Admissions change the checkpoint (and are reported on its inotify
   // event); a periodic pass over the same checkpoint would ask
   // pod-resources for nothing new.
@@ -545,10 +558,17 @@ void Daemon::ReportAlignment(bool periodic) {
   if (aligner_ && model_) {
     if (aligner_->Report(*model_)) {
       reported_checkpoint_ = checkpoint;
+      report_backoff_ = std::chrono::milliseconds(0);
     } else {
-      next_report_ = options_.clock->Now() + std::chrono::milliseconds(500);
+      // pod-resources failed: try again, less often while it keeps failing.
+      report_backoff_ = std::clamp(report_backoff_ * 2, kReportRetryFirst, kReportRetryMost);
+      next_report_ = options_.clock->Now() + report_backoff_;
     }
   }
+}
+
+void Daemon::ReleaseGone() {
+  next_release_ = late_binder_->ReleaseGone().value_or(Clock::time_point::max());
 }
 
 int Daemon::Run() {
@@ -577,7 +597,7 @@ int Daemon::Run() {
   if (late_binder_) {
     // Before serving: no PreStartContainer may bind an EFA a spec holds.
     late_binder_->Recover();
-    late_binder_->ReleaseGone();
+    ReleaseGone();
   }
   next_register_ = options_.clock->Now();
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
@@ -611,7 +631,7 @@ int Daemon::Run() {
     }
     UpdateModel();  // after the registration: the kubelet does not wait for hwloc
 
-    auto deadline = std::min({next_periodic_, next_guard_check_, next_report_});
+    auto deadline = std::min({next_periodic_, next_guard_check_, next_report_, next_release_});
     if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
     if (have_devices && !registered_ && !dra_yield_ && IsSocket(kubelet_socket())) {
       deadline = std::min(deadline, next_register_);
@@ -655,6 +675,7 @@ int Daemon::Run() {
     if (options_.clock->Now() >= next_guard_check_ && CheckGuards()) Rescan();
     if (report_requested_.exchange(false) || options_.clock->Now() >= next_report_)
       ReportAlignment();
+    if (options_.clock->Now() >= next_release_) ReleaseGone();
     if (options_.device_health.enabled && options_.clock->Now() >= next_health_read_) {
       // A scrape in between reads for it; then this answers the last read.
       counters_->Sample();

@@ -59,6 +59,9 @@ struct DaemonOptions {
   AcceleratorResources accelerator_resources;
   // Where late binding writes its CDI specs (a host path the runtime reads).
   std::filesystem::path cdi_dir = "/var/run/cdi";
+  // How long a late binding's container must stay absent from the kubelet's
+  // records before the binding is released (LateBinderOptions).
+  std::chrono::milliseconds late_release_after = LateBinderOptions().release_after;
   // Guards (README, "Guards"): what to do when the NVIDIA device plugin has
   // MOFED on, and while the EFA DRA driver serves the node.
   MofedPolicy mofed_policy = MofedPolicy::kWarn;
@@ -183,6 +186,9 @@ class Daemon {
   // Judges the containers admitted since (Aligner::Report); `periodic`:
   // only if the checkpoint changed since the last report.
   void ReportAlignment(bool periodic = false);
+  // Late binding: releases the bindings confirmed gone, and schedules the
+  // next look at those still being confirmed.
+  void ReleaseGone();
   // The physical EFAs of the kubelet's device IDs `ids` of one container:
   // the late-binding bindings (nullopt while not bound), else the IDs'
   // EFAs (replicas mapped to their EFA). Thread-safe.
@@ -241,6 +247,8 @@ class Daemon {
   std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
   Clock::time_point next_report_ =                                      // alignment report retry
       Clock::time_point::max();
+  std::chrono::milliseconds report_backoff_{0};                // doubles while reports fail
+  Clock::time_point next_release_ = Clock::time_point::max();  // late binding: confirm a release
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
   int kubelet_watch_ = -1;

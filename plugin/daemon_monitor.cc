@@ -187,11 +187,16 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
     AddSample(judgments, counts.aligned, {{"result", "aligned"}});
     AddSample(judgments, counts.unaligned, {{"result", "unaligned"}});
   }
+  auto& failures = family("alignment_report_failures_total",
+                          "Judgment passes that pod-resources failed; retried with backoff.",
+                          MetricType::Counter);
+  if (stats) AddSample(failures, counts.report_failed, {});
   auto& events = family(
       "late_binding_total",
       "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "
-      "(kept), PreStartContainer failures (failed), bindings released (released) and recovered "
-      "from the CDI dir at start (recovered).",
+      "(kept), PreStartContainer failures (failed), bindings released (released), recovered "
+      "from the CDI dir at start (recovered), and release passes the kubelet's records could "
+      "not decide (undecided).",
       MetricType::Counter);
   if (const LateBinder* late = daemon->late_binder()) {
     const LateBindingCounts c = late->counts();
@@ -200,6 +205,7 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
     AddSample(events, c.failed, {{"event", "failed"}});
     AddSample(events, c.released, {{"event", "released"}});
     AddSample(events, c.recovered, {{"event", "recovered"}});
+    AddSample(events, c.undecided, {{"event", "undecided"}});
   }
 
   const GuardStatus g = daemon->guard_status();

@@ -520,6 +520,9 @@ const std::string kExposition =
     "judged once after admission.\"\n"
     "  efa_device_plugin_alignment_judgments_total{result=\"aligned\"}\n"
     "  efa_device_plugin_alignment_judgments_total{result=\"unaligned\"}\n"
+    "efa_device_plugin_alignment_report_failures counter \"Judgment passes that pod-resources "
+    "failed; retried with backoff.\"\n"
+    "  efa_device_plugin_alignment_report_failures_total{}\n"
     "efa_device_plugin_allocation_size histogram \"EFAs given to each container by "
     "Allocate.\"\n"
     "  efa_device_plugin_allocation_size_bucket{le=\"*\"}\n"
@@ -669,7 +672,8 @@ const std::string kExposition =
     "  efa_device_plugin_kubelet_restarts_total{}\n"
     "efa_device_plugin_late_binding counter \"Late binding: EFAs bound at PreStartContainer "
     "(bound), kept for a restarted container (kept), PreStartContainer failures (failed), "
-    "bindings released (released) and recovered from the CDI dir at start (recovered).\"\n"
+    "bindings released (released), recovered from the CDI dir at start (recovered), and release "
+    "passes the kubelet's records could not decide (undecided).\"\n"
     "efa_device_plugin_mofed_state gauge \"1 for the NVIDIA MOFED guard's current state (off, "
     "on, unknown); all 0 with the policy off.\"\n"
     "  efa_device_plugin_mofed_state{state=\"off\"}\n"
@@ -707,13 +711,14 @@ const std::string kLateBindingExposition = absl::StrReplaceAll(
                    "by Allocate (with sharing, its replicas' containers).\"\n"
                    "  efa_device_plugin_efa_allocations_total{efa=\"rdmap16s27\"}\n",
                    ""},
-                  {"recovered from the CDI dir at start (recovered).\"\n",
-                   "recovered from the CDI dir at start (recovered).\"\n"
+                  {"could not decide (undecided).\"\n",
+                   "could not decide (undecided).\"\n"
                    "  efa_device_plugin_late_binding_total{event=\"bound\"}\n"
                    "  efa_device_plugin_late_binding_total{event=\"failed\"}\n"
                    "  efa_device_plugin_late_binding_total{event=\"kept\"}\n"
                    "  efa_device_plugin_late_binding_total{event=\"recovered\"}\n"
-                   "  efa_device_plugin_late_binding_total{event=\"released\"}\n"}});
+                   "  efa_device_plugin_late_binding_total{event=\"released\"}\n"
+                   "  efa_device_plugin_late_binding_total{event=\"undecided\"}\n"}});
 
 TEST_CASE("Every metric keeps its name, type, labels and HELP text for a Prometheus parser",
           "[monitor][metrics]") {
