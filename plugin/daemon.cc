@@ -186,10 +186,16 @@ void Daemon::Rescan() {
   // libibverbs' own list (MarkVerbsProviders) is for the inventory command
   // only: it would load the verbs providers and read sysfs again.
   passes_since_rescan_ = 0;
+  last_rescan_ = options_.clock->Now();
   // First: a change after shows.
   uevent_seqnum_ = topology::UeventSeqnum(options_.roots.sysfs);
   fingerprint_ = topology::DiscoveryFingerprint(options_.roots);
-  inventory_ = topology::DiscoverEfaDevices(options_.roots);
+  topology::Inventory found = topology::DiscoverEfaDevices(options_.roots);
+  NoteDiscoveryErrors(found);
+  // What an incomplete discovery could not see keeps its last known state:
+  // out of descriptors, a listing of class/infiniband fails, and taking
+  // that for absence would turn every EFA Unhealthy.
+  inventory_ = topology::KeepLastKnown(std::move(found), inventory_);
   const topology::Inventory& inv = inventory_;
   counters_->SetDevices(inv.devices);
   if (options_.on_inventory) options_.on_inventory(inv);
@@ -229,13 +235,18 @@ void Daemon::Rescan() {
     known_[key] = d;
   }
   // A device that vanished from sysfs stays listed, unhealthy, so that the
-  // kubelet keeps its capacity honest and stops placing pods on it.
+  // kubelet keeps its capacity honest and stops placing pods on it. Only a
+  // complete discovery can tell that it vanished.
   for (auto& [key, d] : known_) {
     if (present.count(key)) continue;
     std::string problem = (options_.roots.sysfs / "class/infiniband" / d.ibdev).string() + ": gone";
+    bool skipped = false;
     for (const auto& s : inv.skipped) {
-      if (s.ibdev == d.ibdev) problem = s.reason;  // still there, but its sysfs is broken
+      if (s.ibdev != d.ibdev) continue;
+      problem = s.reason;  // still there, but its sysfs is broken
+      skipped = true;
     }
+    if (!skipped && !inv.complete()) continue;
     if (d.health_problem != problem) {
       spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, problem);
       d.health_problem = problem;
@@ -253,6 +264,33 @@ void Daemon::Rescan() {
   model_stale_ = !model_ && !inv.devices.empty();
   Publish();
   WatchDeviceDirs();
+}
+
+void Daemon::NoteDiscoveryErrors(const topology::Inventory& inventory) {
+  if (inventory.complete()) {
+    if (!discovery_error_.empty()) {
+      spdlog::info("device discovery is complete again (it failed with: {})", discovery_error_);
+    }
+    discovery_error_.clear();
+    discovery_error_key_.clear();
+    return;
+  }
+  for (const topology::DiscoveryError& e : inventory.errors) {
+    ++(e.operation == "list" ? discovery_list_errors_ : discovery_read_errors_);
+  }
+  // Once per cause, not once per pass or per device: out of descriptors,
+  // every pass and every device fails alike.
+  const topology::DiscoveryError& first = inventory.errors.front();
+  std::string key = absl::StrCat(first.operation, " ", first.err);
+  if (key == discovery_error_key_) return;
+  discovery_error_key_ = std::move(key);
+  discovery_error_ = first.message;
+  spdlog::warn(
+      "device discovery is incomplete: {}{}; the EFAs it could not see keep their last known "
+      "state, and every periodic pass looks again",
+      first.message,
+      inventory.errors.size() > 1 ? absl::StrCat(" (and ", inventory.errors.size() - 1, " more)")
+                                  : "");
 }
 
 void Daemon::Publish() {
@@ -518,12 +556,17 @@ void Daemon::PeriodicCheck() {
   // nodes coming and going are inotify's): the pass reads no more. Else it
   // rescans when the fingerprint changed, and every sixth such pass all the
   // same: the attributes the fingerprint leaves out (vendor, device, NUMA
-  // node) change only with the device, or when its sysfs breaks.
+  // node) change only with the device, or when its sysfs breaks. Beside
+  // the gate: a rescan at every pass while the last one was incomplete (its
+  // cause, such as a full descriptor table, sends no event when it ends),
+  // and one every full_rescan_interval whatever the count says.
   const bool guards_changed = CheckGuards();
   std::string seqnum = topology::UeventSeqnum(options_.roots.sysfs);
   const bool no_uevent = !seqnum.empty() && seqnum == uevent_seqnum_;
   uevent_seqnum_ = std::move(seqnum);
-  if (guards_changed ||
+  const bool full_rescan_due =
+      options_.clock->Now() - last_rescan_ >= options_.full_rescan_interval;
+  if (guards_changed || !inventory_.complete() || full_rescan_due ||
       (!no_uevent && (++passes_since_rescan_ >= kFullRescanEvery ||
                       topology::DiscoveryFingerprint(options_.roots) != fingerprint_))) {
     Rescan();
@@ -610,7 +653,9 @@ int Daemon::Run() {
       next_register_ = options_.clock->Now();
     }
     const bool have_devices = !known_.empty();
-    if (!have_devices && !announced_idle) {
+    // An incomplete first scan is no proof of a node without EFA: the
+    // periodic pass looks again before the daemon idles.
+    if (!have_devices && !announced_idle && inventory_.complete()) {
       announced_idle = true;
       if (!serving_started_ && options_.on_idle) options_.on_idle();
       spdlog::info("no EFA on this node; idle until one appears");

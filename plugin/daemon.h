@@ -45,6 +45,9 @@ struct DaemonOptions {
   // Fallback rescan for hosts where neither uevents nor inotify report a
   // change (a pod without the host's network namespace gets no uevents).
   std::chrono::milliseconds rescan_interval{10000};
+  // A full rescan at least this often, whatever the uevent count says: no
+  // state the periodic pass missed outlives its cause on a quiet node.
+  std::chrono::milliseconds full_rescan_interval{300000};
   // Take SIGTERM/SIGINT (stop) and SIGHUP (rescan and re-register) through
   // a signalfd; the caller must have blocked them in every thread.
   bool handle_signals = false;
@@ -147,6 +150,16 @@ class Daemon {
   // The resource it registers (vpc.amazonaws.com/efa, or .shared when
   // sharing renames it). Thread-safe.
   const std::string& resource_name() const { return options_.resource_name; }
+  // Listings ("list") and device reads ("read") that failed, since start,
+  // for a reason that says nothing about the devices (out of descriptors or
+  // memory: topology::DiscoveryError). Thread-safe.
+  struct DiscoveryErrorCounts {
+    int64_t list = 0;
+    int64_t read = 0;
+  };
+  DiscoveryErrorCounts discovery_errors() const {
+    return {discovery_list_errors_.load(), discovery_read_errors_.load()};
+  }
   // Entries of the kubelet checkpoint skipped at its latest read because
   // they could not be parsed. Thread-safe.
   int checkpoint_entries_skipped() const { return checkpoint_entries_skipped_.load(); }
@@ -173,6 +186,9 @@ class Daemon {
   // current, else the fallback model of the device table: NUMA node and
   // root complex). The hwloc model is rebuilt later, by UpdateModel().
   void Rescan();
+  // Logs a discovery's errors once per cause (and their end), and counts
+  // them.
+  void NoteDiscoveryErrors(const topology::Inventory& inventory);
   // Gives the service the known devices as the guards let them be
   // advertised, with model_.
   void Publish();
@@ -228,6 +244,8 @@ class Daemon {
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
   std::atomic<int> checkpoint_entries_skipped_{0};
+  std::atomic<int64_t> discovery_list_errors_{0};
+  std::atomic<int64_t> discovery_read_errors_{0};
 
   // Owner-thread state.
   bool registered_ = false;
@@ -244,6 +262,9 @@ class Daemon {
   std::string fingerprint_;                           // DiscoveryFingerprint at the latest rescan
   std::string uevent_seqnum_;                         // UeventSeqnum at the latest look
   int passes_since_rescan_ = 0;                       // periodic passes since
+  Clock::time_point last_rescan_;                     // when the latest rescan ran
+  std::string discovery_error_;      // the first error of an incomplete discovery, as logged
+  std::string discovery_error_key_;  // its operation and errno: logged once while it lasts
   std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
   Clock::time_point next_report_ =                                      // alignment report retry
       Clock::time_point::max();

@@ -163,6 +163,15 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
   AddSample(family("kubelet_restarts_total", "Kubelet restarts seen (kubelet.sock re-created).",
                    MetricType::Counter),
             daemon->kubelet_restarts());
+  const Daemon::DiscoveryErrorCounts discovery = daemon->discovery_errors();
+  auto& discovery_errors =
+      family("discovery_errors_total",
+             "Device discovery's listings (list) and device reads (read) that failed for a reason "
+             "that says nothing about the devices (out of descriptors or memory); the EFAs they "
+             "hid kept their last known state.",
+             MetricType::Counter);
+  AddSample(discovery_errors, static_cast<double>(discovery.list), {{"operation", "list"}});
+  AddSample(discovery_errors, static_cast<double>(discovery.read), {{"operation", "read"}});
   const auto beat = daemon->heartbeat();
   AddSample(family("heartbeat_age_seconds",
                    "Seconds since the owner loop's last pass (see /healthz).", MetricType::Gauge),
@@ -288,13 +297,17 @@ void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
   auto& unavailable =
       family("efa_counters_unavailable",
              "EFA counters not read at the latest read: missing (the driver has no such counter, "
-             "as on older kernels) or error (the file could not be read).",
+             "as on older kernels), error (the device answered the read with an error) or "
+             "unreadable (not read for a reason that says nothing about the device: out of "
+             "descriptors or memory, not a counter).",
              MetricType::Gauge);
   for (const auto& efa : snapshot.efas) {
     AddSample(unavailable, efa.counters.missing,
               {{"efa", efa.device.ibdev}, {"reason", "missing"}});
     AddSample(unavailable, static_cast<double>(efa.counters.errors.size()),
               {{"efa", efa.device.ibdev}, {"reason", "error"}});
+    AddSample(unavailable, static_cast<double>(efa.counters.unreadable.size()),
+              {{"efa", efa.device.ibdev}, {"reason", "unreadable"}});
   }
   auto& unhealthy =
       family("efa_unhealthy_by_counters",
@@ -312,6 +325,12 @@ void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
                    "per counterInterval).",
                    MetricType::Counter),
             static_cast<double>(snapshot.reads));
+  AddSample(family("efa_counter_files_unreadable_total",
+                   "Counter files not read for a reason that says nothing about the device (out "
+                   "of descriptors or memory, not a counter); device health keeps its verdict "
+                   "meanwhile.",
+                   MetricType::Counter),
+            static_cast<double>(snapshot.unreadable_total));
 }
 
 std::string DaemonMonitor::CountersText(std::shared_ptr<const EfaCounterSnapshot> snapshot) const {

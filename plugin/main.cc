@@ -18,6 +18,7 @@
 #include "plugin/config.h"
 #include "plugin/daemon.h"
 #include "plugin/daemon_monitor.h"
+#include "plugin/ops/fd_budget.h"
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/logging.h"
 #include "plugin/ops/topology_report.h"
@@ -125,6 +126,7 @@ void ExecIdleProcess(const Config& c, int argc, char** argv) {
 int RunDaemon(const EffectiveConfig& effective, int argc, char** argv) {
   const Config& c = effective.config;
   spdlog::info("configuration: {}", effective.Summary());
+  efa::plugin::InitDescriptorBudget();  // before any server holds a descriptor
   efa::plugin::DaemonOptions options = efa::plugin::ToDaemonOptions(c);
   options.handle_signals = true;
   options.on_idle = [&c, argc, argv] { ExecIdleProcess(c, argc, argv); };
