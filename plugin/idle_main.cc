@@ -30,6 +30,7 @@
 
 #include "CLI/CLI.hpp"
 #include "plugin/ops/efa_count.h"
+#include "plugin/ops/fd_budget.h"
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/logging.h"
 #include "plugin/ops/metrics.h"
@@ -119,8 +120,10 @@ int main(int argc, char** argv) {
     return efa::plugin::HttpResponse{200, efa::plugin::kMetricsContentType,
                                      efa::plugin::SerializeMetrics(std::move(families))};
   });
-  auto servers = efa::plugin::ServeEndpoints(metrics_address, std::move(routes), probe_address,
-                                             std::move(probes), limits, &http);
+  efa::plugin::InitDescriptorBudget();  // before the servers hold descriptors
+  auto servers = efa::plugin::ServeEndpoints(
+      metrics_address, std::move(routes), probe_address, std::move(probes),
+      efa::plugin::FitEndpointLimits(limits, efa::plugin::HttpDescriptorAllowance()), &http);
   if (!servers.ok()) {
     spdlog::error("{}", std::string(servers.status().message()));
     return 1;

@@ -136,10 +136,11 @@ int RunDaemon(const EffectiveConfig& effective, int argc, char** argv) {
   efa::plugin::Daemon daemon(options);
   monitor.Watch(&daemon);
   // Every HTTP connection is a descriptor: the two caps are all the HTTP
-  // side may hold, whatever its clients do. (Where the process's
-  // descriptor budget is known, fit them within it here.)
-  const efa::plugin::EndpointLimits limits{*c.metrics_max_connections, *c.probe_max_connections,
-                                           *c.http_request_timeout};
+  // side may hold, whatever its clients do, and they fit in what the
+  // descriptor budget leaves it.
+  const efa::plugin::EndpointLimits limits = efa::plugin::FitEndpointLimits(
+      {*c.metrics_max_connections, *c.probe_max_connections, *c.http_request_timeout},
+      efa::plugin::HttpDescriptorAllowance());
   auto servers = efa::plugin::ServeEndpoints(*c.metrics_address, monitor.Routes(), *c.probe_address,
                                              monitor.ProbeRoutes(), limits, &monitor.http());
   if (!servers.ok()) {

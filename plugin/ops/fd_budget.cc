@@ -78,4 +78,13 @@ int HttpDescriptorAllowance() {
   return http_allowance.compare_exchange_strong(expected, allowance) ? allowance : expected;
 }
 
+EndpointLimits FitEndpointLimits(EndpointLimits limits, int allowance) {
+  const int connections = std::max(2, allowance - 2);  // less the listening sockets
+  if (limits.metrics_connections + limits.probe_connections <= connections) return limits;
+  limits.probe_connections = std::clamp(connections / 4, 1, limits.probe_connections);
+  limits.metrics_connections =
+      std::clamp(connections - limits.probe_connections, 1, limits.metrics_connections);
+  return limits;
+}
+
 }  // namespace efa::plugin

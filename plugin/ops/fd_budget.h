@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "plugin/ops/http_server.h"
+
 namespace efa::plugin {
 
 // Descriptors kept for the daemon's own work after start, beyond those open
@@ -53,5 +55,10 @@ DescriptorBudget InitDescriptorBudget();
 // first call, without raising anything. Always >= kMinHttpDescriptors.
 // Thread-safe.
 int HttpDescriptorAllowance();
+
+// `limits` with the two listeners' connection caps lowered, if need be, so
+// that they and the two listening sockets fit in `allowance` descriptors:
+// the probes keep at most a quarter, each cap at least 1. Pure.
+EndpointLimits FitEndpointLimits(EndpointLimits limits, int allowance);
 
 }  // namespace efa::plugin

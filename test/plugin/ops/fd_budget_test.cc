@@ -26,6 +26,21 @@ TEST_CASE("The HTTP side gets the limit less the descriptors open and the reserv
         INT_MAX);
 }
 
+TEST_CASE("The HTTP caps fit in the HTTP side's allowance", "[descriptors]") {
+  const efa::plugin::EndpointLimits configured{64, 16, std::chrono::milliseconds(3000)};
+  auto fit = efa::plugin::FitEndpointLimits(configured, 1000);
+  CHECK(fit.metrics_connections == 64);
+  CHECK(fit.probe_connections == 16);
+  fit = efa::plugin::FitEndpointLimits(configured, 42);  // 40 connections
+  CHECK(fit.probe_connections == 10);
+  CHECK(fit.metrics_connections == 30);
+  CHECK(fit.request_timeout == configured.request_timeout);
+  fit = efa::plugin::FitEndpointLimits(configured, efa::plugin::kMinHttpDescriptors);
+  CHECK(fit.metrics_connections + fit.probe_connections + 2 <= efa::plugin::kMinHttpDescriptors);
+  CHECK(fit.probe_connections >= 1);
+  CHECK(fit.metrics_connections >= 1);
+}
+
 TEST_CASE("At start the soft descriptor limit is raised to the hard one", "[descriptors]") {
   rlimit saved{};
   REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
