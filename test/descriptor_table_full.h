@@ -22,6 +22,11 @@ class DescriptorTableFull {
     rlimit low = saved_;
     low.rlim_cur = std::min<rlim_t>(saved_.rlim_cur, 1024);
     if (::setrlimit(RLIMIT_NOFILE, &low) != 0) throw std::runtime_error("setrlimit failed");
+    Refill();
+  }
+  // Takes the descriptors other threads closed since (a test process has
+  // gRPC threads of its own).
+  void Refill() {
     for (int fd; (fd = ::dup(STDERR_FILENO)) >= 0;) filler_.push_back(fd);
     if (errno != EMFILE) throw std::runtime_error("dup failed otherwise than with EMFILE");
   }

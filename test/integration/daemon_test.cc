@@ -419,11 +419,12 @@ std::string AdvertisedHealth(const Daemon& daemon, const std::string& id) {
 }
 
 // Waits, at most kDeadline, until the daemon has counted `n` failed
-// listings (it has no event of its own to wait on: polled).
-bool WaitForListingErrors(const Daemon& daemon, int64_t n) {
+// listings and reads (it has no event of its own to wait on: polled).
+bool WaitForDiscoveryErrors(const Daemon& daemon, int64_t n) {
   const auto deadline = std::chrono::steady_clock::now() + kDeadline;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (daemon.discovery_errors().list >= n) return true;
+    const Daemon::DiscoveryErrorCounts errors = daemon.discovery_errors();
+    if (errors.list + errors.read >= n) return true;
     std::this_thread::sleep_for(1ms);
   }
   return false;
@@ -448,9 +449,12 @@ TEST_CASE(
     // A full rescan falls due, and a device is removed (its inotify event
     // brings another rescan): neither can list class/infiniband.
     REQUIRE(AdvanceOnePass(clock, node.daemon(), 5min, kDeadline));
-    REQUIRE(WaitForListingErrors(node.daemon(), 1));
+    REQUIRE(WaitForDiscoveryErrors(node.daemon(), 1));
+    full.Refill();
+    const int64_t before =
+        node.daemon().discovery_errors().list + node.daemon().discovery_errors().read;
     fs::remove(node.sim().sys() / "class/infiniband/rdmap79s0");
-    REQUIRE(WaitForListingErrors(node.daemon(), 2));
+    REQUIRE(WaitForDiscoveryErrors(node.daemon(), before + 1));
     const v1beta1::ListAndWatchResponse list = node.daemon().advertised();
     CHECK(list.devices_size() == 32);
     for (const auto& d : list.devices()) {
@@ -482,7 +486,7 @@ TEST_CASE("A quiet node recovers from a failed rescan at the next periodic pass"
   fs::rename(cls, away);
   fs::create_symlink("infiniband", cls);
   fs::create_directory(node.sim().path() / "dev/infiniband/trigger");
-  REQUIRE(WaitForListingErrors(node.daemon(), 1));
+  REQUIRE(WaitForDiscoveryErrors(node.daemon(), 1));
   for (const char* id : {"rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"}) {
     CAPTURE(id);
     CHECK(AdvertisedHealth(node.daemon(), id) == "Healthy");
