@@ -140,7 +140,9 @@ TEST_CASE("EfaDiscovery skips p6-b200's mlx5 verbs devices and finds its efa3", 
   }
   REQUIRE(inv.skipped.size() == 2);
   CHECK(inv.skipped[0].ibdev == "ibp176s1");
-  CHECK(inv.skipped[0].reason == "PCI 15b3:1021 is not an EFA (only 1d0f:efa0-efa3 are)");
+  CHECK(inv.skipped[0].reason ==
+        "PCI 15b3:1021 is not an EFA (only 1d0f:efa0-efaf or a function bound to the efa driver "
+        "is)");
   CHECK_FALSE(inv.skipped[0].malformed);
   CHECK(inv.skipped[1].ibdev == "ibp48s1");
 }
@@ -163,11 +165,77 @@ TEST_CASE("EfaDiscovery matches the device ID, not the Amazon vendor alone", "[t
   const fs::path ena = sim.sys() / "bus/pci/devices/0000:00:05.0";
   fs::create_directories(sim.sys() / "class/infiniband/ena_0");
   fs::create_directory_symlink(ena, sim.sys() / "class/infiniband/ena_0/device");
+  // Every ENA device ID the ena driver lists (ena_pci_id_tbl.h).
+  for (const char* id : {"0x0ec2", "0x1ec2", "0xec20", "0xec21"}) {
+    Write(ena / "device", absl::StrCat(id, "\n"));
+    Inventory inv = DiscoverEfaDevices(sim.roots());
+    CHECK(inv.devices.size() == 4);
+    REQUIRE(inv.skipped.size() == 1);
+    CHECK(inv.skipped[0].ibdev == "ena_0");
+    CHECK(inv.skipped[0].reason ==
+          absl::StrCat("PCI 1d0f:", std::string(id).substr(2),
+                       " is not an EFA (only 1d0f:efa0-efaf or a function bound to the efa "
+                       "driver is)"));
+  }
+}
+
+TEST_CASE("EfaDiscovery accepts every device ID of the EFA family", "[topology]") {
+  // The kernel knows efa0-efa3 (and efa4 from 2026); aws-ofi-nccl takes
+  // the whole 0xefa0-0xefaf family: so does discovery.
+  SimRoot sim("p4d.24xlarge");
+  const fs::path victim = sim.sys() / "class/infiniband/rdmap32s27/device";
+  for (uint16_t id = 0xefa0; id <= 0xefaf; ++id) {
+    CAPTURE(id);
+    Write(victim / "device", absl::StrFormat("0x%04x\n", id));
+    Inventory inv = DiscoverEfaDevices(sim.roots());
+    REQUIRE(inv.devices.size() == 4);
+    CHECK(inv.skipped.empty());
+    CHECK(inv.devices[1].ibdev == "rdmap32s27");
+    CHECK(inv.devices[1].device_id == id);
+    CHECK(inv.devices[1].generation == id - 0xefa0 + 1);
+    CHECK(inv.devices[1].healthy());
+  }
+}
+
+TEST_CASE("EfaDiscovery accepts a function of an unknown ID bound to the efa driver",
+          "[topology]") {
+  SimRoot sim("p4d.24xlarge");
+  const fs::path victim = sim.sys() / "class/infiniband/rdmap32s27/device";
+  Write(victim / "device", "0xefb0\n");
   Inventory inv = DiscoverEfaDevices(sim.roots());
-  CHECK(inv.devices.size() == 4);
-  REQUIRE(inv.skipped.size() == 1);
-  CHECK(inv.skipped[0].ibdev == "ena_0");
-  CHECK(inv.skipped[0].reason == "PCI 1d0f:ec20 is not an EFA (only 1d0f:efa0-efa3 are)");
+  REQUIRE(inv.devices.size() == 4);
+  CHECK(inv.devices[1].ibdev == "rdmap32s27");
+  CHECK(inv.devices[1].device_id == 0xefb0);
+  CHECK(inv.devices[1].generation == 0);
+  CHECK(inv.devices[1].healthy());
+
+  // The same ID bound to another driver, or to none, is not an EFA.
+  fs::remove(victim / "driver");
+  fs::create_directories(sim.sys() / "bus/pci/drivers/vfio-pci");
+  fs::create_directory_symlink(sim.sys() / "bus/pci/drivers/vfio-pci", victim / "driver");
+  for (bool bound : {true, false}) {
+    if (!bound) fs::remove(victim / "driver");
+    inv = DiscoverEfaDevices(sim.roots());
+    CHECK(inv.devices.size() == 3);
+    REQUIRE(inv.skipped.size() == 1);
+    CHECK(inv.skipped[0].reason ==
+          "PCI 1d0f:efb0 is not an EFA (only 1d0f:efa0-efaf or a function bound to the efa "
+          "driver is)");
+    CHECK(inv.complete());
+  }
+}
+
+TEST_CASE("EfaDiscovery never takes an mlx5 device for an EFA, whatever its ID", "[topology]") {
+  SimRoot sim("p6-b200.48xlarge");
+  // A ConnectX (vendor 15b3) whose device ID happens to read efa1.
+  Write(sim.sys() / "class/infiniband/ibp48s1/device/device", "0xefa1\n");
+  Inventory inv = DiscoverEfaDevices(sim.roots());
+  CHECK(inv.devices.size() == 8);
+  REQUIRE(inv.skipped.size() == 2);
+  CHECK(inv.skipped[1].ibdev == "ibp48s1");
+  CHECK(inv.skipped[1].reason ==
+        "PCI 15b3:efa1 is not an EFA (only 1d0f:efa0-efaf or a function bound to the efa driver "
+        "is)");
 }
 
 TEST_CASE("EfaDiscovery skips only the device whose sysfs is broken, naming the path",
