@@ -136,6 +136,14 @@ absl::StatusOr<std::string> HealthProblem(const EfaDevice& dev, const fs::path& 
   return "";
 }
 
+// ENA's device IDs (the ena driver's ena_pci_id_tbl.h: 0x0ec2, 0x1ec2,
+// 0xec20, 0xec21; aws-ofi-nccl also reserves 0x2ec2, 0x3ec2 and 0xec2x) and
+// Mellanox/NVIDIA networking (vendor 0x15b3, the mlx5 devices).
+bool IsEnaOrMellanox(uint64_t vendor, uint64_t device) {
+  if (vendor == 0x15b3) return true;
+  return vendor == kAmazonVendorId && ((device & 0x0fff) == 0x0ec2 || (device & 0xfff0) == 0xec20);
+}
+
 // Whether the device's PCI function is bound to the efa driver; false when
 // unbound or bound to another; an error only for a host error
 // (IsHostResourceError).
@@ -206,7 +214,15 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
     if (!generation) {
       // A function the efa driver took is an EFA whatever its ID: a
       // generation newer than this table (bound through the driver's own
-      // ID list) must not leave the node with zero EFAs.
+      // ID list) must not leave the node with zero EFAs. An ENA or a
+      // ConnectX never is, whatever a (forced) binding says.
+      if (IsEnaOrMellanox(*vendor, *device)) {
+        skip(absl::NotFoundError(
+                 absl::StrFormat("PCI %04x:%04x is %s, not an EFA", *vendor, *device,
+                                 *vendor == kAmazonVendorId ? "an ENA" : "a Mellanox device")),
+             /*malformed=*/false);
+        continue;
+      }
       auto bound = BoundToEfa(class_dir);
       if (!bound.ok()) {
         skip(bound.status());
@@ -214,8 +230,8 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
       }
       if (!*bound) {
         skip(absl::NotFoundError(absl::StrFormat(
-                 "PCI %04x:%04x is not an EFA (only 1d0f:efa0-efaf or a function bound to the "
-                 "efa driver is)",
+                 "PCI %04x:%04x is not an EFA (neither 1d0f:efa0-efaf nor bound to the efa "
+                 "driver)",
                  *vendor, *device)),
              /*malformed=*/false);
         continue;

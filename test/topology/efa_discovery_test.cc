@@ -164,9 +164,7 @@ TEST_CASE("EfaDiscovery skips p6-b200's mlx5 verbs devices and finds its efa3", 
   }
   REQUIRE(inv.skipped.size() == 2);
   CHECK(inv.skipped[0].ibdev == "ibp176s1");
-  CHECK(inv.skipped[0].reason ==
-        "PCI 15b3:1021 is not an EFA (only 1d0f:efa0-efaf or a function bound to the efa driver "
-        "is)");
+  CHECK(inv.skipped[0].reason == "PCI 15b3:1021 is a Mellanox device, not an EFA");
   CHECK_FALSE(inv.skipped[0].malformed);
   CHECK(inv.skipped[1].ibdev == "ibp48s1");
 }
@@ -189,17 +187,22 @@ TEST_CASE("EfaDiscovery matches the device ID, not the Amazon vendor alone", "[t
   const fs::path ena = sim.sys() / "bus/pci/devices/0000:00:05.0";
   fs::create_directories(sim.sys() / "class/infiniband/ena_0");
   fs::create_directory_symlink(ena, sim.sys() / "class/infiniband/ena_0/device");
-  // Every ENA device ID the ena driver lists (ena_pci_id_tbl.h).
+  // Every ENA device ID the ena driver lists (ena_pci_id_tbl.h), bound to
+  // ena or, forced, to efa.
+  const fs::path driver = ena / "driver";
   for (const char* id : {"0x0ec2", "0x1ec2", "0xec20", "0xec21"}) {
-    Write(ena / "device", absl::StrCat(id, "\n"));
-    Inventory inv = DiscoverEfaDevices(sim.roots());
-    CHECK(inv.devices.size() == 4);
-    REQUIRE(inv.skipped.size() == 1);
-    CHECK(inv.skipped[0].ibdev == "ena_0");
-    CHECK(inv.skipped[0].reason ==
-          absl::StrCat("PCI 1d0f:", std::string(id).substr(2),
-                       " is not an EFA (only 1d0f:efa0-efaf or a function bound to the efa "
-                       "driver is)"));
+    for (const char* bound_to : {"ena", "efa"}) {
+      CAPTURE(id, bound_to);
+      Write(ena / "device", absl::StrCat(id, "\n"));
+      fs::remove(driver);
+      fs::create_directory_symlink(sim.sys() / "bus/pci/drivers" / bound_to, driver);
+      Inventory inv = DiscoverEfaDevices(sim.roots());
+      CHECK(inv.devices.size() == 4);
+      REQUIRE(inv.skipped.size() == 1);
+      CHECK(inv.skipped[0].ibdev == "ena_0");
+      CHECK(inv.skipped[0].reason ==
+            absl::StrCat("PCI 1d0f:", std::string(id).substr(2), " is an ENA, not an EFA"));
+    }
   }
 }
 
@@ -243,23 +246,24 @@ TEST_CASE("EfaDiscovery accepts a function of an unknown ID bound to the efa dri
     CHECK(inv.devices.size() == 3);
     REQUIRE(inv.skipped.size() == 1);
     CHECK(inv.skipped[0].reason ==
-          "PCI 1d0f:efb0 is not an EFA (only 1d0f:efa0-efaf or a function bound to the efa "
-          "driver is)");
+          "PCI 1d0f:efb0 is not an EFA (neither 1d0f:efa0-efaf nor bound to the efa driver)");
     CHECK(inv.complete());
   }
 }
 
 TEST_CASE("EfaDiscovery never takes an mlx5 device for an EFA, whatever its ID", "[topology]") {
   SimRoot sim("p6-b200.48xlarge");
-  // A ConnectX (vendor 15b3) whose device ID happens to read efa1.
-  Write(sim.sys() / "class/infiniband/ibp48s1/device/device", "0xefa1\n");
+  // A ConnectX (vendor 15b3) whose device ID happens to read efa1, bound
+  // (forced) to the efa driver.
+  const fs::path mlx5 = sim.sys() / "class/infiniband/ibp48s1/device";
+  Write(mlx5 / "device", "0xefa1\n");
+  fs::remove(mlx5 / "driver");
+  fs::create_directory_symlink(sim.sys() / "bus/pci/drivers/efa", mlx5 / "driver");
   Inventory inv = DiscoverEfaDevices(sim.roots());
   CHECK(inv.devices.size() == 8);
   REQUIRE(inv.skipped.size() == 2);
   CHECK(inv.skipped[1].ibdev == "ibp48s1");
-  CHECK(inv.skipped[1].reason ==
-        "PCI 15b3:efa1 is not an EFA (only 1d0f:efa0-efaf or a function bound to the efa driver "
-        "is)");
+  CHECK(inv.skipped[1].reason == "PCI 15b3:efa1 is a Mellanox device, not an EFA");
 }
 
 TEST_CASE("EfaDiscovery skips only the device whose sysfs is broken, naming the path",
