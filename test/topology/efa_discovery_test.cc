@@ -251,7 +251,7 @@ TEST_CASE("EfaDiscovery accepts a function of an unknown ID bound to the efa dri
   }
 }
 
-TEST_CASE("EfaDiscovery never takes an mlx5 device for an EFA, whatever its ID", "[topology]") {
+TEST_CASE("EfaDiscovery never takes an mlx5 device for an EFA whatever its ID", "[topology]") {
   SimRoot sim("p6-b200.48xlarge");
   // A ConnectX (vendor 15b3) whose device ID happens to read efa1, bound
   // (forced) to the efa driver.
