@@ -20,8 +20,8 @@ namespace fs = std::filesystem;
 std::optional<int> EfaGeneration(uint16_t vendor, uint16_t device) {
   // The family, not the IDs known today: the kernel's efa driver lists
   // 0xefa0-0xefa3 (efa_main.c, efa_pci_tbl) and a 2026 patch adds 0xefa4;
-  // aws-ofi-nccl takes any (device & 0xfff0) == 0xefa0 (src/platform-aws.cpp),
-  // so a new generation is not seen as zero EFAs. ENA (0x0ec2, 0x1ec2,
+  // aws-ofi-nccl takes any (device & 0xfff0) == 0xefa0, and so does this,
+  // so that a new generation is not seen as zero EFAs. ENA (0x0ec2, 0x1ec2,
   // 0xec20, 0xec21) and Neuron (0x7xxx) share the vendor and stay out.
   if (vendor != kAmazonVendorId || (device & 0xfff0) != 0xefa0) return std::nullopt;
   return device - 0xefa0 + 1;
@@ -137,7 +137,7 @@ absl::StatusOr<std::string> HealthProblem(const EfaDevice& dev, const fs::path& 
 }
 
 // ENA's device IDs (the ena driver's ena_pci_id_tbl.h: 0x0ec2, 0x1ec2,
-// 0xec20, 0xec21; aws-ofi-nccl also reserves 0x2ec2, 0x3ec2 and 0xec2x) and
+// 0xec20, 0xec21, and their likely successors 0xNec2 and 0xec2N) and
 // Mellanox/NVIDIA networking (vendor 0x15b3, the mlx5 devices).
 bool IsEnaOrMellanox(uint64_t vendor, uint64_t device) {
   if (vendor == 0x15b3) return true;
@@ -207,8 +207,9 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
       skip(device.status());
       continue;
     }
+    const bool in_range = *vendor <= 0xffff && *device <= 0xffff;
     std::optional<int> generation;
-    if (*vendor <= 0xffff && *device <= 0xffff) {
+    if (in_range) {
       generation = EfaGeneration(static_cast<uint16_t>(*vendor), static_cast<uint16_t>(*device));
     }
     if (!generation) {
@@ -223,7 +224,7 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
              /*malformed=*/false);
         continue;
       }
-      auto bound = BoundToEfa(class_dir);
+      absl::StatusOr<bool> bound = in_range ? BoundToEfa(class_dir) : absl::StatusOr<bool>(false);
       if (!bound.ok()) {
         skip(bound.status());
         continue;
