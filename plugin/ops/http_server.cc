@@ -43,8 +43,11 @@ struct HttpLoop {
   bool warned_limit = false;           // of max_connections reached
   bool warned_client_limit = false;    // of max_connections_per_client reached
   bool warned_timeout = false;         // of a connection timed out
-  // Connections with a descriptor: every one counts against the cap.
+  // Connections with a descriptor; `held` of them adopted and kept (the
+  // cap counts those: one client's connections waiting to be closed never
+  // take another's place).
   std::set<HttpConn*> conns;
+  int held = 0;
   std::map<std::string, int> per_client;  // adopted connections by client address
 
   ~HttpLoop();
@@ -57,13 +60,14 @@ struct HttpConn {
   bufferevent* bev = nullptr;          // ours until adopted, then evhttp's
   evhttp_connection* evcon = nullptr;  // set when adopted
   event* timer = nullptr;              // adoption, then the request timeout
-  bool over_limit = false;             // accepted past max_connections
+  bool held = false;                   // adopted and kept, counted in loop->held
   std::string client;                  // its address, once counted in per_client
 };
 
 namespace {
 
 void ForgetConn(HttpConn* conn) {
+  if (conn->held) --conn->loop->held;
   if (!conn->client.empty()) {
     auto it = conn->loop->per_client.find(conn->client);
     if (--it->second == 0) conn->loop->per_client.erase(it);
@@ -174,6 +178,10 @@ void OnConnTimer(evutil_socket_t, short, void* arg) {
     void* evcon = nullptr;
     bufferevent_getcb(conn->bev, nullptr, nullptr, nullptr, &evcon);
     bufferevent_decref(conn->bev);  // our hold, against evhttp freeing it on a failure
+    // Accepting stopped past the cap (OnNewConnection) resumes once the
+    // connections accepted with this one are adopted or closed, which is
+    // before the loop polls again.
+    if (!loop->paused) evconnlistener_enable(loop->listener);
     if (evcon == nullptr) {  // evhttp failed to make it (and freed or never set up the bufferevent)
       ForgetConn(conn);
       return;
@@ -184,10 +192,14 @@ void OnConnTimer(evutil_socket_t, short, void* arg) {
     ev_uint16_t client_port = 0;
     evhttp_connection_get_peer(conn->evcon, &client, &client_port);
     const int per_client = loop->options.max_connections_per_client;
-    const auto held = client != nullptr ? loop->per_client.find(client) : loop->per_client.end();
+    const auto of_client =
+        client != nullptr ? loop->per_client.find(client) : loop->per_client.end();
     const bool client_full =
-        per_client > 0 && held != loop->per_client.end() && held->second >= per_client;
-    if (!conn->over_limit && !client_full) {
+        per_client > 0 && of_client != loop->per_client.end() && of_client->second >= per_client;
+    const bool over_limit = loop->held >= loop->options.max_connections;
+    if (!over_limit && !client_full) {
+      conn->held = true;
+      ++loop->held;
       if (client != nullptr) {
         conn->client = client;
         ++loop->per_client[client];
@@ -196,17 +208,15 @@ void OnConnTimer(evutil_socket_t, short, void* arg) {
       evtimer_add(conn->timer, &timeout);
       return;
     }
-    // Past a cap: closed before anything is read, and accepting resumes
-    // (OnNewConnection stopped it past the listener's cap, so that the
-    // next one waits its turn).
+    // Past a cap: closed before anything is read.
     if (loop->options.counters != nullptr) ++loop->options.counters->over_limit;
-    if (conn->over_limit && !loop->warned_limit) {
+    if (over_limit && !loop->warned_limit) {
       loop->warned_limit = true;
       spdlog::warn(
           "\"{}\": {} connections open, as many as allowed: closing new ones at once while it "
           "lasts (counted in efa_device_plugin_http_connections_dropped_total)",
           loop->address, loop->options.max_connections);
-    } else if (!conn->over_limit && !loop->warned_client_limit) {
+    } else if (!over_limit && !loop->warned_client_limit) {
       loop->warned_client_limit = true;
       spdlog::warn(
           "\"{}\": {} holds {} connections, as many as one client may: closing its new ones at "
@@ -214,7 +224,6 @@ void OnConnTimer(evutil_socket_t, short, void* arg) {
           loop->address, client, per_client);
     }
     evhttp_connection_free(conn->evcon);  // forgets conn
-    if (!loop->paused) evconnlistener_enable(loop->listener);
     return;
   }
   if (loop->options.counters != nullptr) ++loop->options.counters->timed_out;
@@ -245,9 +254,9 @@ bufferevent* OnNewConnection(event_base* base, void* arg) {
   bufferevent_incref(bev);
   loop->conns.insert(conn);
   if (static_cast<int>(loop->conns.size()) > loop->options.max_connections) {
-    conn->over_limit = true;
-    // Ends evconnlistener's accept loop after this one, so that each
-    // connection past the cap is closed before the next is accepted.
+    // Ends evconnlistener's accept loop after this one, so that what is
+    // open stays within one of the cap: past it, each connection is closed
+    // before the next is accepted.
     evconnlistener_disable(loop->listener);
   }
   event_active(conn->timer, EV_TIMEOUT, 1);

@@ -630,8 +630,9 @@ bool FakeKubelet::CollectRemovedLocked() {
   // pod missing from a pod manager still filling is not gone.
   if (!pods_synced_ || removed_.empty()) return false;
   const size_t before = entries_.size();
-  std::erase_if(entries_,
-                [&](const DeviceEntry& entry) { return removed_.count(entry.pod_uid) != 0; });
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    it = removed_.count(it->pod_uid) != 0 ? entries_.erase(it) : std::next(it);
+  }
   removed_.clear();
   return entries_.size() != before;
 }
@@ -929,8 +930,9 @@ absl::Status FakeKubelet::StartContainerLocked(const std::string& pod_uid,
     // callPreStartContainerIfNeeded with the devices podDevices holds for it
     // (the same IDs every time), and Allocate again only for a resource it
     // holds none of ("a race during node restart").
-    for (const auto& [resource, count] : c->requests) {
-      if (count == 0) continue;
+    for (const auto& request : c->requests) {
+      const std::string& resource = request.first;
+      if (request.second == 0) continue;
       const Resource* r = FindLocked(resource);
       if (r == nullptr) {
         return absl::FailedPreconditionError(
@@ -950,7 +952,7 @@ absl::Status FakeKubelet::StartContainerLocked(const std::string& pod_uid,
               "no devices found allocated in local cache for pod %s, container %s, resource %s",
               pod_uid, container, resource));
         }
-        lost.emplace_back(resource, count);
+        lost.emplace_back(resource, request.second);
         continue;
       }
       if (pre_start) calls.push_back(Call{resource, r->stub, entry->ids});
