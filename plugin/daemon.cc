@@ -104,7 +104,8 @@ Daemon::Daemon(DaemonOptions options)
     service_.SetLateBinding(
         [this](const topology::DeviceTable& table, const std::vector<std::string>& kubelet_ids) {
           return late_binder_->PreStart(table, kubelet_ids);
-        });
+        },
+        options_.cdi_handover);
   }
   if (late_binder_ || options_.replicas > 1) {
     aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {

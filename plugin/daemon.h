@@ -59,6 +59,8 @@ struct DaemonOptions {
   AcceleratorResources accelerator_resources;
   // Where late binding writes its CDI specs (a host path the runtime reads).
   std::filesystem::path cdi_dir = "/var/run/cdi";
+  // How late binding's Allocate answer names the CDI device.
+  CdiHandover cdi_handover = CdiHandover::kBoth;
   // Guards (README, "Guards"): what to do when the NVIDIA device plugin has
   // MOFED on, and while the EFA DRA driver serves the node.
   MofedPolicy mofed_policy = MofedPolicy::kWarn;
