@@ -45,8 +45,9 @@ struct DaemonOptions {
   // Fallback rescan for hosts where neither uevents nor inotify report a
   // change (a pod without the host's network namespace gets no uevents).
   std::chrono::milliseconds rescan_interval{10000};
-  // Take SIGTERM/SIGINT (stop) and SIGHUP (rescan and re-register) through
-  // a signalfd; the caller must have blocked them in every thread.
+  // Take SIGTERM/SIGINT (stop), SIGHUP (rescan and re-register) and
+  // SIGCHLD (reap orphans, as PID 1 only: plugin/ops/orphan_reaper.h)
+  // through a signalfd; the caller must have blocked them in every thread.
   bool handle_signals = false;
   // The PCI tree: an hwloc XML file, else hwloc reads the host (the parent
   // of roots.sysfs when that is a simulated ".../sys").
