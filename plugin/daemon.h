@@ -246,7 +246,9 @@ class Daemon {
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
   int kubelet_watch_ = -1;
   // Guards (owner thread).
+  std::unique_ptr<MofedGuard> mofed_guard_;  // from the first check on
   std::optional<MofedState> mofed_state_;
+  std::vector<std::string> mofed_hints_;  // as last logged
   std::optional<bool> dra_present_;
   bool dra_yield_ = false;      // withdrawn while the DRA driver is present
   bool mofed_protect_ = false;  // every EFA held Unhealthy

@@ -49,11 +49,24 @@ bool Daemon::CheckGuards() {
   status.dra_policy = options_.dra_policy;
 
   if (options_.mofed_policy != MofedPolicy::kOff) {
-    status.mofed = MofedGuard({options_.kubelet_dir / "device-plugins" / kCheckpointFile,
-                               options_.cdi_spec_dirs, options_.roots.proc,
-                               options_.kubelet_dir / "device-plugins"})
-                       .Check();
+    if (!mofed_guard_) {
+      // Kept: it remembers since when pod-resources leaves a container out.
+      mofed_guard_ = std::make_unique<MofedGuard>(MofedGuard::Options{
+          options_.kubelet_dir / "device-plugins" / kCheckpointFile, options_.cdi_spec_dirs,
+          options_.roots.proc, options_.kubelet_dir / "device-plugins",
+          options_.kubelet_dir / "pod-resources/kubelet.sock"});
+    }
+    status.mofed = mofed_guard_->Check(options_.clock->Now());
     const MofedState state = status.mofed.state;
+    if (status.mofed.hints != mofed_hints_) {
+      if (!status.mofed.hints.empty() && state != MofedState::kOn) {
+        spdlog::warn(
+            "{}. Not acted on: only a running container given MOFED (the kubelet checkpoint) "
+            "or the NVIDIA plugin's process shows MOFED on",
+            absl::StrJoin(status.mofed.hints, "; "));
+      }
+      mofed_hints_ = status.mofed.hints;
+    }
     if (mofed_state_ != state) {
       const bool protect = options_.mofed_policy == MofedPolicy::kProtect;
       if (state == MofedState::kOn) {

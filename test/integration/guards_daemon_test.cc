@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "plugin/daemon.h"
@@ -49,7 +50,7 @@ class GuardedNode {
   explicit GuardedNode(MofedPolicy mofed, DraPolicy dra = DraPolicy::kYield,
                        std::chrono::milliseconds rescan = 10s)
       : sim_("p4d.24xlarge"),
-        kubelet_(sim_.path() / "kubelet/device-plugins"),
+        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
         proc_(sim_.path() / "proc") {
     REQUIRE(kubelet_.Start().ok());
     fs::create_directories(registry());
@@ -309,8 +310,10 @@ TEST_CASE("A corrupt checkpoint makes the MOFED state unknown and the daemon kee
   CHECK(node.WaitAll("Unhealthy"));
 }
 
-TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy under protect",
-          "[guards][daemon][concurrency]") {
+TEST_CASE(
+    "The MOFED CDI spec appearing in a CDI directory is reported as a hint and does not turn "
+    "EFAs Unhealthy under protect",
+    "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
@@ -318,11 +321,54 @@ TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy 
   const fs::path spec = node.cdi_dir() / "k8s.device-plugin.nvidia.com-mofed.json";
   WriteFileAtomically(spec,
                       R"({"cdiVersion":"0.5.0","kind":"k8s.device-plugin.nvidia.com/mofed"})");
+  // Left behind by an NVIDIA plugin that ran with MOFED once: a hint.
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.mofed.hints.size() == 1; }));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.hints[0] ==
+        spec.string() +
+            ": the NVIDIA MOFED CDI spec is installed (a hint: the NVIDIA device plugin has or had "
+            "MOFED on; no container counted was given it)");
+  CHECK(status.mofed.state == MofedState::kOff);
+  CHECK_FALSE(status.efas_held_unhealthy);
+  CHECK(node.All("Healthy"));
+  CHECK(AllocateOne(node.kubelet(), "rdmap16s27").ok());
+  fs::remove(spec);
+  CHECK(node.WaitStatus([](const GuardStatus& s) { return s.mofed.hints.empty(); }));
+}
+
+TEST_CASE(
+    "Under protect a deleted MOFED pod's entry left in the checkpoint stops counting once "
+    "pod-resources has left it out for the confirmation time",
+    "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  node.UseFakeClock();
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+  // A pod deleted after it was given MOFED: the kubelet keeps its entry in
+  // memory until its next UpdateAllocatedDevices, and in the file until its
+  // next write after that (kubelet pkg/kubelet/cm/devicemanager/manager.go:
+  // writeCheckpoint's callers); pod-resources no longer lists it.
+  const auto deleted = nlohmann::json::parse(FakeCheckpointJson({Gpu("uid-gone", true, false)}));
+  node.kubelet().AddCheckpointEntryForTest(deleted["Data"]["PodDeviceEntries"][0].dump());
+  // The node's other pods (in production at least this daemon's own) are
+  // listed; this admission writes the checkpoint.
+  REQUIRE(node.kubelet().AdmitContainer("user", "default", "uid-user", "main", {{kEfa, 1}}).ok());
   REQUIRE(node.WaitAll("Unhealthy"));
   CHECK(node.daemon().guard_status().mofed.evidence[0] ==
-        spec.string() + ": the NVIDIA MOFED CDI spec is installed");
-  fs::remove(spec);
-  CHECK(node.WaitAll("Healthy"));
+        node.checkpoint().string() +
+            ": pod uid-gone container \"cuda\" (nvidia.com/gpu) has env NVIDIA_MOFED=enabled");
+  // Left out of pod-resources for the confirmation time: it no longer
+  // counts, though the file still has it.
+  CHECK(node.PassUntil([&] { return node.All("Healthy"); }));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.state == MofedState::kOff);
+  CHECK_FALSE(status.efas_held_unhealthy);
+  REQUIRE(status.mofed.evidence.size() >= 2);  // the checkpoint's two first
+  CHECK(status.mofed.evidence[1].starts_with(
+      node.checkpoint().string() +
+      ": pod uid-gone container \"cuda\" (nvidia.com/gpu) has env NVIDIA_MOFED=enabled, but "
+      "pod-resources has not listed it for "));
 }
 
 TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the periodic check",
