@@ -64,6 +64,8 @@ struct DaemonOptions {
   // MOFED on, and while the EFA DRA driver serves the node.
   MofedPolicy mofed_policy = MofedPolicy::kWarn;
   DraPolicy dra_policy = DraPolicy::kYield;
+  // The DRA drivers that hand out EFAs, by the name they register under.
+  std::vector<std::string> dra_drivers = {kDraDriverName};
   // Where the NVIDIA MOFED CDI spec may be (host paths, like the roots).
   std::vector<std::filesystem::path> cdi_spec_dirs = {"/etc/cdi", "/var/run/cdi"};
   // Sharing (README, "Sharing"): device IDs per EFA, and the resource name.

@@ -93,7 +93,7 @@ bool Daemon::CheckGuards() {
     }
   }
 
-  status.dra = DetectDraDriver(options_.kubelet_dir / kPluginsRegistryDir, kDraDriverName);
+  status.dra = DetectDraDrivers(options_.kubelet_dir / kPluginsRegistryDir, options_.dra_drivers);
   if (!status.dra.present && status.dra.refusing > 0) {
     // A driver binds its registration socket before it listens: the probe
     // at the bind is refused. Probe again soon, less often as it stays so.
@@ -108,7 +108,7 @@ bool Daemon::CheckGuards() {
       spdlog::warn(
           "the EFA DRA driver ({}) serves this node's EFAs ({}): {} until it goes, so that no EFA "
           "is given out twice (--dra-policy=ignore serves anyway)",
-          kDraDriverName, status.dra.evidence,
+          status.dra.driver, status.dra.evidence,
           registered_
               ? absl::StrCat("withdrawing ", options_.resource_name, " (advertising no devices)")
               : absl::StrCat("not registering ", options_.resource_name));
@@ -116,7 +116,7 @@ bool Daemon::CheckGuards() {
       spdlog::warn(
           "the EFA DRA driver ({}) serves this node's EFAs ({}), and the DRA policy is ignore: "
           "still serving {}; the same EFA may be given to a DRA claim and to a pod",
-          kDraDriverName, status.dra.evidence, options_.resource_name);
+          status.dra.driver, status.dra.evidence, options_.resource_name);
     } else if (dra_present_) {
       spdlog::info(
           "the EFA DRA driver is gone ({}){}", status.dra.evidence,

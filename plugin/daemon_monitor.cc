@@ -65,7 +65,7 @@ ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& gu
   // serves as configured.
   if (guards.withdrawn) {
     return {true,
-            absl::StrCat("the EFA DRA driver (", kDraDriverName,
+            absl::StrCat("the EFA DRA driver (", guards.dra.driver,
                          ") serves this node's EFAs: ", resource,
                          " is withdrawn, as --dra-policy=yield asks (", guards.dra.evidence, ")")};
   }

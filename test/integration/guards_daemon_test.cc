@@ -71,6 +71,8 @@ class GuardedNode {
 
   // Before Start(): the daemon reads clock() instead of the real clock.
   void UseFakeClock() { options_.clock = &clock_; }
+  // Before Start(): the daemon's options.
+  DaemonOptions& options() { return options_; }
   void Start() {
     daemon_ = std::make_unique<Daemon>(options_);
     thread_ = std::thread([this] { daemon_->Run(); });
@@ -446,6 +448,35 @@ TEST_CASE("A dra.net registration socket withdraws the resource, and its going r
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
   CHECK(node.WaitAll("Healthy"));
   CHECK_FALSE(node.daemon().guard_status().withdrawn);
+}
+
+TEST_CASE(
+    "The DRA guard withdraws the resource for a configured driver of another name, not for an "
+    "unlisted dra.net",
+    "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kWarn);
+  // dra.net here serves ENA interfaces only; the EFAs' driver is another.
+  node.options().dra_drivers = {"efa.dra.example.com"};
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+
+  const int checks = node.daemon().guard_status().checks;
+  FakeDraDriver dranet(node.registry());
+  dranet.Start();
+  REQUIRE(node.WaitCheckAfter(checks));  // the new socket was looked at
+  CHECK_FALSE(node.daemon().guard_status().dra.present);
+  CHECK(node.All("Healthy"));
+
+  FakeDraDriver efa(node.registry(), "efa.dra.example.com-reg.sock");
+  efa.Start();
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return d.empty(); }, kDeadline));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.withdrawn);
+  CHECK(status.dra.driver == "efa.dra.example.com");
+  efa.Stop();
+  CHECK(node.WaitAll("Healthy"));
 }
 
 TEST_CASE("With the DRA driver present at start the daemon registers only once it goes",
