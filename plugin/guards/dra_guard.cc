@@ -79,6 +79,10 @@ DraReport DetectDraDriver(const fs::path& registry_dir, std::string_view driver)
 
 DraReport DetectDraDrivers(const fs::path& registry_dir, const std::vector<std::string>& drivers) {
   DraReport report;
+  if (drivers.empty()) {
+    report.evidence = "no DRA driver to look for (draDrivers is empty)";
+    return report;
+  }
   std::error_code ec;
   std::vector<std::string> stale;
   for (fs::directory_iterator it(registry_dir, ec), end; !ec && it != end; it.increment(ec)) {

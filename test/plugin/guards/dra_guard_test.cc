@@ -88,6 +88,8 @@ TEST_CASE("DetectDraDrivers sees the configured drivers and no other", "[dra]") 
   dranet.Start();
   CHECK(DetectDraDrivers(registry, configured).driver == "dra.net");
   CHECK_FALSE(DetectDraDrivers(registry, {"efa.dra.example.com"}).present);
+  CHECK(DetectDraDrivers(registry, {}).evidence ==
+        "no DRA driver to look for (draDrivers is empty)");
   CHECK_FALSE(DetectDraDrivers(registry, {}).present);
 }
 
