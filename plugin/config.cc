@@ -84,6 +84,9 @@ constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 constexpr milliseconds kMinRescan{100};
 constexpr milliseconds kMaxRescan{3600 * 1000};
 constexpr milliseconds kMaxLongDuration{24 * 3600 * 1000};
+// Of each HTTP listener: a descriptor each, within a container's usual
+// limit of 1024 with room for the daemon's own.
+constexpr int kMaxHttpConnections = 512;
 
 const std::vector<Option>& Options() {
   static const std::vector<Option>* options = new std::vector<Option>{
@@ -109,6 +112,18 @@ const std::vector<Option>& Options() {
        "Address of a second HTTP server for /healthz and /readyz alone, for the kubelet's probes "
        "(\"\": none)",
        "ADDRESS", Check::kAddress},
+      // Each HTTP connection holds a descriptor: the caps bound what clients
+      // of the two listeners can take from the daemon's own work.
+      {"metricsMaxConnections", &Config::metrics_max_connections,
+       "Connections metricsAddress holds at once; one more is closed at once", "N", Check::kNone,
+       kMaxHttpConnections, "", 1},
+      {"probeMaxConnections", &Config::probe_max_connections,
+       "Connections probeAddress holds at once; one more is closed at once", "N", Check::kNone,
+       kMaxHttpConnections, "", 1},
+      {"httpRequestTimeout", &Config::http_request_timeout,
+       "An HTTP client not answered this long after connecting is disconnected, however slowly "
+       "it sends",
+       "DURATION"},
       {"alignment", &Config::alignment,
        "How EFAs are aligned with the container's accelerators: best-effort, late-binding or off",
        "MODE"},
@@ -726,6 +741,9 @@ Config DefaultConfig() {
   c.log_format = LogFormat::kText;
   c.metrics_address = ":8080";
   c.probe_address = ":8081";
+  c.metrics_max_connections = 64;
+  c.probe_max_connections = 16;
+  c.http_request_timeout = milliseconds(3000);
   c.alignment = AlignmentMode::kBestEffort;
   c.gpu_resources = Strings{"nvidia.com/gpu"};
   c.neuron_resources = Strings{"aws.amazon.com/neuron"};

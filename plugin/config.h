@@ -42,8 +42,11 @@ struct Config {
   std::optional<std::chrono::milliseconds> rescan_interval;
   std::optional<LogLevel> log_level;
   std::optional<LogFormat> log_format;
-  std::optional<std::string> metrics_address;  // "" turns the HTTP endpoints off
-  std::optional<std::string> probe_address;    // "" turns the probe listener off
+  std::optional<std::string> metrics_address;                     // "" turns the HTTP endpoints off
+  std::optional<std::string> probe_address;                       // "" turns the probe listener off
+  std::optional<int> metrics_max_connections;                     // of metricsAddress, 1..512
+  std::optional<int> probe_max_connections;                       // of probeAddress, 1..512
+  std::optional<std::chrono::milliseconds> http_request_timeout;  // from accept to the answer
   std::optional<AlignmentMode> alignment;
   std::optional<std::vector<std::string>> gpu_resources;
   std::optional<std::vector<std::string>> neuron_resources;

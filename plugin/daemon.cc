@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "plugin/alignment/cdi_spec.h"
 #include "plugin/ops/orphan_reaper.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
@@ -31,6 +32,10 @@ namespace {
 
 constexpr auto kRegisterTimeout = std::chrono::seconds(10);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(8000);
+// The retry of a failed alignment report: doubling from the first to the
+// most while pod-resources keeps failing.
+constexpr std::chrono::milliseconds kReportRetryFirst{500};
+constexpr std::chrono::milliseconds kReportRetryMost{30000};
 // Periodic passes between two full rescans when nothing seemed to change.
 constexpr int kFullRescanEvery = 6;
 
@@ -97,6 +102,8 @@ Daemon::Daemon(DaemonOptions options)
     late.efa_resource = options_.resource_name;
     late.replicas = options_.replicas;
     late.resources = options_.accelerator_resources;
+    late.now = [this] { return options_.clock->Now(); };
+    late.release_after = options_.late_release_after;
     late.on_bound = [this] {
       report_requested_ = true;  // judge the new binding now, not at the next rescan
       Wake();
@@ -180,10 +187,16 @@ void Daemon::Rescan() {
   // libibverbs' own list (MarkVerbsProviders) is for the inventory command
   // only: it would load the verbs providers and read sysfs again.
   passes_since_rescan_ = 0;
+  last_rescan_ = options_.clock->Now();
   // First: a change after shows.
   uevent_seqnum_ = topology::UeventSeqnum(options_.roots.sysfs);
   fingerprint_ = topology::DiscoveryFingerprint(options_.roots);
-  inventory_ = topology::DiscoverEfaDevices(options_.roots);
+  topology::Inventory found = topology::DiscoverEfaDevices(options_.roots);
+  NoteDiscoveryErrors(found);
+  // What an incomplete discovery could not see keeps its last known state:
+  // out of descriptors, a listing of class/infiniband fails, and taking
+  // that for absence would turn every EFA Unhealthy.
+  inventory_ = topology::KeepLastKnown(std::move(found), inventory_);
   const topology::Inventory& inv = inventory_;
   counters_->SetDevices(inv.devices);
   if (options_.on_inventory) options_.on_inventory(inv);
@@ -223,13 +236,18 @@ void Daemon::Rescan() {
     known_[key] = d;
   }
   // A device that vanished from sysfs stays listed, unhealthy, so that the
-  // kubelet keeps its capacity honest and stops placing pods on it.
+  // kubelet keeps its capacity honest and stops placing pods on it. Only a
+  // complete discovery can tell that it vanished.
   for (auto& [key, d] : known_) {
     if (present.count(key)) continue;
     std::string problem = (options_.roots.sysfs / "class/infiniband" / d.ibdev).string() + ": gone";
+    bool skipped = false;
     for (const auto& s : inv.skipped) {
-      if (s.ibdev == d.ibdev) problem = s.reason;  // still there, but its sysfs is broken
+      if (s.ibdev != d.ibdev) continue;
+      problem = s.reason;  // still there, but its sysfs is broken
+      skipped = true;
     }
+    if (!skipped && !inv.complete()) continue;
     if (d.health_problem != problem) {
       spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, problem);
       d.health_problem = problem;
@@ -247,6 +265,33 @@ void Daemon::Rescan() {
   model_stale_ = !model_ && !inv.devices.empty();
   Publish();
   WatchDeviceDirs();
+}
+
+void Daemon::NoteDiscoveryErrors(const topology::Inventory& inventory) {
+  if (inventory.complete()) {
+    if (!discovery_error_.empty()) {
+      spdlog::info("device discovery is complete again (it failed with: {})", discovery_error_);
+    }
+    discovery_error_.clear();
+    discovery_error_key_.clear();
+    return;
+  }
+  for (const topology::DiscoveryError& e : inventory.errors) {
+    ++(e.operation == "list" ? discovery_list_errors_ : discovery_read_errors_);
+  }
+  // Once per cause, not once per pass or per device: out of descriptors,
+  // every pass and every device fails alike.
+  const topology::DiscoveryError& first = inventory.errors.front();
+  std::string key = absl::StrCat(first.operation, " ", first.err);
+  if (key == discovery_error_key_) return;
+  discovery_error_key_ = std::move(key);
+  discovery_error_ = first.message;
+  spdlog::warn(
+      "device discovery is incomplete: {}{}; the EFAs it could not see keep their last known "
+      "state, and every periodic pass looks again",
+      first.message,
+      inventory.errors.size() > 1 ? absl::StrCat(" (and ", inventory.errors.size() - 1, " more)")
+                                  : "");
 }
 
 void Daemon::Publish() {
@@ -469,6 +514,12 @@ void Daemon::HandleInotify() {
         }
       } else if (guard_watches_.count(ev->wd)) {
         if (ev->mask & IN_IGNORED) guard_watches_.erase(ev->wd);
+        // Late binding's own specs (and their temporary files) in a CDI
+        // dir the MOFED guard watches are no guard's business.
+        if (late_binder_ && (name.starts_with(kCdiSpecPrefix) ||
+                             name.starts_with(std::string(".") + kCdiSpecPrefix))) {
+          continue;
+        }
         guards = true;
         dra_reprobe_ = std::chrono::milliseconds(0);  // a new socket: probe it quickly
       } else if (device_watches_.count(ev->wd)) {
@@ -506,12 +557,17 @@ void Daemon::PeriodicCheck() {
   // nodes coming and going are inotify's): the pass reads no more. Else it
   // rescans when the fingerprint changed, and every sixth such pass all the
   // same: the attributes the fingerprint leaves out (vendor, device, NUMA
-  // node) change only with the device, or when its sysfs breaks.
+  // node) change only with the device, or when its sysfs breaks. Beside
+  // the gate: a rescan at every pass while the last one was incomplete (its
+  // cause, such as a full descriptor table, sends no event when it ends),
+  // and one every full_rescan_interval whatever the count says.
   const bool guards_changed = CheckGuards();
   std::string seqnum = topology::UeventSeqnum(options_.roots.sysfs);
   const bool no_uevent = !seqnum.empty() && seqnum == uevent_seqnum_;
   uevent_seqnum_ = std::move(seqnum);
-  if (guards_changed ||
+  const bool full_rescan_due =
+      options_.clock->Now() - last_rescan_ >= options_.full_rescan_interval;
+  if (guards_changed || !inventory_.complete() || full_rescan_due ||
       (!no_uevent && (++passes_since_rescan_ >= kFullRescanEvery ||
                       topology::DiscoveryFingerprint(options_.roots) != fingerprint_))) {
     Rescan();
@@ -538,7 +594,7 @@ void Daemon::ReportAlignment(bool periodic) {
       spdlog::warn("kubelet checkpoint: skipping an entry that cannot be parsed: {}", why);
     }
   }
-  if (late_binder_) late_binder_->ReleaseGone();
+  if (late_binder_) ReleaseGone();
   // Admissions change the checkpoint (and are reported on its inotify
   // event); a periodic pass over the same checkpoint would ask
   // pod-resources for nothing new.
@@ -546,10 +602,17 @@ void Daemon::ReportAlignment(bool periodic) {
   if (aligner_ && model_) {
     if (aligner_->Report(*model_)) {
       reported_checkpoint_ = checkpoint;
+      report_backoff_ = std::chrono::milliseconds(0);
     } else {
-      next_report_ = options_.clock->Now() + std::chrono::milliseconds(500);
+      // pod-resources failed: try again, less often while it keeps failing.
+      report_backoff_ = std::clamp(report_backoff_ * 2, kReportRetryFirst, kReportRetryMost);
+      next_report_ = options_.clock->Now() + report_backoff_;
     }
   }
+}
+
+void Daemon::ReleaseGone() {
+  next_release_ = late_binder_->ReleaseGone().value_or(Clock::time_point::max());
 }
 
 int Daemon::Run() {
@@ -587,7 +650,7 @@ int Daemon::Run() {
   if (late_binder_) {
     // Before serving: no PreStartContainer may bind an EFA a spec holds.
     late_binder_->Recover();
-    late_binder_->ReleaseGone();
+    ReleaseGone();
   }
   next_register_ = options_.clock->Now();
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
@@ -600,7 +663,9 @@ int Daemon::Run() {
       next_register_ = options_.clock->Now();
     }
     const bool have_devices = !known_.empty();
-    if (!have_devices && !announced_idle) {
+    // An incomplete first scan is no proof of a node without EFA: the
+    // periodic pass looks again before the daemon idles.
+    if (!have_devices && !announced_idle && inventory_.complete()) {
       announced_idle = true;
       if (!serving_started_ && options_.on_idle) options_.on_idle();
       spdlog::info("no EFA on this node; idle until one appears");
@@ -621,7 +686,7 @@ int Daemon::Run() {
     }
     UpdateModel();  // after the registration: the kubelet does not wait for hwloc
 
-    auto deadline = std::min({next_periodic_, next_guard_check_, next_report_});
+    auto deadline = std::min({next_periodic_, next_guard_check_, next_report_, next_release_});
     if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
     if (have_devices && !registered_ && !dra_yield_ && IsSocket(kubelet_socket())) {
       deadline = std::min(deadline, next_register_);
@@ -667,6 +732,7 @@ int Daemon::Run() {
     if (options_.clock->Now() >= next_guard_check_ && CheckGuards()) Rescan();
     if (report_requested_.exchange(false) || options_.clock->Now() >= next_report_)
       ReportAlignment();
+    if (options_.clock->Now() >= next_release_) ReleaseGone();
     if (options_.device_health.enabled && options_.clock->Now() >= next_health_read_) {
       // A scrape in between reads for it; then this answers the last read.
       counters_->Sample();

@@ -45,6 +45,9 @@ struct DaemonOptions {
   // Fallback rescan for hosts where neither uevents nor inotify report a
   // change (a pod without the host's network namespace gets no uevents).
   std::chrono::milliseconds rescan_interval{10000};
+  // A full rescan at least this often, whatever the uevent count says: no
+  // state the periodic pass missed outlives its cause on a quiet node.
+  std::chrono::milliseconds full_rescan_interval{300000};
   // Take SIGTERM/SIGINT (stop), SIGHUP (rescan and re-register) and
   // SIGCHLD (reap orphans, as PID 1 only: plugin/ops/orphan_reaper.h)
   // through a signalfd; the caller must have blocked them in every thread.
@@ -60,6 +63,9 @@ struct DaemonOptions {
   AcceleratorResources accelerator_resources;
   // Where late binding writes its CDI specs (a host path the runtime reads).
   std::filesystem::path cdi_dir = "/var/run/cdi";
+  // How long a late binding's container must stay absent from the kubelet's
+  // records before the binding is released (LateBinderOptions).
+  std::chrono::milliseconds late_release_after = LateBinderOptions().release_after;
   // Guards (README, "Guards"): what to do when the NVIDIA device plugin has
   // MOFED on, and while the EFA DRA driver serves the node.
   MofedPolicy mofed_policy = MofedPolicy::kWarn;
@@ -147,6 +153,16 @@ class Daemon {
   // The resource it registers (vpc.amazonaws.com/efa, or .shared when
   // sharing renames it). Thread-safe.
   const std::string& resource_name() const { return options_.resource_name; }
+  // Listings ("list") and device reads ("read") that failed, since start,
+  // for a reason that says nothing about the devices (out of descriptors or
+  // memory: topology::DiscoveryError). Thread-safe.
+  struct DiscoveryErrorCounts {
+    int64_t list = 0;
+    int64_t read = 0;
+  };
+  DiscoveryErrorCounts discovery_errors() const {
+    return {discovery_list_errors_.load(), discovery_read_errors_.load()};
+  }
   // Entries of the kubelet checkpoint skipped at its latest read because
   // they could not be parsed. Thread-safe.
   int checkpoint_entries_skipped() const { return checkpoint_entries_skipped_.load(); }
@@ -173,6 +189,9 @@ class Daemon {
   // current, else the fallback model of the device table: NUMA node and
   // root complex). The hwloc model is rebuilt later, by UpdateModel().
   void Rescan();
+  // Logs a discovery's errors once per cause (and their end), and counts
+  // them.
+  void NoteDiscoveryErrors(const topology::Inventory& inventory);
   // Gives the service the known devices as the guards let them be
   // advertised, with model_.
   void Publish();
@@ -186,6 +205,9 @@ class Daemon {
   // Judges the containers admitted since (Aligner::Report); `periodic`:
   // only if the checkpoint changed since the last report.
   void ReportAlignment(bool periodic = false);
+  // Late binding: releases the bindings confirmed gone, and schedules the
+  // next look at those still being confirmed.
+  void ReleaseGone();
   // The physical EFAs of the kubelet's device IDs `ids` of one container:
   // the late-binding bindings (nullopt while not bound), else the IDs'
   // EFAs (replicas mapped to their EFA). Thread-safe.
@@ -225,6 +247,8 @@ class Daemon {
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
   std::atomic<int> checkpoint_entries_skipped_{0};
+  std::atomic<int64_t> discovery_list_errors_{0};
+  std::atomic<int64_t> discovery_read_errors_{0};
 
   // Owner-thread state.
   bool registered_ = false;
@@ -241,9 +265,14 @@ class Daemon {
   std::string fingerprint_;                           // DiscoveryFingerprint at the latest rescan
   std::string uevent_seqnum_;                         // UeventSeqnum at the latest look
   int passes_since_rescan_ = 0;                       // periodic passes since
+  Clock::time_point last_rescan_;                     // when the latest rescan ran
+  std::string discovery_error_;      // the first error of an incomplete discovery, as logged
+  std::string discovery_error_key_;  // its operation and errno: logged once while it lasts
   std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
   Clock::time_point next_report_ =                                      // alignment report retry
       Clock::time_point::max();
+  std::chrono::milliseconds report_backoff_{0};                // doubles while reports fail
+  Clock::time_point next_release_ = Clock::time_point::max();  // late binding: confirm a release
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
   int kubelet_watch_ = -1;

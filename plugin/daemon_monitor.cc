@@ -163,6 +163,15 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
   AddSample(family("kubelet_restarts_total", "Kubelet restarts seen (kubelet.sock re-created).",
                    MetricType::Counter),
             daemon->kubelet_restarts());
+  const Daemon::DiscoveryErrorCounts discovery = daemon->discovery_errors();
+  auto& discovery_errors =
+      family("discovery_errors_total",
+             "Device discovery's listings (list) and device reads (read) that failed for a reason "
+             "that says nothing about the devices (out of descriptors or memory); the EFAs they "
+             "hid kept their last known state.",
+             MetricType::Counter);
+  AddSample(discovery_errors, static_cast<double>(discovery.list), {{"operation", "list"}});
+  AddSample(discovery_errors, static_cast<double>(discovery.read), {{"operation", "read"}});
   const auto beat = daemon->heartbeat();
   AddSample(family("heartbeat_age_seconds",
                    "Seconds since the owner loop's last pass (see /healthz).", MetricType::Gauge),
@@ -187,11 +196,16 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
     AddSample(judgments, counts.aligned, {{"result", "aligned"}});
     AddSample(judgments, counts.unaligned, {{"result", "unaligned"}});
   }
+  auto& failures = family("alignment_report_failures_total",
+                          "Judgment passes that pod-resources failed; retried with backoff.",
+                          MetricType::Counter);
+  if (stats) AddSample(failures, counts.report_failed, {});
   auto& events = family(
       "late_binding_total",
       "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "
-      "(kept), PreStartContainer failures (failed), bindings released (released) and recovered "
-      "from the CDI dir at start (recovered).",
+      "(kept), PreStartContainer failures (failed), bindings released (released), recovered "
+      "from the CDI dir at start (recovered), and release passes the kubelet's records could "
+      "not decide (undecided).",
       MetricType::Counter);
   if (const LateBinder* late = daemon->late_binder()) {
     const LateBindingCounts c = late->counts();
@@ -200,6 +214,7 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
     AddSample(events, c.failed, {{"event", "failed"}});
     AddSample(events, c.released, {{"event", "released"}});
     AddSample(events, c.recovered, {{"event", "recovered"}});
+    AddSample(events, c.undecided, {{"event", "undecided"}});
   }
 
   const GuardStatus g = daemon->guard_status();
@@ -282,13 +297,17 @@ void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
   auto& unavailable =
       family("efa_counters_unavailable",
              "EFA counters not read at the latest read: missing (the driver has no such counter, "
-             "as on older kernels) or error (the file could not be read).",
+             "as on older kernels), error (the device answered the read with an error) or "
+             "unreadable (not read for a reason that says nothing about the device: out of "
+             "descriptors or memory, not a counter).",
              MetricType::Gauge);
   for (const auto& efa : snapshot.efas) {
     AddSample(unavailable, efa.counters.missing,
               {{"efa", efa.device.ibdev}, {"reason", "missing"}});
     AddSample(unavailable, static_cast<double>(efa.counters.errors.size()),
               {{"efa", efa.device.ibdev}, {"reason", "error"}});
+    AddSample(unavailable, static_cast<double>(efa.counters.unreadable.size()),
+              {{"efa", efa.device.ibdev}, {"reason", "unreadable"}});
   }
   auto& unhealthy =
       family("efa_unhealthy_by_counters",
@@ -306,6 +325,12 @@ void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
                    "per counterInterval).",
                    MetricType::Counter),
             static_cast<double>(snapshot.reads));
+  AddSample(family("efa_counter_files_unreadable_total",
+                   "Counter files not read for a reason that says nothing about the device (out "
+                   "of descriptors or memory, not a counter); device health keeps its verdict "
+                   "meanwhile.",
+                   MetricType::Counter),
+            static_cast<double>(snapshot.unreadable_total));
 }
 
 std::string DaemonMonitor::CountersText(std::shared_ptr<const EfaCounterSnapshot> snapshot) const {
@@ -322,6 +347,7 @@ std::string DaemonMonitor::CountersText(std::shared_ptr<const EfaCounterSnapshot
 HttpResponse DaemonMonitor::Metrics() const {
   std::vector<prometheus::MetricFamily> families = registry_.Collect();
   CollectState(families);
+  CollectEndpointCounters(http_, families);
   std::string text = SerializeMetrics(std::move(families));
   if (const Daemon* daemon = daemon_.load()) text += CountersText(daemon->efa_counters().Sample());
   return {200, kMetricsContentType, std::move(text)};

@@ -76,6 +76,9 @@ class DaemonMonitor final : public RpcObserver {
   std::map<std::string, HttpHandler> ProbeRoutes() const;
 
   const EfaCountMonitor& efa_count() const { return efa_count_; }
+  // The counters of the HTTP listeners, for ServeEndpoints: /metrics
+  // reports them. Thread-safe.
+  EndpointCounters& http() { return http_; }
 
   void RpcHandled(RpcMethod method, grpc::StatusCode code,
                   std::chrono::nanoseconds elapsed) override;
@@ -95,6 +98,7 @@ class DaemonMonitor final : public RpcObserver {
   const MonitorOptions options_;
   std::atomic<const Daemon*> daemon_{nullptr};
   EfaCountMonitor efa_count_;
+  EndpointCounters http_;
   mutable absl::Mutex counters_mu_;
   mutable std::shared_ptr<const EfaCounterSnapshot> counters_snapshot_
       ABSL_GUARDED_BY(counters_mu_);

@@ -10,6 +10,7 @@
 //
 //   efa-k8s-device-plugin-idle --sysfs-root /sys --dev-root /dev
 //       --rescan-interval-ms 10000 --metrics-address :8080 --probe-address :8081
+//       --metrics-max-connections 64 --probe-max-connections 16 --http-request-timeout-ms 3000
 //       --instance-type "" --expected-efa-count 0 --log-level info --log-format text
 //       -- /usr/bin/efa-k8s-device-plugin [the daemon's arguments]
 #include <poll.h>
@@ -30,6 +31,7 @@
 
 #include "CLI/CLI.hpp"
 #include "plugin/ops/efa_count.h"
+#include "plugin/ops/fd_budget.h"
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/logging.h"
 #include "plugin/ops/metrics.h"
@@ -59,6 +61,8 @@ int main(int argc, char** argv) {
   std::string instance_type;
   int expected_efa_count = 0;
   int64_t rescan_ms = 10000;
+  efa::plugin::EndpointLimits limits;
+  int64_t request_timeout_ms = limits.request_timeout.count();
   efa::plugin::LogLevel level = efa::plugin::LogLevel::kInfo;
   efa::plugin::LogFormat format = efa::plugin::LogFormat::kText;
   std::vector<std::string> daemon;
@@ -68,6 +72,10 @@ int main(int argc, char** argv) {
   app.add_option("--rescan-interval-ms", rescan_ms)->check(CLI::PositiveNumber);
   app.add_option("--metrics-address", metrics_address);
   app.add_option("--probe-address", probe_address);
+  app.add_option("--metrics-max-connections", limits.metrics_connections)
+      ->check(CLI::PositiveNumber);
+  app.add_option("--probe-max-connections", limits.probe_connections)->check(CLI::PositiveNumber);
+  app.add_option("--http-request-timeout-ms", request_timeout_ms)->check(CLI::PositiveNumber);
   app.add_option("--instance-type", instance_type);
   app.add_option("--expected-efa-count", expected_efa_count);
   app.add_option("--log-level", level)
@@ -83,6 +91,7 @@ int main(int argc, char** argv) {
   app.add_option("daemon", daemon, "The daemon's command line, after --")->required();
   CLI11_PARSE(app, argc, argv);
   efa::plugin::ConfigureLogging(level, format);
+  limits.request_timeout = std::chrono::milliseconds(request_timeout_ms);
 
   // The daemon blocked these before exec (the mask is inherited): taken here
   // through a signalfd as the daemon does, SIGCHLD to reap the orphans it
@@ -110,14 +119,18 @@ int main(int argc, char** argv) {
          return efa::plugin::Probe({true, efa::plugin::kNoEfaReadiness});
        }}};
   std::map<std::string, HttpHandler> routes = probes;
+  static efa::plugin::EndpointCounters http;  // outlives the servers
   routes.emplace("/metrics", [count] {
     std::vector<prometheus::MetricFamily> families;
     efa::plugin::CollectEfaCount(count, families);
+    efa::plugin::CollectEndpointCounters(http, families);
     return efa::plugin::HttpResponse{200, efa::plugin::kMetricsContentType,
                                      efa::plugin::SerializeMetrics(std::move(families))};
   });
-  auto servers = efa::plugin::ServeEndpoints(metrics_address, std::move(routes), probe_address,
-                                             std::move(probes));
+  efa::plugin::InitDescriptorBudget();  // before the servers hold descriptors
+  auto servers = efa::plugin::ServeEndpoints(
+      metrics_address, std::move(routes), probe_address, std::move(probes),
+      efa::plugin::FitEndpointLimits(limits, efa::plugin::HttpDescriptorAllowance()), &http);
   if (!servers.ok()) {
     spdlog::error("{}", std::string(servers.status().message()));
     return 1;

@@ -24,6 +24,7 @@
 #include "plugin/config.h"
 #include "plugin/daemon.h"
 #include "plugin/daemon_monitor.h"
+#include "plugin/ops/fd_budget.h"
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/logging.h"
 #include "plugin/ops/topology_report.h"
@@ -158,6 +159,12 @@ void ExecIdleProcess(const Config& c, int argc, char** argv) {
                                    *c.metrics_address,
                                    "--probe-address",
                                    *c.probe_address,
+                                   "--metrics-max-connections",
+                                   std::to_string(*c.metrics_max_connections),
+                                   "--probe-max-connections",
+                                   std::to_string(*c.probe_max_connections),
+                                   "--http-request-timeout-ms",
+                                   std::to_string(c.http_request_timeout->count()),
                                    "--instance-type",
                                    *c.instance_type,
                                    "--expected-efa-count",
@@ -182,6 +189,7 @@ void ExecIdleProcess(const Config& c, int argc, char** argv) {
 int RunDaemon(const EffectiveConfig& effective, int argc, char** argv) {
   const Config& c = effective.config;
   spdlog::info("configuration: {}", effective.Summary());
+  efa::plugin::InitDescriptorBudget();  // before any server holds a descriptor
   efa::plugin::DaemonOptions options = efa::plugin::ToDaemonOptions(c);
   options.handle_signals = true;
   options.on_idle = [&c, argc, argv] { ExecIdleProcess(c, argc, argv); };
@@ -190,8 +198,14 @@ int RunDaemon(const EffectiveConfig& effective, int argc, char** argv) {
   monitor.Attach(options);
   efa::plugin::Daemon daemon(options);
   monitor.Watch(&daemon);
+  // Every HTTP connection is a descriptor: the two caps are all the HTTP
+  // side may hold, whatever its clients do, and they fit in what the
+  // descriptor budget leaves it.
+  const efa::plugin::EndpointLimits limits = efa::plugin::FitEndpointLimits(
+      {*c.metrics_max_connections, *c.probe_max_connections, *c.http_request_timeout},
+      efa::plugin::HttpDescriptorAllowance());
   auto servers = efa::plugin::ServeEndpoints(*c.metrics_address, monitor.Routes(), *c.probe_address,
-                                             monitor.ProbeRoutes());
+                                             monitor.ProbeRoutes(), limits, &monitor.http());
   if (!servers.ok()) {
     spdlog::error("{}", std::string(servers.status().message()));
     return 1;

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The test suite, in two tiers (README: Tests):
 #   scripts/test.sh         the whole CTest suite on the ci preset (warnings are
-#                           errors): unit, integration, fault, the real-kubelet
-#                           e2e, packaging, benchmark smoke, fuzz seeds.
+#                           errors): unit, integration, fault, lifecycle seeds,
+#                           the real-kubelet e2e, packaging, benchmark smoke,
+#                           fuzz seeds.
 #   scripts/test.sh --all   also builds the image from the Dockerfile with
 #                           podman (scripts/image.sh; the e2e then runs the
-#                           chart's pod from it on the real kubelet), and the
-#                           sanitizer stages (scripts/sanitizers.sh: the suite
-#                           under ASan+UBSan, the concurrency tests under TSan,
-#                           10 s of each fuzzer). CI runs this.
+#                           chart's pod from it on the real kubelet), the
+#                           lifecycle soak (10,000 random steps of the daemon
+#                           binary on a simulated node, test/lifecycle), and
+#                           the sanitizer stages (scripts/sanitizers.sh: the
+#                           suite under ASan+UBSan, the concurrency tests under
+#                           TSan, 10 s of each fuzzer). CI runs this.
 # Installs the Debian packages it needs. Each stage prints its time; any
 # failure stops the run with a non-zero exit.
 set -euo pipefail
@@ -17,7 +20,7 @@ all=0
 for arg in "$@"; do
   case "$arg" in
     --all) all=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg' (--all or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -38,6 +41,10 @@ fi
 ctest --preset ci
 stage "ctest (ci preset)"
 if [ "$all" = 1 ]; then
+  # 2 seeds x 2 alignment modes x 2,500 steps (CTest's lifecycle_* entries
+  # run 3 seeds x 150 steps per mode).
+  build/ci/test/efa-lifecycle --mode both --seeds 1001,1002 --steps 2500 --shrink-seconds 180
+  stage "lifecycle soak"
   scripts/sanitizers.sh
   stage "sanitizers"
 fi

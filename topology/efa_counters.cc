@@ -1,5 +1,6 @@
 #include "topology/efa_counters.h"
 
+#include <cerrno>
 #include <charconv>
 
 #include "absl/status/status.h"
@@ -68,10 +69,16 @@ EfaCounterValues ReadEfaCounters(const fs::path& sysfs_root, const std::string& 
     std::optional<uint64_t>& value = out.values.emplace_back();
     absl::StatusOr<std::string> text = ReadFileBounded(path, kMaxCounterBytes);
     if (!text.ok()) {
-      if (absl::IsNotFound(text.status())) {
+      // By errno, not status code: ENODEV, the closed admin queue's answer,
+      // is NotFound like ENOENT; ENOMEM is ResourceExhausted like a file
+      // too large.
+      const int err = ErrnoOf(text.status());
+      if (err == ENOENT && !FailedOnRead(text.status())) {
         ++out.missing;
-      } else {
+      } else if (FailedOnRead(text.status()) && !IsHostResourceError(err) && err != EISDIR) {
         out.errors.emplace_back(text.status().message());
+      } else {
+        out.unreadable.emplace_back(text.status().message());
       }
       continue;
     }
@@ -80,8 +87,9 @@ EfaCounterValues ReadEfaCounters(const fs::path& sysfs_root, const std::string& 
     uint64_t v = 0;
     auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
     if (t.empty() || ec != std::errc() || end != t.data() + t.size()) {
-      out.errors.push_back(absl::StrCat(path.string(), ": expected a counter like \"1234\", got \"",
-                                        absl::CHexEscape(std::string(t.substr(0, 20))), "\""));
+      out.unreadable.push_back(absl::StrCat(path.string(),
+                                            ": expected a counter like \"1234\", got \"",
+                                            absl::CHexEscape(std::string(t.substr(0, 20))), "\""));
       continue;
     }
     value = v;

@@ -76,15 +76,21 @@ struct EfaCounterValues {
   // By index of EfaCounters(); nullopt when missing or unreadable.
   std::vector<std::optional<uint64_t>> values;
   int missing = 0;  // files that do not exist (a driver without them)
-  // Files that exist but could not be read or parsed, each message naming
-  // the file: "<path>: No such device" when the device's admin queue is
-  // closed.
+  // Files whose read() the device answered with an error (the driver's
+  // get_hw_stats failed), each message naming the file: "<path>: No such
+  // device" once its admin queue is closed, ETIME, EIO.
   std::vector<std::string> errors;
+  // Files not read for a reason that says nothing about the device, each
+  // message naming the file: the daemon out of descriptors or memory, a
+  // read cut short (IsHostResourceError), a file that cannot be opened
+  // (other than ENOENT) or is not a counter (a directory, garbage).
+  std::vector<std::string> unreadable;
   std::optional<uint64_t> Get(std::string_view name) const;
 };
 
 // Reads every counter of EfaCounters() for `ibdev` under `sysfs_root`, each
-// file through ReadFileBounded. Never fails as a whole. Thread-safe.
+// file through ReadFileBounded, sorting what fails into missing, errors
+// and unreadable. Never fails as a whole. Thread-safe.
 EfaCounterValues ReadEfaCounters(const std::filesystem::path& sysfs_root, const std::string& ibdev);
 
 }  // namespace efa::topology

@@ -48,9 +48,30 @@ struct SkippedDevice {
   bool malformed = false;
 };
 
+// A listing or read of discovery that failed for a reason that says nothing
+// about the devices (IsHostResourceError, or a listing failing otherwise
+// than with ENOENT).
+struct DiscoveryError {
+  std::string operation;  // "list" (a directory) or "read" (a device's file)
+  int err = 0;            // its errno
+  // "listing /sys/class/infiniband: Too many open files",
+  // "reading /sys/class/infiniband/rdmap79s0/device/vendor: Cannot allocate memory"
+  std::string message;
+};
+
 struct Inventory {
   std::vector<EfaDevice> devices;  // sorted by PCI address, then ibdev
   std::vector<SkippedDevice> skipped;
+  // Empty when the answer is complete: every verbs device was listed and
+  // each is in `devices` or `skipped`. Else what failed: `listed` false
+  // when class/infiniband itself could not be listed (then nothing is
+  // known), and `unknown` the verbs devices (ibdev names) whose reads
+  // failed so. Absence may be concluded only from a complete inventory.
+  std::vector<DiscoveryError> errors;
+  bool listed = true;
+  std::vector<std::string> unknown;
+
+  bool complete() const { return errors.empty(); }
 };
 
 }  // namespace efa::topology

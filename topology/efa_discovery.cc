@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <map>
+#include <set>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,16 +29,44 @@ struct UverbsEntry {
   absl::StatusOr<std::pair<uint32_t, uint32_t>> numbers;
 };
 
-// ibdev name -> its uverbs char device, from class/infiniband_verbs/*/ibdev.
-std::map<std::string, UverbsEntry> ListUverbs(const fs::path& sysfs) {
-  std::map<std::string, UverbsEntry> by_ibdev;
+// A listing or read that failed for a reason that says nothing about the
+// devices: "listing <dir>: <strerror>", "reading <file>: <strerror>".
+DiscoveryError HostError(std::string_view operation, const absl::Status& status) {
+  return {std::string(operation), ErrnoOf(status),
+          absl::StrCat(operation == "list" ? "listing " : "reading ", status.message())};
+}
+
+struct UverbsListing {
+  std::map<std::string, UverbsEntry> by_ibdev;  // ibdev name -> its uverbs char device
+  // False when a host error hid entries: an ibdev without one is unknown
+  // then, not without a uverbs device.
+  bool complete = true;
+};
+
+// From class/infiniband_verbs/*/ibdev; adds the host errors to `errors`.
+UverbsListing ListUverbs(const fs::path& sysfs, std::vector<DiscoveryError>& errors) {
+  UverbsListing out;
   fs::path dir = sysfs / "class/infiniband_verbs";
   auto names = ListDirectory(dir);
-  if (!names.ok()) return by_ibdev;
+  if (!names.ok()) {
+    // No such directory: no uverbs device at all, a fact. Anything else
+    // hides whatever is there.
+    if (ErrnoOf(names.status()) != ENOENT) {
+      out.complete = false;
+      errors.push_back(HostError("list", names.status()));
+    }
+    return out;
+  }
   for (const std::string& name : *names) {
     if (!name.starts_with("uverbs")) continue;
     auto ibdev = ReadAttribute(dir / name / "ibdev");
-    if (!ibdev.ok()) continue;  // reported as "no uverbs device" for that ibdev
+    if (!ibdev.ok()) {
+      if (IsHostResourceError(ErrnoOf(ibdev.status()))) {
+        out.complete = false;
+        errors.push_back(HostError("read", ibdev.status()));
+      }
+      continue;  // else reported as "no uverbs device" for that ibdev
+    }
     const fs::path dev_path = dir / name / "dev";
     auto dev_text = ReadAttribute(dev_path);
     absl::StatusOr<std::pair<uint32_t, uint32_t>> numbers =
@@ -45,9 +75,9 @@ std::map<std::string, UverbsEntry> ListUverbs(const fs::path& sysfs) {
       numbers = absl::InvalidArgumentError(
           absl::StrCat(dev_path.string(), ": ", numbers.status().message()));
     }
-    by_ibdev.emplace(*ibdev, UverbsEntry{name, std::move(numbers)});
+    out.by_ibdev.emplace(*ibdev, UverbsEntry{name, std::move(numbers)});
   }
-  return by_ibdev;
+  return out;
 }
 
 // "pci0000:44" from ".../devices/pci0000:44/0000:44:01.0/...".
@@ -59,11 +89,14 @@ std::string RootComplexOf(const fs::path& pci_dir) {
   return "";
 }
 
-// Why a present device cannot be used, or "" when it can.
-std::string HealthProblem(const EfaDevice& dev, const fs::path& class_dir) {
+// Why a present device cannot be used, or "" when it can; an error when a
+// host error (IsHostResourceError) left that unknown.
+absl::StatusOr<std::string> HealthProblem(const EfaDevice& dev, const fs::path& class_dir) {
   struct stat st;
   if (::stat(dev.uverbs_path.c_str(), &st) != 0) {
-    return std::string(PathError(dev.uverbs_path, errno).message());
+    absl::Status error = PathError(dev.uverbs_path, errno);
+    if (IsHostResourceError(errno)) return error;
+    return std::string(error.message());
   }
   // Only the character device reaches the driver: a container given a
   // regular file or a directory there gets no EFA.
@@ -84,6 +117,7 @@ std::string HealthProblem(const EfaDevice& dev, const fs::path& class_dir) {
   fs::path driver_link = class_dir / "device/driver";
   auto driver = ResolvePath(driver_link);
   if (!driver.ok()) {
+    if (IsHostResourceError(ErrnoOf(driver.status()))) return driver.status();
     // No link or a dangling one: unbound. Anything else (a loop) is named.
     if (absl::IsNotFound(driver.status())) {
       return absl::StrCat(driver_link.string(), ": no driver bound");
@@ -97,6 +131,12 @@ std::string HealthProblem(const EfaDevice& dev, const fs::path& class_dir) {
   return "";
 }
 
+void SortDevices(std::vector<EfaDevice>& devices) {
+  std::sort(devices.begin(), devices.end(), [](const EfaDevice& a, const EfaDevice& b) {
+    return std::tie(a.pci, a.ibdev) < std::tie(b.pci, b.ibdev);
+  });
+}
+
 }  // namespace
 
 Inventory DiscoverEfaDevices(const HostRoots& roots) {
@@ -104,17 +144,27 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
   const fs::path class_root = roots.sysfs / "class/infiniband";
   auto names = ListDirectory(class_root);
   if (!names.ok()) {
-    // No RDMA subsystem at all is the normal state of a node without EFA.
-    if (!absl::IsNotFound(names.status())) {
-      inv.skipped.push_back({"*", std::string(names.status().message()), true});
+    // No RDMA subsystem at all (ENOENT) is the normal state of a node
+    // without EFA. Any other failure (out of descriptors, a loop) hides
+    // what is there: an incomplete answer, never "no EFA".
+    if (ErrnoOf(names.status()) != ENOENT) {
+      inv.listed = false;
+      inv.errors.push_back(HostError("list", names.status()));
     }
     return inv;
   }
-  const auto uverbs = ListUverbs(roots.sysfs);
+  const UverbsListing uverbs = ListUverbs(roots.sysfs, inv.errors);
 
   for (const std::string& ibdev : *names) {
     const fs::path class_dir = class_root / ibdev;
+    // A device's file that cannot be read for a host reason leaves the
+    // device unknown; any other failure is the device's sysfs, named.
     auto skip = [&](const absl::Status& why, bool malformed = true) {
+      if (IsHostResourceError(ErrnoOf(why))) {
+        inv.unknown.push_back(ibdev);
+        inv.errors.push_back(HostError("read", why));
+        return;
+      }
       inv.skipped.push_back({ibdev, std::string(why.message()), malformed});
     };
     auto pci_dir = ResolvePath(class_dir / "device");
@@ -157,8 +207,12 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
                                                    *numa)));
       continue;
     }
-    auto uv = uverbs.find(ibdev);
-    if (uv == uverbs.end()) {
+    auto uv = uverbs.by_ibdev.find(ibdev);
+    if (uv == uverbs.by_ibdev.end() && !uverbs.complete) {
+      inv.unknown.push_back(ibdev);  // its error is listed once, by ListUverbs
+      continue;
+    }
+    if (uv == uverbs.by_ibdev.end()) {
       skip(absl::NotFoundError(absl::StrCat((roots.sysfs / "class/infiniband_verbs").string(),
                                             ": no uverbs device names ", ibdev)));
       continue;
@@ -178,15 +232,36 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
     dev.device_id = static_cast<uint16_t>(*device);
     dev.generation = *generation;
     if (*numa >= 0) dev.numa_node = static_cast<int>(*numa);
-    dev.node_guid = ReadAttribute(class_dir / "node_guid").value_or("");
+    auto node_guid = ReadAttribute(class_dir / "node_guid");
+    if (!node_guid.ok() && IsHostResourceError(ErrnoOf(node_guid.status()))) {
+      skip(node_guid.status());
+      continue;
+    }
+    dev.node_guid = node_guid.value_or("");
     dev.root_complex = RootComplexOf(*pci_dir);
-    dev.health_problem = HealthProblem(dev, class_dir);
+    auto problem = HealthProblem(dev, class_dir);
+    if (!problem.ok()) {
+      skip(problem.status());
+      continue;
+    }
+    dev.health_problem = *std::move(problem);
     inv.devices.push_back(std::move(dev));
   }
-  std::sort(inv.devices.begin(), inv.devices.end(), [](const EfaDevice& a, const EfaDevice& b) {
-    return std::tie(a.pci, a.ibdev) < std::tie(b.pci, b.ibdev);
-  });
+  SortDevices(inv.devices);
   return inv;
+}
+
+Inventory KeepLastKnown(Inventory now, const Inventory& before) {
+  if (now.complete()) return now;
+  std::set<PciAddress> seen;
+  for (const EfaDevice& d : now.devices) seen.insert(d.pci);
+  std::set<std::string> skipped;
+  for (const SkippedDevice& s : now.skipped) skipped.insert(s.ibdev);
+  for (const EfaDevice& d : before.devices) {
+    if (!seen.count(d.pci) && !skipped.count(d.ibdev)) now.devices.push_back(d);
+  }
+  SortDevices(now.devices);
+  return now;
 }
 
 std::string DiscoveryFingerprint(const HostRoots& roots) {

@@ -16,10 +16,21 @@ namespace efa::topology {
 
 // Finds every EFA (PCI 1d0f:efa0-efa3) among the verbs devices under
 // `roots.sysfs`/class/infiniband. Never fails: a node without verbs devices
-// yields an empty inventory, and a device whose sysfs entries are missing or
-// garbage is skipped with a reason that names the path. Each device's
-// uverbs node is looked up under `roots.dev`. Thread-safe.
+// (no such directory) yields an empty inventory, and a device whose sysfs
+// entries are missing or garbage is skipped with a reason that names the
+// path. A listing or read that fails for a reason that says nothing about
+// the devices (IsHostResourceError, or a listing failing otherwise than
+// with ENOENT) makes the inventory incomplete (Inventory::errors), the
+// devices it hid unknown, never absent. Each device's uverbs node is looked
+// up under `roots.dev`. Thread-safe.
 Inventory DiscoverEfaDevices(const HostRoots& roots);
+
+// `now` completed from `before` (an earlier discovery) where it is
+// incomplete: each device of `before` that `now` neither found (by PCI
+// function) nor skipped for a reason of its own keeps its entry from
+// `before`, health and reason included, since an incomplete answer cannot
+// tell that it is gone. A complete `now` is returned as it is. Pure.
+Inventory KeepLastKnown(Inventory now, const Inventory& before);
 
 // A summary of everything DiscoverEfaDevices reads that can change while a
 // node runs: the verbs devices' names and sysfs links, their uverbs

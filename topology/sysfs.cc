@@ -11,6 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace efa::topology {
@@ -52,8 +54,41 @@ absl::Status WithPath(const fs::path& path, const absl::Status& status) {
 }
 }  // namespace
 
+namespace {
+// Payloads of PathError's statuses: the errno, and whether read() gave it.
+constexpr char kErrnoPayload[] = "efa.errno";
+constexpr char kOnReadPayload[] = "efa.on_read";
+}  // namespace
+
 absl::Status PathError(const fs::path& path, int err) {
-  return absl::ErrnoToStatus(err, path.string());
+  absl::Status status = absl::ErrnoToStatus(err, path.string());
+  status.SetPayload(kErrnoPayload, absl::Cord(std::to_string(err)));
+  return status;
+}
+
+int ErrnoOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kErrnoPayload);
+  int err = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &err)) return 0;
+  return err;
+}
+
+bool FailedOnRead(const absl::Status& status) {
+  return status.GetPayload(kOnReadPayload).has_value();
+}
+
+bool IsHostResourceError(int err) {
+  switch (err) {
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+    case ENOBUFS:
+    case EAGAIN:
+    case EINTR:
+      return true;
+    default:
+      return false;
+  }
 }
 
 absl::StatusOr<uint32_t> ParseHex(std::string_view text) {
@@ -105,6 +140,7 @@ absl::StatusOr<std::string> ReadFileBounded(const fs::path& path, size_t max_byt
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       status = PathError(path, errno);
+      status.SetPayload(kOnReadPayload, absl::Cord());
       break;
     }
     if (n == 0) break;
@@ -151,7 +187,12 @@ absl::StatusOr<std::vector<std::string>> ListDirectory(const fs::path& dir) {
   fs::directory_iterator it(dir, ec);
   if (ec) return PathError(dir, ec.value());
   std::vector<std::string> names;
-  for (const auto& entry : it) names.push_back(entry.path().filename().string());
+  // increment(ec), not ++: a failing readdir is an error here, not an
+  // exception on the owner thread.
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+  }
+  if (ec) return PathError(dir, ec.value());
   std::sort(names.begin(), names.end());
   return names;
 }

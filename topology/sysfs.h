@@ -44,14 +44,32 @@ absl::StatusOr<std::string> ReadAttribute(const std::filesystem::path& path);
 absl::StatusOr<uint32_t> ReadHexAttribute(const std::filesystem::path& path);
 absl::StatusOr<int64_t> ReadIntAttribute(const std::filesystem::path& path);
 
-// Names in a directory, sorted. A missing directory is NotFound.
+// Names in a directory, sorted. A missing directory is NotFound; every
+// error (of opendir or of a later readdir) carries its errno (ErrnoOf).
 absl::StatusOr<std::vector<std::string>> ListDirectory(const std::filesystem::path& dir);
 
 // Resolves every link in `path`; a dangling or looping link is an error that
 // names `path`.
 absl::StatusOr<std::filesystem::path> ResolvePath(const std::filesystem::path& path);
 
-// "<path>: <strerror(err)>" with the status code that fits errno.
+// "<path>: <strerror(err)>" with the status code that fits errno; the
+// errno itself is kept in the status (ErrnoOf), since a status code lumps
+// errnos together (EIO and EAGAIN are both Unavailable).
 absl::Status PathError(const std::filesystem::path& path, int err);
+
+// The errno behind a status from PathError (every failed open, read or
+// listing here), or 0 (a parse error, a file too large, OK).
+int ErrnoOf(const absl::Status& status);
+
+// Whether ReadFileBounded's error came from read() after the file opened:
+// the answer of whatever serves the file (in sysfs, the driver's show()),
+// not of the path.
+bool FailedOnRead(const absl::Status& status);
+
+// Whether `err` tells of the calling process or the host, not of the file:
+// out of descriptors (EMFILE, ENFILE) or memory (ENOMEM, ENOBUFS), or a call
+// cut short (EAGAIN, EINTR). Such an error says nothing about whether a
+// device is there: what it hid keeps its last known state.
+bool IsHostResourceError(int err);
 
 }  // namespace efa::topology

@@ -138,7 +138,10 @@ std::optional<std::vector<ContainerDevices>> Aligner::Checkpointed() {
 
 bool Aligner::Report(const topology::HostModel& model) {
   auto list = pod_resources_.List();
-  if (!list.ok()) return false;
+  if (!list.ok()) {
+    stats_.Add(&AlignmentStats::Counts::report_failed);
+    return false;
+  }
   const auto containers = ContainersWithDevices(*list, options_.resources, options_.efa_resource);
   if (auto checkpointed = Checkpointed()) {
     absl::MutexLock lock(&names_mu_);

@@ -45,6 +45,8 @@ class AlignmentStats {
     // After the fact, containers holding EFAs and accelerators.
     int aligned = 0;
     int unaligned = 0;
+    // Judgment passes that pod-resources failed (retried with backoff).
+    int report_failed = 0;
   };
   Counts Get() const;
   void Add(int Counts::*field);

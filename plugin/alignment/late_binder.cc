@@ -94,7 +94,7 @@ int LateBinder::Recover() {
             path.string(), options_.replicas);
       }
     }
-    recovered[claim] = Binding{Sorted(*efas), "", *std::move(text), 0};
+    recovered[claim] = Binding{Sorted(*efas), "", *std::move(text), 0, {}, {}};
   }
   const int n = static_cast<int>(recovered.size());
   absl::MutexLock lock(&mu_);
@@ -107,13 +107,21 @@ int LateBinder::Recover() {
   return n;
 }
 
-std::optional<LateBinder::Checkpointed> LateBinder::ReadCheckpointed(
-    const std::string& claim) const {
-  const auto read = checkpoint_.Get();
-  if (!read->ok()) return std::nullopt;
-  const KubeletCheckpoint* checkpoint = &**read;
+LateBinder::Checkpointed LateBinder::ReadCheckpointed(const std::string& claim) const {
   Checkpointed out;
-  out.complete = checkpoint->skipped.empty();
+  const auto read = checkpoint_.Get();
+  if (!read->ok()) {
+    out.problem = std::string(read->status().message());
+    return out;
+  }
+  const KubeletCheckpoint* checkpoint = &**read;
+  for (size_t i = 0; i < checkpoint->skipped_entry_resources.size(); ++i) {
+    const std::string& resource = checkpoint->skipped_entry_resources[i];
+    if (resource.empty() || resource == options_.efa_resource) {
+      out.problem = checkpoint->skipped[i];
+      break;
+    }
+  }
   for (ContainerDevices& c :
        CheckpointedContainers(*checkpoint, options_.resources, options_.efa_resource)) {
     if (c.efas.empty()) continue;
@@ -127,54 +135,90 @@ std::optional<LateBinder::Checkpointed> LateBinder::ReadCheckpointed(
 }
 
 std::optional<std::set<std::string>> LateBinder::LiveClaims(
-    const absl::StatusOr<v1::ListPodResourcesResponse>& list,
-    const std::optional<Checkpointed>& checkpointed) const {
+    const absl::StatusOr<v1::ListPodResourcesResponse>& list, const Checkpointed& checkpointed) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (checkpointed.problem != undecided_) {
+      if (checkpointed.problem.empty()) {
+        spdlog::info(
+            "late binding: the kubelet checkpoint is readable again; releasing the "
+            "bindings of gone containers");
+      } else {
+        spdlog::warn(
+            "late binding: releasing nothing while the kubelet checkpoint cannot say which "
+            "containers hold EFAs: {}",
+            checkpointed.problem);
+      }
+      undecided_ = checkpointed.problem;
+    }
+    if (!checkpointed.problem.empty()) {
+      ++counts_.undecided;
+      return std::nullopt;
+    }
+  }
+  std::set<std::string> claims = checkpointed.claims;
   if (list.ok()) {
-    std::set<std::string> claims;
     for (const ContainerDevices& c :
          ContainersWithDevices(*list, options_.resources, options_.efa_resource)) {
       if (!c.efas.empty()) claims.insert(ClaimName(c.efas));
     }
-    return claims;
   }
-  if (checkpointed && checkpointed->complete) return checkpointed->claims;
-  return std::nullopt;
+  return claims;
 }
 
-void LateBinder::ReleaseLocked(const std::set<std::string>& live, uint64_t generation) {
+void LateBinder::Release(std::map<std::string, Binding>::iterator it, std::string_view why) {
+  const fs::path path = SpecPath(it->first);
+  std::error_code ec;
+  fs::remove(path, ec);
+  if (ec) {
+    spdlog::warn("late binding: released {} (EFAs {}) but cannot remove {}: {}", it->first,
+                 absl::StrJoin(it->second.efas, ","), path.string(), ec.message());
+  } else {
+    spdlog::info("late binding: released {} (EFAs {}): {}", it->first,
+                 absl::StrJoin(it->second.efas, ","), why);
+  }
+  ++counts_.released;
+  bindings_.erase(it);
+}
+
+std::optional<std::chrono::steady_clock::time_point> LateBinder::ReleaseLocked(
+    const std::set<std::string>& live, uint64_t generation) {
+  const auto now = options_.now();
+  std::optional<std::chrono::steady_clock::time_point> due;
   for (auto it = bindings_.begin(); it != bindings_.end();) {
-    if (it->second.generation > generation || live.count(it->first)) {
-      ++it;
+    const auto current = it++;  // Release erases it
+    Binding& b = current->second;
+    if (b.generation > generation || live.count(current->first)) {
+      b.absent_since.reset();
       continue;
     }
-    const fs::path path = SpecPath(it->first);
-    std::error_code ec;
-    fs::remove(path, ec);
-    if (ec) {
-      spdlog::warn("late binding: released {} (EFAs {}) but cannot remove {}: {}", it->first,
-                   absl::StrJoin(it->second.efas, ","), path.string(), ec.message());
-    } else {
-      spdlog::info("late binding: released {} (EFAs {}): no container holds its devices any more",
-                   it->first, absl::StrJoin(it->second.efas, ","));
+    if (!b.absent_since) b.absent_since = now;
+    const auto release_at = *b.absent_since + options_.release_after;
+    if (now < release_at) {
+      due = std::min(due.value_or(release_at), release_at);
+      continue;
     }
-    ++counts_.released;
-    it = bindings_.erase(it);
+    Release(current, absl::StrCat("no container has held its devices for ",
+                                  absl::FormatDuration(absl::FromChrono(now - *b.absent_since))));
   }
+  return due;
 }
 
-void LateBinder::ReleaseGone() {
+std::optional<std::chrono::steady_clock::time_point> LateBinder::ReleaseGone() {
   uint64_t generation;
   {
     absl::MutexLock lock(&mu_);
-    if (bindings_.empty()) return;
+    if (bindings_.empty()) return std::nullopt;
     generation = generation_;
   }
-  // The supported API first; the checkpoint only when it is down.
   const auto list = pod_resources_.List();
-  const auto live = LiveClaims(list, list.ok() ? std::nullopt : ReadCheckpointed(""));
-  if (!live) return;
+  const auto live = LiveClaims(list, ReadCheckpointed(""));
   absl::MutexLock lock(&mu_);
-  ReleaseLocked(*live, generation);
+  if (!live) {
+    for (auto& [claim, binding] : bindings_) binding.absent_since.reset();
+    return std::nullopt;
+  }
+  return ReleaseLocked(*live, generation);
 }
 
 absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& described,
@@ -209,8 +253,8 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   }
   // By PreStartContainer the kubelet has checkpointed every resource of the
   // container: its accelerators are there, by pod UID and container name.
-  std::optional<Checkpointed> checkpointed = ReadCheckpointed(claim);
-  std::optional<ContainerDevices> container = checkpointed ? checkpointed->container : std::nullopt;
+  Checkpointed checkpointed = ReadCheckpointed(claim);
+  std::optional<ContainerDevices> container = checkpointed.container;
   std::string owner = container ? container->pod_uid + "/" + container->container : "";
   {
     // A restart of the container it was bound for: same EFAs.
@@ -270,8 +314,19 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
-    // Bindings of containers that no longer hold their IDs are gone, and
-    // their EFAs free.
+    // A binding that held one of these IDs is gone: the kubelet gives an ID
+    // to one live container at a time.
+    const std::set<std::string> ids(kubelet_ids.begin(), kubelet_ids.end());
+    for (auto it = bindings_.begin(); it != bindings_.end();) {
+      const auto current = it++;  // Release erases it
+      const std::vector<std::string>& held = current->second.kubelet_ids;
+      if (current->first != claim && std::any_of(held.begin(), held.end(), [&](const auto& id) {
+            return ids.count(id) > 0;
+          })) {
+        Release(current, "the kubelet gave its devices to another container");
+      }
+    }
+    // Bindings confirmed gone free their EFAs too.
     if (live) ReleaseLocked(*live, generation);
     std::map<std::string, int> taken;  // EFA -> claims bound to it
     for (const auto& [other, binding] : bindings_) {
@@ -311,7 +366,7 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
       std::string spec = CdiSpecJson(claim, devices);
       status = WriteSpec(claim, described, spec);
       if (status.ok()) {
-        bindings_[claim] = Binding{efas, owner, std::move(spec), ++generation_};
+        bindings_[claim] = Binding{efas, owner, std::move(spec), ++generation_, kubelet_ids, {}};
         ++counts_.bound;
       }
     }

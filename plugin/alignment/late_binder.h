@@ -4,10 +4,26 @@
 // through a CDI spec per container allocation (plugin/alignment/cdi_spec.h).
 //
 // The spec files in the CDI dir are the durable state: Recover() reads them
-// back after a restart. A binding is released when no container of the
-// kubelet's checkpoint holds its kubelet IDs any more. No physical EFA is
-// ever bound to two claims, or with sharing to more claims than its
-// replicas: each choice excludes the EFAs other bindings fill.
+// back after a restart. No physical EFA is ever bound to two claims, or with
+// sharing to more claims than its replicas: each choice excludes the EFAs
+// other bindings fill.
+//
+// A binding is released only on proof that its container is gone, since a
+// wrong release hands a running container's EFAs to the next one:
+// - the kubelet gave one of its kubelet IDs to another container (the device
+//   manager never gives an ID to two live containers); or
+// - neither the kubelet's checkpoint, read whole (no EFA entry skipped), nor
+//   pod-resources List, when it answers, holds its container, on two reads
+//   at least `release_after` apart.
+// Both sources are needed: List answers from the kubelet's pod manager,
+// which is empty after a kubelet restart until the API server's pods are
+// added back (pkg/kubelet/apis/podresources/server_v1.go, GetPods), and
+// never lists init containers (it walks pod.Spec.Containers), while the
+// checkpoint keeps both; the checkpoint keeps a deleted pod's entries until
+// the kubelet's next admission (devicemanager UpdateAllocatedDevices), while
+// List drops them at once. A checkpoint that cannot be read, or with an EFA
+// entry it had to skip, decides nothing: it is logged once and counted
+// (`undecided`), and the bindings are kept.
 #pragma once
 
 #include <chrono>
@@ -18,6 +34,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -44,6 +61,14 @@ struct LateBinderOptions {
   // Runs after each new binding, on the thread that made it (a gRPC
   // thread); must be quick. Null: nothing.
   std::function<void()> on_bound;
+  // How long a binding must stay absent from the kubelet's records before it
+  // is released: longer than a kubelet restart takes to refill pod-resources
+  // from the API server (seconds), and short beside a pod's life.
+  std::chrono::milliseconds release_after{10000};
+  // The time the release confirmation counts on (tests move a fake one).
+  std::function<std::chrono::steady_clock::time_point()> now = [] {
+    return std::chrono::steady_clock::now();
+  };
 };
 
 // Counters since start.
@@ -53,6 +78,9 @@ struct LateBindingCounts {
   int failed = 0;     // PreStartContainer failed
   int released = 0;   // bindings dropped (their pod is gone)
   int recovered = 0;  // bindings read back from the CDI dir at start
+  // Release passes the kubelet's records could not decide (checkpoint
+  // unreadable, or an EFA entry in it skipped): every binding was kept.
+  int undecided = 0;
 };
 
 class LateBinder {
@@ -81,13 +109,12 @@ class LateBinder {
   absl::Status PreStart(const topology::DeviceTable& table,
                         const std::vector<std::string>& kubelet_ids);
 
-  // Releases every binding older than this call whose kubelet IDs no
-  // container holds any more, deleting its spec. Which containers hold EFAs
-  // comes from pod-resources (List), else from the checkpoint; does nothing
-  // when neither can tell (pod-resources down and the checkpoint unreadable
-  // or with entries it had to skip, any of which may be a live claim's).
-  // Thread-safe.
-  void ReleaseGone();
+  // Releases every binding older than this call whose container has been
+  // absent from the kubelet's records (header comment) for release_after,
+  // deleting its spec; a binding absent for the first time is noted. Returns
+  // when to call again to confirm the bindings noted, or nullopt when none
+  // is. Thread-safe.
+  std::optional<std::chrono::steady_clock::time_point> ReleaseGone();
 
   // The physical EFAs bound for a container holding `kubelet_ids` (in PCI
   // order), or nullopt when they are not bound. Thread-safe.
@@ -111,22 +138,32 @@ class LateBinder {
     std::string owner;
     std::string spec;         // the spec file's content
     uint64_t generation = 0;  // bindings made after a release began are spared
+    // The kubelet's IDs it was bound for (empty when recovered).
+    std::vector<std::string> kubelet_ids;
+    // When the kubelet's records were first seen without its container.
+    std::optional<std::chrono::steady_clock::time_point> absent_since;
   };
   // The claims of the checkpoint's containers and, when `claim` is one,
-  // that container; nullopt when the checkpoint cannot be read.
+  // that container. `problem` says why the claims may be incomplete (the
+  // checkpoint unreadable, or an entry that may be an EFA's skipped); empty
+  // when they are not.
   struct Checkpointed {
     std::set<std::string> claims;
     std::optional<ContainerDevices> container;
-    bool complete = true;  // no entry had to be skipped
+    std::string problem;
   };
-  std::optional<Checkpointed> ReadCheckpointed(const std::string& claim) const;
-  // The claims of the containers holding EFAs now: from `list` when it
-  // succeeded, else from `checkpointed` when it is complete; nullopt when
-  // neither can tell.
+  Checkpointed ReadCheckpointed(const std::string& claim) const;
+  // The claims of the containers holding EFAs now: the checkpoint's and, when
+  // `list` succeeded, List's; nullopt when the checkpoint cannot tell (then
+  // logged once and counted).
   std::optional<std::set<std::string>> LiveClaims(
-      const absl::StatusOr<v1::ListPodResourcesResponse>& list,
-      const std::optional<Checkpointed>& checkpointed) const;
-  void ReleaseLocked(const std::set<std::string>& live, uint64_t generation)
+      const absl::StatusOr<v1::ListPodResourcesResponse>& list, const Checkpointed& checkpointed);
+  // Releases the bindings older than `generation` confirmed absent from
+  // `live`, and notes those absent for the first time; returns when the
+  // earliest noted one is due.
+  std::optional<std::chrono::steady_clock::time_point> ReleaseLocked(
+      const std::set<std::string>& live, uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Release(std::map<std::string, Binding>::iterator it, std::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the claim's spec atomically; the error names the claim and path.
   absl::Status WriteSpec(const std::string& claim, const std::string& described,
@@ -140,6 +177,9 @@ class LateBinder {
   std::map<std::string, Binding> bindings_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   LateBindingCounts counts_ ABSL_GUARDED_BY(mu_);
+  // Why the kubelet's records decided nothing at the latest pass ("": they
+  // did), to log each cause once.
+  std::string undecided_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace efa::plugin

@@ -165,6 +165,10 @@ absl::StatusOr<KubeletCheckpoint> ParseDocument(const std::string& source, const
       CheckpointEntry entry;
       if (auto s = ParseEntry(source, (*entries)[i], i, &entry); !s.ok()) {
         checkpoint.skipped.emplace_back(s.message());
+        const Json& e = (*entries)[i];
+        auto resource = e.is_object() ? e.find("ResourceName") : e.end();
+        checkpoint.skipped_entry_resources.push_back(
+            resource != e.end() && resource->is_string() ? resource->get<std::string>() : "");
         continue;
       }
       checkpoint.entries.push_back(std::move(entry));

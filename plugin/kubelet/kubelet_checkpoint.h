@@ -54,6 +54,10 @@ struct KubeletCheckpoint {
   // be parsed was skipped (messages as below). A skipped entry may be any
   // container's: readers must not take its absence as "not live".
   std::vector<std::string> skipped;
+  // The ResourceName of each PodDeviceEntries entry skipped, "" when that
+  // could not be read either: an entry of another resource is no claim of
+  // this plugin's.
+  std::vector<std::string> skipped_entry_resources;
 };
 
 // Parses the checkpoint's bytes. `source` names the file in messages. Pure:

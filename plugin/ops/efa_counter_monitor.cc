@@ -69,6 +69,7 @@ std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample() {
     }
     efa.device = std::move(device);
   }
+  NoteUnreadable(*snapshot);
   // An EFA that went away leaves its health to the presence check.
   for (const auto& [ibdev, s] : efa_state_) {
     if (!state.count(ibdev) && !s.reported.empty()) health_changed = true;
@@ -130,6 +131,10 @@ bool EfaCounterMonitor::JudgeHealth(const std::string& ibdev,
       kind = "keep_alive";
     }
   }
+  // A counter not read for a host reason (descriptors, memory, a parse
+  // error) tells nothing: it keeps its last value to judge the next read
+  // by, and such a read cannot end a problem (below).
+  const bool partial = !values.unreadable.empty();
   const auto cmds_err = values.Get("cmds_err");
   const auto no_completion = values.Get("no_completion_cmds");
   std::vector<std::string> admin;
@@ -143,15 +148,16 @@ bool EfaCounterMonitor::JudgeHealth(const std::string& ibdev,
                                  ")"));
   }
   // The port counters are fetched from the device with admin commands: once
-  // its admin queue is closed they cannot be read.
+  // its admin queue is closed they cannot be read. Only the device's own
+  // answer counts (values.errors), never a read the daemon could not make.
   for (const std::string& error : values.errors) {
     if (error.find("/ports/1/hw_counters/") != std::string::npos) {
       admin.push_back(absl::StrCat("the device cannot report its counters (", error, ")"));
       break;
     }
   }
-  s.cmds_err = cmds_err;
-  s.no_completion = no_completion;
+  if (cmds_err || !partial) s.cmds_err = cmds_err;
+  if (no_completion || !partial) s.no_completion = no_completion;
   if (!admin.empty()) {
     problem = absl::StrCat("admin commands failing: ", absl::StrJoin(admin, "; "),
                            problem.empty() ? "" : "; " + problem);
@@ -169,7 +175,7 @@ bool EfaCounterMonitor::JudgeHealth(const std::string& ibdev,
     s.reported_kind = kind;
     return true;
   }
-  if (s.reported.empty()) return false;
+  if (s.reported.empty() || partial) return false;
   if (!s.good_since) s.good_since = now;
   if (now - *s.good_since < options_.health.hold_down) return false;
   spdlog::info("EFA {} is healthy again by its counters: no problem for {} (was: {})", ibdev,
@@ -178,6 +184,34 @@ bool EfaCounterMonitor::JudgeHealth(const std::string& ibdev,
   s.reported_kind.clear();
   s.good_since.reset();
   return true;
+}
+
+void EfaCounterMonitor::NoteUnreadable(EfaCounterSnapshot& snapshot) {
+  size_t files = 0;
+  const std::string* first = nullptr;
+  for (const EfaCounterSnapshot::Efa& efa : snapshot.efas) {
+    files += efa.counters.unreadable.size();
+    if (!first && !efa.counters.unreadable.empty()) first = &efa.counters.unreadable.front();
+  }
+  unreadable_total_ += static_cast<int64_t>(files);
+  snapshot.unreadable_total = unreadable_total_;
+  if (!first) {
+    if (!unreadable_cause_.empty()) {
+      spdlog::info("EFA counters: every counter file can be read again (was: {})",
+                   unreadable_cause_);
+    }
+    unreadable_cause_.clear();
+    return;
+  }
+  // Once per cause ("Too many open files"), whichever file and EFA met it.
+  const size_t colon = first->find(": ");
+  const std::string cause = colon == std::string::npos ? *first : first->substr(colon + 2);
+  if (cause == unreadable_cause_) return;
+  unreadable_cause_ = cause;
+  spdlog::warn(
+      "EFA counters: {} counter file(s) not read for a reason that says nothing about the "
+      "devices, first {}; their EFAs keep their device health until a read succeeds",
+      files, *first);
 }
 
 std::vector<EfaCounterSnapshot::Container> EfaCounterMonitor::JudgeIdle(

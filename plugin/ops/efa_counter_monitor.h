@@ -90,6 +90,9 @@ struct EfaCounterSnapshot {
   std::vector<Efa> efas;  // as SetDevices gave them
   std::vector<Container> containers;
   int64_t reads = 0;  // reads of the counters since start
+  // Counter files not read for a reason that says nothing about the device
+  // (EfaCounterValues::unreadable), since start.
+  int64_t unreadable_total = 0;
 };
 
 class EfaCounterMonitor {
@@ -143,6 +146,9 @@ class EfaCounterMonitor {
   // reported changed.
   bool JudgeHealth(const std::string& ibdev, const topology::EfaCounterValues& values,
                    Clock::time_point now, EfaState& state) const;
+  // Counts the snapshot's unreadable files (into unreadable_total) and logs
+  // their cause once while it lasts, and when it ends.
+  void NoteUnreadable(EfaCounterSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // Judges the idle EFAs of each holder and logs what changed.
   std::vector<EfaCounterSnapshot::Container> JudgeIdle(const std::vector<EfaHolder>& holders,
                                                        Clock::time_point now)
@@ -155,6 +161,8 @@ class EfaCounterMonitor {
   std::map<std::string, EfaState> efa_state_ ABSL_GUARDED_BY(read_mu_);        // by ibdev
   std::map<std::string, HolderState> holder_state_ ABSL_GUARDED_BY(read_mu_);  // by Name()
   std::vector<EfaHolder> holders_ ABSL_GUARDED_BY(read_mu_);                   // the last known
+  int64_t unreadable_total_ ABSL_GUARDED_BY(read_mu_) = 0;
+  std::string unreadable_cause_ ABSL_GUARDED_BY(read_mu_);  // as logged; "" while none
 
   mutable absl::Mutex mu_;
   std::vector<topology::EfaDevice> devices_ ABSL_GUARDED_BY(mu_);

@@ -7,14 +7,22 @@
 // before, is built with OpenSSL, whose static initializer cost the daemon
 // 3.4 MiB of RSS: BENCHMARKS.md.)
 //
-// A client is disconnected after `timeout` without progress, reading its
-// request or writing the response; a request whose line and headers pass
-// `max_header_bytes` is refused. When the process runs out of file
-// descriptors the server stops accepting for 100 ms at a time (the
-// connections wait in the kernel's backlog) instead of spinning on
-// accept().
+// What a client can make a server hold is bounded: at most
+// `max_connections` connections at once, and `max_connections_per_client`
+// from one address (one more is accepted and closed at once, so that the
+// kernel's backlog never fills with a flood and a client that comes later
+// is told at once); each is closed
+// `request_timeout` after it was accepted, answered or not, however slowly
+// its bytes trickle in (evhttp's own timeouts start again at every byte);
+// a request whose line and headers pass `max_header_bytes` is refused,
+// and one with a body too. When the process runs out of file descriptors
+// the server stops accepting for 100 ms at a time (the connections wait in
+// the kernel's backlog) instead of spinning on accept().
 #pragma once
 
+#include <prometheus/metric_family.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -41,9 +49,24 @@ struct HttpResponse {
 // handler may run it at once.
 using HttpHandler = std::function<HttpResponse()>;
 
+// The connections a server closed without an answer, for /metrics.
+// Thread-safe.
+struct HttpCounters {
+  std::atomic<uint64_t> over_limit{0};  // accepted while max_connections were open
+  std::atomic<uint64_t> timed_out{0};   // not answered within request_timeout
+  // accept() failed for want of descriptors or memory: 100 ms without
+  // accepting, each counted.
+  std::atomic<uint64_t> accept_pauses{0};
+};
+
 struct HttpServerOptions {
-  std::chrono::milliseconds timeout{1000};  // without progress, reading or writing
-  size_t max_header_bytes = 8192;           // request line and headers
+  std::chrono::milliseconds request_timeout{3000};  // from accept to the answer sent
+  size_t max_header_bytes = 8192;                   // request line and headers
+  int max_connections = 64;                         // held at once, at least 1
+  // Held at once by one client address (1..max_connections; 0: no bound
+  // of its own), so that one neighbour cannot take every place.
+  int max_connections_per_client = 0;
+  HttpCounters* counters = nullptr;  // counted there when set; must outlive the server
 };
 
 // A listen address split into host and port: "host:port", ":port" (every
@@ -81,14 +104,42 @@ class HttpServer {
   std::thread thread_;
 };
 
+// What the daemon's two listeners may hold (the options
+// metricsMaxConnections, probeMaxConnections and httpRequestTimeout).
+// Every connection is a file descriptor: the caller keeps the sum of the
+// two caps within what the process can spare for HTTP, so that a flood
+// never takes the descriptors the daemon's own work needs.
+struct EndpointLimits {
+  int metrics_connections = 64;
+  int probe_connections = 16;
+  std::chrono::milliseconds request_timeout{3000};
+};
+
+// The counters of the two listeners. Thread-safe.
+struct EndpointCounters {
+  HttpCounters metrics;
+  HttpCounters probe;
+};
+
+// The families http_connections_dropped and http_accept_pauses of
+// `counters` appended to `out`.
+void CollectEndpointCounters(const EndpointCounters& counters,
+                             std::vector<prometheus::MetricFamily>& out);
+
 // The daemon's endpoints: `routes` (/metrics and the probes) on
 // `metrics_address` and `probe_routes` alone on `probe_address`, where no
-// client of /metrics can delay them; an empty address serves nothing.
-// Logs each listener started ("serving /metrics, /healthz and /readyz on
-// :8080 (port 8080)"); fails naming the configuration key of an address
+// client of /metrics can delay them (each listener has its own thread,
+// event loop and connection cap); an empty address serves nothing. One
+// client address holds at most half of a listener's connections: a single
+// neighbour flooding the probe port leaves places for the kubelet, whose
+// probes come from the node's address.
+// `counters`, when set, must outlive the servers. Logs each listener
+// started ("serving /metrics, /healthz and /readyz on :8080 (port 8080, at
+// most 64 connections)"); fails naming the configuration key of an address
 // that cannot be served ("metricsAddress: ...").
 absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeEndpoints(
     const std::string& metrics_address, std::map<std::string, HttpHandler> routes,
-    const std::string& probe_address, std::map<std::string, HttpHandler> probe_routes);
+    const std::string& probe_address, std::map<std::string, HttpHandler> probe_routes,
+    const EndpointLimits& limits = {}, EndpointCounters* counters = nullptr);
 
 }  // namespace efa::plugin

@@ -2,7 +2,7 @@
 // binary on simulated nodes against the fake kubelet, over real gRPC on real
 // unix sockets, and reports each figure with its ratio to a baseline taken in
 // the same run, as one table (also written to --out).
-//   efa_bench [--quick] [--idle-seconds N] [--rpcs N] [--out FILE]
+//   efa_bench [--quick] [--idle-seconds N] [--flood-seconds N] [--rpcs N] [--out FILE]
 // scripts/bench.sh builds it in a Release tree and runs it. Exits 0 when
 // every measurement ran, goals met or not; 1 when one could not run.
 #include <httplib.h>
@@ -39,6 +39,7 @@
 #include "grpcpp/grpcpp.h"
 #include "podresources/v1/api.grpc.pb.h"
 #include "test/bench/child_process.h"
+#include "test/bench/http_flood.h"
 #include "test/bench/policy_scenarios.h"
 #include "test/bench/proc_stats.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
@@ -67,6 +68,7 @@ struct Settings {
   int starts = 10;     // daemon starts (3)
   int events = 5;      // device removals and kubelet restarts (6)
   double idle_seconds = 60;
+  double flood_seconds = 25;  // each phase of measure 9
   std::string out;
   std::string logs;  // empty: in the simulated node's directory, removed at the end
   std::string plugin = EFA_PLUGIN_BINARY;
@@ -228,6 +230,10 @@ class Suite {
     MeasureScrapes();
     Progress("6: device removed, kubelet restarted");
     MeasureEvents();
+    Progress(
+        absl::StrFormat("9: probes and kubelet restarts for %.0f s, then as long during a flood",
+                        settings_.flood_seconds));
+    MeasureFlood();
     if (daemon_->Stop(kDeadline) != 0) Fail("the daemon did not stop cleanly on SIGTERM");
     if (echo_->Stop(kDeadline) != 0) Fail("the echo server did not stop cleanly on SIGTERM");
   }
@@ -830,12 +836,7 @@ class Suite {
   // The port the p5 daemon serves /metrics on: its latest "serving
   // /metrics, ... (port N)" log line.
   int MetricsPort() const {
-    const std::string log = ReadFile(logs() / "daemon-p5.log").value_or("");
-    const std::string marker = "serving /metrics, /healthz and /readyz on ";
-    const size_t at = log.rfind(marker);
-    const size_t port = at == std::string::npos ? at : log.find("(port ", at);
-    if (port == std::string::npos) Fail("the p5 daemon logged no metrics port");
-    return std::atoi(log.c_str() + port + 6);
+    return LoggedPort(logs() / "daemon-p5.log", "/metrics, /healthz and /readyz");
   }
 
   // 8. /metrics scraped 10 times a second over the idle window's length:
@@ -931,6 +932,104 @@ class Suite {
          Max(registered) / Max(serving), "≤ 1 s", Max(registered) <= 1.0});
   }
 
+  // The port a daemon logged serving `what` on ("serving <what> on ...
+  // (port N, ...)"), its latest such line.
+  static int LoggedPort(const fs::path& log_path, const std::string& what) {
+    const std::string log = ReadFile(log_path).value_or("");
+    const size_t at = log.rfind("serving " + what + " on ");
+    const size_t port = at == std::string::npos ? at : log.find("(port ", at);
+    if (port == std::string::npos) Fail(log_path.string() + ": no port logged for " + what);
+    return std::atoi(log.c_str() + port + 6);
+  }
+
+  // 9. A p5 daemon started with a container's descriptor limit (1024):
+  // /healthz and /readyz on its probe port asked every 100 ms, and the
+  // kubelet restarted `events` times, for flood_seconds; then the same
+  // while 1,100 connections (more than its descriptors) hold its metrics
+  // port, each trickling a byte every 0.9 s. The probes' p99 latency and
+  // the time to register again, with the flood and without.
+  void MeasureFlood() {
+    constexpr size_t kConnections = 1100;
+    if (efa::bench::RaiseFileLimit(kConnections + 1024) < kConnections + 256) {
+      Fail("this process cannot open the flood's 1,100 connections (RLIMIT_NOFILE)");
+    }
+    SimRoot node(p5_spec_);
+    FakeKubelet kubelet(FakeKubelet::ForKubeletDir(node.path() / "kubelet"));
+    if (auto s = kubelet.Start(); !s.ok()) Fail(std::string(s.message()));
+    const fs::path log = logs() / "daemon-flood.log";
+    ChildProcess daemon(DaemonArgs(node), log, 1024);
+    if (!kubelet.WaitForRegistrations(kEfa, 1, kDeadline))
+      Fail("the flood's daemon did not register");
+    const auto metrics_port =
+        static_cast<uint16_t>(LoggedPort(log, "/metrics, /healthz and /readyz"));
+    const auto probe_port = static_cast<uint16_t>(LoggedPort(log, "/healthz and /readyz"));
+    // Live before the first phase (the kubelet's initial delay): the owner
+    // loop's first pass ends after the registration.
+    for (const auto until = Clock::now() + kDeadline;
+         efa::bench::ProbeOnce(probe_port, "/healthz", 1s).status != 200;) {
+      if (Clock::now() > until) Fail("the flood's daemon was not live within 10 s");
+      std::this_thread::sleep_for(10ms);
+    }
+    struct Phase {
+      std::vector<double> probes, registered;
+      size_t failures = 0;
+    };
+    auto phase = [&](bool flooded) {
+      std::unique_ptr<efa::bench::ConnectionFlood> flood;
+      if (flooded) {
+        flood = std::make_unique<efa::bench::ConnectionFlood>(metrics_port, kConnections);
+        for (const auto until = Clock::now() + kDeadline;
+             flood->connected() < kConnections && Clock::now() < until;) {
+          std::this_thread::sleep_for(20ms);
+        }
+        if (flood->connected() < kConnections) Fail("the flood could not connect");
+      }
+      Phase out;
+      efa::bench::Prober prober(probe_port, {"/healthz", "/readyz"}, {"/healthz"});
+      const auto start = Clock::now();
+      const auto window = std::chrono::duration<double>(settings_.flood_seconds);
+      for (int i = 0; i < settings_.events; ++i) {
+        // Restarts spread over the window: its schedule, nothing to wait for.
+        std::this_thread::sleep_until(start + window * i / settings_.events);
+        const int before = kubelet.registrations(kEfa);
+        const auto restart = Clock::now();
+        if (auto s = kubelet.Restart(); !s.ok()) Fail(std::string(s.message()));
+        if (!kubelet.WaitForRegistrations(kEfa, before + 1, kDeadline)) {
+          Fail(
+              absl::StrFormat("the daemon did not register again within 10 s of a kubelet "
+                              "restart%s",
+                              flooded ? " during the flood" : ""));
+        }
+        out.registered.push_back(Seconds(Clock::now() - restart));
+      }
+      std::this_thread::sleep_until(start + window);
+      prober.Stop();
+      out.probes = prober.seconds();
+      out.failures = prober.failures().size();
+      return out;
+    };
+    const Phase calm = phase(false);
+    const Phase flooded = phase(true);
+    if (daemon.Stop(kDeadline) != 0) Fail("the flood's daemon did not stop cleanly on SIGTERM");
+    const double p99 = Percentile(flooded.probes, 0.99);
+    const double calm_p99 = Percentile(calm.probes, 0.99);
+    rows_.push_back(
+        {9,
+         absl::StrFormat("probe latency p99 (%s probes over %.0f s) while %s connections flood the "
+                         "metrics port; failed probes",
+                         Count(static_cast<long>(flooded.probes.size())), settings_.flood_seconds,
+                         Count(static_cast<long>(kConnections))),
+         absl::StrFormat("%s; %d failed", Ms(p99), flooded.failures),
+         absl::StrFormat("no flood: %s; %d failed", Ms(calm_p99), calm.failures), p99 / calm_p99,
+         "none failed, p99 ≤ 1 s", flooded.failures == 0 && p99 <= 1.0});
+    rows_.push_back(
+        {9,
+         absl::StrFormat("kubelet restarted → registered again during the flood (worst of %d)",
+                         settings_.events),
+         WorstAndMedian(flooded.registered), "no flood: " + WorstAndMedian(calm.registered),
+         Max(flooded.registered) / Max(calm.registered), "≤ 1 s", Max(flooded.registered) <= 1.0});
+  }
+
   const Settings settings_;
   const efa::sim::MachineSpec p5_spec_;
   SimRoot p5_;
@@ -976,9 +1075,10 @@ std::string Header(const Settings& s, const std::string& load_before) {
   out += "- build: NOT optimized (no NDEBUG): the figures are not representative\n";
 #endif
   out += absl::StrFormat("- simulated nodes in: %s\n", s.node_dir);
-  out += absl::StrFormat("- mode: %s; %s RPCs per server, %d starts, %d events, idle %.0f s\n\n",
-                         s.quick ? "quick (proves the suite runs; not a measurement)" : "full",
-                         Count(s.rpcs), s.starts, s.events, s.idle_seconds);
+  out += absl::StrFormat(
+      "- mode: %s; %s RPCs per server, %d starts, %d events, idle %.0f s, flood %.0f s\n\n",
+      s.quick ? "quick (proves the suite runs; not a measurement)" : "full", Count(s.rpcs),
+      s.starts, s.events, s.idle_seconds, s.flood_seconds);
   return out;
 }
 
@@ -997,6 +1097,10 @@ int main(int argc, char** argv) {
   auto* events = app.add_option("--events", s.events, "Removals and restarts (measure 6)")
                      ->capture_default_str()
                      ->check(CLI::Range(1, 1000));
+  auto* flood = app.add_option("--flood-seconds", s.flood_seconds,
+                               "Each phase of measure 9: without and with the flood")
+                    ->capture_default_str()
+                    ->check(CLI::Range(1.0, 3600.0));
   auto* idle = app.add_option("--idle-seconds", s.idle_seconds, "Idle window (measures 5 and 7)")
                    ->capture_default_str()
                    ->envname("EFA_BENCH_IDLE_SECONDS")
@@ -1017,6 +1121,7 @@ int main(int argc, char** argv) {
     if (rpcs->count() == 0) s.rpcs = 2000;
     if (starts->count() == 0) s.starts = 3;
     if (events->count() == 0) s.events = 2;
+    if (flood->count() == 0) s.flood_seconds = 3;
     if (idle->count() == 0 && std::getenv("EFA_BENCH_IDLE_SECONDS") == nullptr) s.idle_seconds = 2;
   }
   std::vector<std::string> args(argv, argv + argc);

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,9 +23,12 @@ namespace efa::bench {
 
 class ChildProcess {
  public:
-  // Starts argv[0] with `argv`, stdout and stderr appended to `log`.
-  // Throws std::runtime_error (naming the program) when it cannot start.
-  ChildProcess(std::vector<std::string> argv, const std::filesystem::path& log) {
+  // Starts argv[0] with `argv`, stdout and stderr appended to `log`; with
+  // `max_files` > 0 its RLIMIT_NOFILE (soft and hard) is that, as in a
+  // container that allows so many descriptors. Throws std::runtime_error
+  // (naming the program) when it cannot start.
+  ChildProcess(std::vector<std::string> argv, const std::filesystem::path& log,
+               rlim_t max_files = 0) {
     const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) throw std::runtime_error(log.string() + ": " + std::strerror(errno));
     std::vector<char*> args;
@@ -36,6 +40,8 @@ class ChildProcess {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
+      const rlimit files{max_files, max_files};
+      if (max_files > 0 && ::setrlimit(RLIMIT_NOFILE, &files) != 0) ::_exit(126);
       ::execv(args[0], args.data());
       ::_exit(127);
     }

@@ -159,13 +159,16 @@ absl::Status FakeKubelet::Restart() {
   absl::MutexLock admission_lock(&admission_mu_);
   absl::MutexLock lock(&lifecycle_mu_);
   StopLocked();
-  // Kubelet 1.20 (ManagerImpl.removeContents) deletes every socket in the
-  // directory on start, the plugins' included, and keeps everything else.
+  // The device manager empties the directory on start, the plugins' sockets
+  // included, and keeps the checkpoint: kubelet 1.20 (ManagerImpl.Start,
+  // removeContents) deletes every file that is not a directory, later ones
+  // (CleanupPluginDirectory) only sockets.
   std::error_code ec;
   if (fs::exists(dir_, ec)) {
     for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
       std::error_code type_ec;
-      if (!it->is_socket(type_ec)) continue;
+      if (it->path() == checkpoint_path()) continue;
+      if (kubelet_1_20_ ? it->is_directory(type_ec) : !it->is_socket(type_ec)) continue;
       std::error_code remove_ec;
       fs::remove(it->path(), remove_ec);
       if (remove_ec) {
@@ -177,9 +180,16 @@ absl::Status FakeKubelet::Restart() {
     }
   }
   {
-    // A new kubelet process knows the allocations only from the checkpoint.
+    // A new kubelet process knows the allocations only from the checkpoint
+    // (ManagerImpl.Start, readCheckpoint), and its pod manager is empty until
+    // the API server source has synced: pod-resources List, served from
+    // startKubelet on, answers from it (server_v1.go List,
+    // podsProvider.GetPods()) and lists nothing until then.
     absl::MutexLock state_lock(&mu_);
     LoadCheckpointLocked();
+    for (Pod& pod : pods_) unsynced_.push_back(std::move(pod));
+    pods_.clear();
+    pods_synced_ = false;
   }
   if (absl::Status status = StartLocked(); !status.ok()) return status;
   if (!pod_resources_socket_.empty()) {
@@ -585,10 +595,70 @@ uint32_t Fnv1a32(const std::string& bytes) {
 
 }  // namespace
 
+const FakeKubelet::Container* FakeKubelet::Pod::Find(const std::string& container) const {
+  for (const Container& c : containers) {
+    if (c.name == container) return &c;
+  }
+  return nullptr;
+}
+
+void FakeKubelet::SyncPods() {
+  absl::MutexLock admission_lock(&admission_mu_);
+  absl::MutexLock lock(&mu_);
+  if (pods_synced_) return;
+  for (Pod& pod : unsynced_) pods_.push_back(std::move(pod));
+  unsynced_.clear();
+  pods_synced_ = true;
+  // The kubelet admits every pod it gets from the API server again
+  // (HandlePodAdditions): allocateContainerResources finds each container's
+  // devices allocated (devicesToAllocate: "Found pre-allocated devices"),
+  // calls no plugin, and writes the checkpoint, after UpdateAllocatedDevices
+  // dropped the removed pods.
+  CollectRemovedLocked();
+  if (absl::Status status = WriteCheckpointLocked(); !status.ok()) {
+    std::fprintf(stderr, "fake-kubelet: %s\n", std::string(status.message()).c_str());
+  }
+}
+
+bool FakeKubelet::pods_synced() const {
+  absl::MutexLock lock(&mu_);
+  return pods_synced_;
+}
+
+bool FakeKubelet::CollectRemovedLocked() {
+  // UpdateAllocatedDevices returns early until sourcesReady.AllReady(): a
+  // pod missing from a pod manager still filling is not gone.
+  if (!pods_synced_ || removed_.empty()) return false;
+  const size_t before = entries_.size();
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    it = removed_.count(it->pod_uid) != 0 ? entries_.erase(it) : std::next(it);
+  }
+  removed_.clear();
+  return entries_.size() != before;
+}
+
 absl::StatusOr<FakeKubelet::AdmittedContainer> FakeKubelet::AdmitContainer(
     const std::string& pod_name, const std::string& pod_namespace, const std::string& pod_uid,
     const std::string& container_name,
     const std::vector<std::pair<std::string, int>>& requests_in_order) {
+  return AdmitContainer(pod_name, pod_namespace, pod_uid, container_name, requests_in_order,
+                        ContainerOptions{});
+}
+
+namespace {
+
+absl::Status NotSynced() {
+  return absl::FailedPreconditionError(
+      "the kubelet restarted and has not synced its pods from the API server yet (SyncPods)");
+}
+
+}  // namespace
+
+absl::StatusOr<FakeKubelet::AdmittedContainer> FakeKubelet::AdmitContainer(
+    const std::string& pod_name, const std::string& pod_namespace, const std::string& pod_uid,
+    const std::string& container_name,
+    const std::vector<std::pair<std::string, int>>& requests_in_order,
+    const ContainerOptions& options) {
   if (pod_uid.empty()) return absl::InvalidArgumentError("pod UID: empty");
   if (container_name.empty()) return absl::InvalidArgumentError("container name: empty");
   std::set<std::string> requested;
@@ -607,9 +677,11 @@ absl::StatusOr<FakeKubelet::AdmittedContainer> FakeKubelet::AdmitContainer(
   bool new_pod = false;
   {
     absl::MutexLock lock(&mu_);
+    // Pods come from the API server source, which a restarted kubelet has
+    // not synced yet.
+    if (!pods_synced_) return NotSynced();
     Pod* pod = FindPodLocked(pod_uid);
-    if (pod != nullptr && std::find(pod->containers.begin(), pod->containers.end(),
-                                    container_name) != pod->containers.end()) {
+    if (pod != nullptr && pod->Find(container_name) != nullptr) {
       return absl::AlreadyExistsError(
           absl::StrFormat("pod %s container \"%s\" is already admitted", pod_uid, container_name));
     }
@@ -620,14 +692,20 @@ absl::StatusOr<FakeKubelet::AdmittedContainer> FakeKubelet::AdmitContainer(
       pod = &pods_.back();
       new_pod = true;
     }
-    pod->containers.push_back(container_name);
+    pod->containers.push_back(Container{container_name, options.init, requests_in_order});
+    // allocateContainerResources starts with UpdateAllocatedDevices when the
+    // container asks for a device plugin's resource.
+    if (std::any_of(requests_in_order.begin(), requests_in_order.end(),
+                    [](const auto& request) { return request.second > 0; })) {
+      CollectRemovedLocked();
+    }
   }
 
   AdmittedContainer admitted;
   for (const auto& [resource, count] : requests_in_order) {
     if (count == 0) continue;
     absl::StatusOr<ResourceAllocation> allocation =
-        AllocateResource(pod_uid, container_name, resource, count);
+        AllocateResource(pod_uid, container_name, options.init, resource, count);
     if (!allocation.ok()) {
       absl::MutexLock lock(&mu_);
       RollBackLocked(pod_uid, container_name, new_pod);
@@ -635,21 +713,28 @@ absl::StatusOr<FakeKubelet::AdmittedContainer> FakeKubelet::AdmitContainer(
     }
     admitted.allocations.push_back(*std::move(allocation));
   }
-  if (!admitted.allocations.empty()) {
+  {
+    // allocateContainerResources ends with writeCheckpoint, whatever the
+    // container asked for.
     absl::MutexLock lock(&mu_);
     if (absl::Status status = WriteCheckpointLocked(); !status.ok()) {
       RollBackLocked(pod_uid, container_name, new_pod);
       return UnexpectedAdmission(status);
     }
   }
-  admitted.start_status = StartContainerLocked(pod_uid, container_name);
+  if (options.start) admitted.start_status = StartContainerLocked(pod_uid, container_name);
   return admitted;
 }
 
 absl::StatusOr<FakeKubelet::ResourceAllocation> FakeKubelet::AllocateResource(
-    const std::string& pod_uid, const std::string& container, const std::string& resource,
-    int count) {
+    const std::string& pod_uid, const std::string& container, bool init,
+    const std::string& resource, int count) {
   std::vector<std::string> available;
+  // The devices of the pod's init containers that no regular container of it
+  // took yet: a regular container takes them first (ManagerImpl.Allocate
+  // keeps devicesToReuse: init containers add theirs, regular ones remove
+  // theirs; devicesToAllocate allocates from it before anything else).
+  std::vector<std::string> chosen;
   std::shared_ptr<v1beta1::DevicePlugin::Stub> stub;
   bool ask_plugin = false;
   {
@@ -659,41 +744,60 @@ absl::StatusOr<FakeKubelet::ResourceAllocation> FakeKubelet::AllocateResource(
       return absl::FailedPreconditionError(
           absl::StrCat("can't allocate unregistered device ", resource));
     }
-    std::set<std::string> in_use;
+    std::set<std::string> in_use, reusable, taken_by_regular;
+    const Pod* pod = FindPodLocked(pod_uid);
     for (const DeviceEntry& entry : entries_) {
-      if (entry.resource == resource) in_use.insert(entry.ids.begin(), entry.ids.end());
+      if (entry.resource != resource) continue;
+      in_use.insert(entry.ids.begin(), entry.ids.end());
+      const Container* c =
+          entry.pod_uid == pod_uid && pod != nullptr ? pod->Find(entry.container) : nullptr;
+      if (c == nullptr) continue;
+      (c->init ? reusable : taken_by_regular).insert(entry.ids.begin(), entry.ids.end());
     }
-    // Without an open stream the kubelet counts every device unhealthy.
-    if (r->streaming) {
-      for (const auto& device : r->devices) {
-        if (device.health() == "Healthy" && in_use.count(device.id()) == 0) {
-          available.push_back(device.id());
-        }
+    if (!init) {
+      for (const auto& id : reusable) {
+        if (static_cast<int>(chosen.size()) == count) break;
+        if (taken_by_regular.count(id) == 0) chosen.push_back(id);
       }
     }
-    std::sort(available.begin(), available.end());
-    available.erase(std::unique(available.begin(), available.end()), available.end());
-    if (static_cast<int>(available.size()) < count) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "requested number of devices unavailable for %s. Requested: %d, Available: %d", resource,
-          count, available.size()));
-    }
     stub = r->stub;
+    if (static_cast<int>(chosen.size()) < count) {
+      // Without an open stream the kubelet counts every device unhealthy.
+      if (r->streaming) {
+        for (const auto& device : r->devices) {
+          if (device.health() == "Healthy" && in_use.count(device.id()) == 0) {
+            available.push_back(device.id());
+          }
+        }
+      }
+      std::sort(available.begin(), available.end());
+      available.erase(std::unique(available.begin(), available.end()), available.end());
+      const int needed = count - static_cast<int>(chosen.size());
+      if (static_cast<int>(available.size()) < needed) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "requested number of devices unavailable for %s. Requested: %d, Available: %d",
+            resource, needed, available.size()));
+      }
+      ask_plugin = r->options.has_value() && r->options->get_preferred_allocation_available();
+    }
     if (stub == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("unknown Device Plugin ", resource));
     }
-    ask_plugin = r->options.has_value() && r->options->get_preferred_allocation_available();
   }
 
   // No topology manager here: every free device is "unaligned", so the
-  // plugin's preference is asked over all of them (devicesToAllocate).
-  std::vector<std::string> chosen;
-  std::set<std::string> taken;
+  // plugin's preference is asked over all of them and the devices taken
+  // already, which it must include (devicesToAllocate).
+  std::set<std::string> taken(chosen.begin(), chosen.end());
   const std::set<std::string> is_free(available.begin(), available.end());
   if (ask_plugin) {
     v1beta1::PreferredAllocationRequest request;
     auto* container_request = request.add_container_requests();
-    for (const auto& id : available) container_request->add_available_deviceids(id);
+    std::vector<std::string> offered(available);
+    offered.insert(offered.end(), chosen.begin(), chosen.end());
+    std::sort(offered.begin(), offered.end());
+    for (const auto& id : offered) container_request->add_available_deviceids(id);
+    for (const auto& id : chosen) container_request->add_must_include_deviceids(id);
     container_request->set_allocation_size(count);
     v1beta1::PreferredAllocationResponse response;
     grpc::ClientContext context;
@@ -765,7 +869,7 @@ void FakeKubelet::RollBackLocked(const std::string& pod_uid, const std::string& 
     return entry.pod_uid == pod_uid && entry.container == container;
   });
   if (Pod* pod = FindPodLocked(pod_uid); pod != nullptr) {
-    std::erase(pod->containers, container);
+    std::erase_if(pod->containers, [&](const Container& c) { return c.name == container; });
   }
   if (drop_pod) {
     std::erase_if(pods_, [&](const Pod& pod) { return pod.uid == pod_uid; });
@@ -790,9 +894,11 @@ absl::Status FakeKubelet::StartContainer(const std::string& pod_uid,
   absl::MutexLock admission_lock(&admission_mu_);
   {
     absl::MutexLock lock(&mu_);
+    // Containers are started by the pod workers, which a restarted kubelet
+    // runs only for the pods it got from the API server.
+    if (!pods_synced_) return NotSynced();
     const Pod* pod = FindPodLocked(pod_uid);
-    if (pod == nullptr || std::find(pod->containers.begin(), pod->containers.end(),
-                                    container_name) == pod->containers.end()) {
+    if (pod == nullptr || pod->Find(container_name) == nullptr) {
       return absl::NotFoundError(
           absl::StrFormat("pod %s container \"%s\" is not admitted", pod_uid, container_name));
     }
@@ -808,22 +914,48 @@ absl::Status FakeKubelet::StartContainerLocked(const std::string& pod_uid,
     std::vector<std::string> ids;
   };
   std::vector<Call> calls;
+  // Requested resources the device manager holds no devices of.
+  std::vector<std::pair<std::string, int>> lost;
+  bool init = false;
   {
     absl::MutexLock lock(&mu_);
-    for (const DeviceEntry& entry : entries_) {
-      if (entry.pod_uid != pod_uid || entry.container != container) continue;
-      const Resource* r = FindLocked(entry.resource);
+    const Pod* pod = FindPodLocked(pod_uid);
+    const Container* c = pod == nullptr ? nullptr : pod->Find(container);
+    if (c == nullptr) {
+      return absl::NotFoundError(
+          absl::StrFormat("pod %s container \"%s\" is not admitted", pod_uid, container));
+    }
+    init = c->init;
+    // GetDeviceRunContainerOptions, before every start of the container:
+    // callPreStartContainerIfNeeded with the devices podDevices holds for it
+    // (the same IDs every time), and Allocate again only for a resource it
+    // holds none of ("a race during node restart").
+    for (const auto& request : c->requests) {
+      const std::string& resource = request.first;
+      if (request.second == 0) continue;
+      const Resource* r = FindLocked(resource);
       if (r == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "endpoint not found in cache for a registered resource: ", entry.resource));
+        return absl::FailedPreconditionError(
+            absl::StrCat("endpoint not found in cache for a registered resource: ", resource));
       }
       // A restarted kubelet holds a stopped endpoint without options until
       // the plugin registers again: it skips the call, as for a plugin that
       // did not ask for it.
-      if (r->stub == nullptr || !r->options.has_value() || !r->options->pre_start_required()) {
+      const bool pre_start =
+          r->stub != nullptr && r->options.has_value() && r->options->pre_start_required();
+      auto entry = std::find_if(entries_.begin(), entries_.end(), [&](const DeviceEntry& e) {
+        return e.pod_uid == pod_uid && e.container == container && e.resource == resource;
+      });
+      if (entry == entries_.end()) {
+        if (pre_start) {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "no devices found allocated in local cache for pod %s, container %s, resource %s",
+              pod_uid, container, resource));
+        }
+        lost.emplace_back(resource, request.second);
         continue;
       }
-      calls.push_back(Call{entry.resource, r->stub, entry.ids});
+      if (pre_start) calls.push_back(Call{resource, r->stub, entry->ids});
     }
   }
   for (const Call& call : calls) {
@@ -839,17 +971,31 @@ absl::Status FakeKubelet::StartContainerLocked(const std::string& pod_uid,
                                        GoRpcError(status)));
     }
   }
-  return absl::OkStatus();
+  if (lost.empty()) return absl::OkStatus();
+  for (const auto& [resource, count] : lost) {
+    absl::StatusOr<ResourceAllocation> allocation =
+        AllocateResource(pod_uid, container, init, resource, count);
+    if (!allocation.ok()) return allocation.status();
+  }
+  absl::MutexLock lock(&mu_);
+  return WriteCheckpointLocked();
 }
 
-absl::Status FakeKubelet::RemovePod(const std::string& pod_uid) {
+absl::Status FakeKubelet::RemovePod(const std::string& pod_uid, CheckpointWrite when) {
   absl::MutexLock admission_lock(&admission_mu_);
   absl::MutexLock lock(&mu_);
-  if (FindPodLocked(pod_uid) == nullptr) {
+  auto is_it = [&](const Pod& pod) { return pod.uid == pod_uid; };
+  if (std::none_of(pods_.begin(), pods_.end(), is_it) &&
+      std::none_of(unsynced_.begin(), unsynced_.end(), is_it)) {
     return absl::NotFoundError(absl::StrFormat("pod %s is not known", pod_uid));
   }
-  std::erase_if(pods_, [&](const Pod& pod) { return pod.uid == pod_uid; });
-  std::erase_if(entries_, [&](const DeviceEntry& entry) { return entry.pod_uid == pod_uid; });
+  // Gone from the pod manager, hence from List, at once; the device manager
+  // keeps the allocations until UpdateAllocatedDevices.
+  std::erase_if(pods_, is_it);
+  std::erase_if(unsynced_, is_it);
+  removed_.insert(pod_uid);
+  if (when == CheckpointWrite::kAsKubelet || !pods_synced_) return absl::OkStatus();
+  CollectRemovedLocked();
   return WriteCheckpointLocked();
 }
 
@@ -988,6 +1134,8 @@ class FakeKubelet::PodResourcesService final : public v1::PodResourcesLister::Se
                     v1::ListPodResourcesResponse* response) override {
     if (grpc::Status status = kubelet_->BeginPodResourcesCall(); !status.ok()) return status;
     absl::MutexLock lock(&kubelet_->mu_);
+    // server_v1.go List: devicesProvider.UpdateAllocatedDevices() first.
+    kubelet_->CollectRemovedLocked();
     kubelet_->FillListLocked(response);
     return grpc::Status::OK;
   }
@@ -1072,11 +1220,14 @@ void FakeKubelet::FillListLocked(v1::ListPodResourcesResponse* response) const {
     v1::PodResources* pod_resources = response->add_pod_resources();
     pod_resources->set_name(pod.name);
     pod_resources->set_namespace_(pod.pod_namespace);
-    for (const std::string& container : pod.containers) {
+    // server_v1.go List walks pod.Spec.Containers (1.28 and later also the
+    // restartable init containers): a plain init container is not listed.
+    for (const Container& container : pod.containers) {
+      if (container.init) continue;
       v1::ContainerResources* container_resources = pod_resources->add_containers();
-      container_resources->set_name(container);
+      container_resources->set_name(container.name);
       for (const DeviceEntry& entry : entries_) {
-        if (entry.pod_uid != pod.uid || entry.container != container) continue;
+        if (entry.pod_uid != pod.uid || entry.container != container.name) continue;
         for (const auto& [numa, ids] : entry.ids_by_numa) {
           AppendContainerDevices(entry.resource, numa, ids, kubelet_1_20_,
                                  container_resources->mutable_devices());

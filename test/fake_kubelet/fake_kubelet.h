@@ -16,8 +16,22 @@
 // GetPreferredAllocation when the plugin offers it, Allocate, the devices
 // recorded at once (visible through pod-resources List from then on), and the
 // checkpoint <dir>/kubelet_internal_checkpoint written once every resource of
-// the container is allocated. Given a socket path, it also serves the
-// pod-resources API v1 (v1.PodResourcesLister) over the same state.
+// the container is allocated; then PreStartContainer. A container start after
+// that (StartContainer: a restart) calls PreStartContainer again with the same
+// IDs and no Allocate. Given a socket path, it also serves the pod-resources
+// API v1 (v1.PodResourcesLister) over the same state.
+//
+// What the kubelet's pod manager holds (the pods pod-resources List shows) is
+// kept apart from what its device manager holds (the allocations and the
+// checkpoint), as in the kubelet:
+//   - After Restart, List shows no pod until SyncPods (the kubelet's pod
+//     manager fills from the API server after the pod-resources server is
+//     up), while the allocations are back from the checkpoint at once.
+//   - Init containers (not restartable) are in the checkpoint, never in List.
+//   - A deleted pod leaves List at once; its allocations go at the device
+//     manager's next UpdateAllocatedDevices, only once the sources are ready
+//     (not between Restart and SyncPods), and leave the file at its next
+//     write (RemovePod says when).
 //
 // The checkpoint, as the kubelet's: JSON {"Data":{"PodDeviceEntries":[{
 // "PodUID","ContainerName","ResourceName","DeviceIDs":{"<NUMA node>":[ids]},
@@ -35,10 +49,10 @@
 // (Start, Restart, Stop, EndStream, StartPodResources, StopPodResources, the
 // destructor) are serialized among themselves; they must not be called from a
 // predicate given to WaitForDevices. Admissions (AdmitContainer,
-// StartContainer, RemovePod) are serialized among themselves, as the kubelet
-// admits one pod at a time; Start, Restart and Stop wait for the one in
-// progress, so none of these may be called from a plugin's handler while it
-// serves an admission.
+// StartContainer, RemovePod, SyncPods) are serialized among themselves, as
+// the kubelet admits one pod at a time; Start, Restart and Stop wait for the
+// one in progress, so none of these may be called from a plugin's handler
+// while it serves an admission.
 #pragma once
 
 #include <chrono>
@@ -94,7 +108,8 @@ class FakeKubelet {
     // NUMA node 0 instead of -1; List gives one ContainerDevices per resource
     // and NUMA node, the node always set, instead of one per device (with no
     // topology when there is none); GetAllocatableResources does not exist
-    // (UNIMPLEMENTED).
+    // (UNIMPLEMENTED); Restart deletes every file of the directory that is
+    // not a directory, not the sockets only.
     bool kubelet_1_20 = false;
   };
 
@@ -123,18 +138,30 @@ class FakeKubelet {
   // FailedPrecondition when already serving.
   absl::Status Start();
 
-  // Simulated kubelet restart, as kubelet 1.20 does it: ends every ListAndWatch
-  // stream, stops the Registration server, deletes EVERY socket file in the
-  // directory (keeps kubelet_internal_checkpoint and any non-socket file), then
-  // serves a fresh kubelet.sock. Recorded registrations, requests and the last
-  // device lists are kept; streaming() is false for every resource afterwards
-  // until its plugin registers again. The pod-resources server, when
-  // configured, is stopped and served again on a new socket (even after
-  // StopPodResources). The devices allocated to admitted containers are read
-  // back from the checkpoint, as the kubelet restores them; admitted pods stay
-  // admitted (the API server still has them). Fails as Start does, or naming a
+  // Simulated kubelet restart: ends every ListAndWatch stream, stops the
+  // Registration server, deletes every socket file in the directory (with
+  // Options::kubelet_1_20 every file that is not a directory; the checkpoint
+  // is kept either way), then serves a fresh kubelet.sock. Recorded
+  // registrations, requests and the last device lists are kept; streaming()
+  // is false for every resource afterwards until its plugin registers again.
+  // The pod-resources server, when configured, is stopped and served again on
+  // a new socket (even after StopPodResources). The devices allocated to
+  // admitted containers are read back from the checkpoint, as the kubelet
+  // restores them; the file is next written at the first ListAndWatch message
+  // or at SyncPods. The admitted pods are not listed by pod-resources, nor
+  // admitted to, nor started, until SyncPods. Fails as Start does, or naming a
   // socket file that could not be deleted.
   absl::Status Restart();
+
+  // The restarted kubelet's sources are ready: its pod manager has the pods
+  // from the API server again (every pod admitted before Restart and not
+  // removed since), so pod-resources lists them, and it admits them again as
+  // the kubelet does after a restart: no Allocate (the devices are found in
+  // the checkpoint), the checkpoint written, the entries of removed pods
+  // dropped from it. No-op when the pods are synced already.
+  void SyncPods();
+  // False from Restart until SyncPods.
+  bool pods_synced() const;
 
   // Ends the ListAndWatch stream of `resource` without restarting (cancels the
   // client context, as the kubelet does when it drops an endpoint). Returns once
@@ -209,6 +236,20 @@ class FakeKubelet {
 
   // --- Pod admission: the kubelet's device manager in miniature. ---
 
+  // How AdmitContainer treats the container.
+  struct ContainerOptions {
+    // An init container that is not restartable: its devices are in the
+    // checkpoint but pod-resources does not list it (the kubelet's List walks
+    // pod.Spec.Containers, and since 1.28 the restartable init containers
+    // only). The pod's later regular containers take its devices first (the
+    // kubelet's devicesToReuse).
+    bool init = false;
+    // Start it once admitted (PreStartContainer); false: admitted only, as a
+    // regular container waiting for the pod's init containers, started later
+    // with StartContainer.
+    bool start = true;
+  };
+
   // One resource of an admitted container.
   struct ResourceAllocation {
     std::string resource;
@@ -251,24 +292,54 @@ class FakeKubelet {
   // desc = ... " with the plugin's code. INVALID_ARGUMENT for an empty pod
   // UID or container name, a negative count or a resource named twice;
   // ALREADY_EXISTS when the container was admitted already.
+  // Before the resources, the device manager drops the allocations of
+  // removed pods (UpdateAllocatedDevices) once its sources are ready; the
+  // checkpoint is written whatever the container asks for. A regular
+  // container takes the devices of its pod's init containers first, without
+  // asking the plugin when they are enough (else must-include names them).
+  // FAILED_PRECONDITION between Restart and SyncPods.
   absl::StatusOr<AdmittedContainer> AdmitContainer(
       const std::string& pod_name, const std::string& pod_namespace, const std::string& pod_uid,
       const std::string& container_name,
       const std::vector<std::pair<std::string, int>>& requests_in_order);
+  absl::StatusOr<AdmittedContainer> AdmitContainer(
+      const std::string& pod_name, const std::string& pod_namespace, const std::string& pod_uid,
+      const std::string& container_name,
+      const std::vector<std::pair<std::string, int>>& requests_in_order,
+      const ContainerOptions& options);
 
-  // Calls PreStartContainer for each resource of the admitted container whose
-  // plugin asked for it, with the container's device IDs of that resource, as
-  // the kubelet does before each start of the container (30 s deadline).
-  // Returns the first failure ("device plugin PreStartContainer rpc failed
-  // with err: rpc error: code = ... desc = ...", with the plugin's code);
-  // NOT_FOUND for a container that is not admitted.
+  // Starts the admitted container again (or for the first time when admitted
+  // with start = false), as the kubelet's GetDeviceRunContainerOptions does
+  // before each start: PreStartContainer for each resource whose plugin asked
+  // for it, with the same device IDs as before (30 s deadline), and no
+  // Allocate: the devices are found allocated. Only a resource the device
+  // manager lost (a checkpoint without it at Restart) is allocated again,
+  // with Allocate, when its plugin does not ask for PreStartContainer; when
+  // it does, the start fails as the kubelet's does ("no devices found
+  // allocated in local cache ..."). Returns the first failure ("device
+  // plugin PreStartContainer rpc failed with err: rpc error: code = ... desc
+  // = ...", with the plugin's code); NOT_FOUND for a container that is not
+  // admitted; FAILED_PRECONDITION between Restart and SyncPods.
   absl::Status StartContainer(const std::string& pod_uid, const std::string& container_name);
 
-  // The pod was deleted: its devices are free again, it leaves pod-resources
-  // and its entries leave the checkpoint (rewritten at once; a real kubelet
-  // rewrites it at its next device update or allocation). NOT_FOUND for an
-  // unknown pod; the checkpoint write's error otherwise.
-  absl::Status RemovePod(const std::string& pod_uid);
+  // When the checkpoint loses a removed pod's entries.
+  enum class CheckpointWrite {
+    // At once, as if the device manager's next UpdateAllocatedDevices and
+    // write came right after the deletion (a shortcut for tests that do not
+    // care when); between Restart and SyncPods, at SyncPods.
+    kAtOnce,
+    // As the kubelet: the allocations are dropped at its next
+    // UpdateAllocatedDevices (an admission, a pod-resources List, SyncPods)
+    // once the sources are ready, and the file keeps them until its next
+    // write (an admission, a ListAndWatch message, SyncPods). On a quiet node
+    // that can be long.
+    kAsKubelet,
+  };
+  // The pod was deleted: it leaves pod-resources at once; its devices are
+  // freed and its entries leave the checkpoint as `when` says. NOT_FOUND for
+  // an unknown pod; the checkpoint write's error otherwise.
+  absl::Status RemovePod(const std::string& pod_uid,
+                         CheckpointWrite when = CheckpointWrite::kAtOnce);
 
   // The devices of `resource` allocated to the container, in Allocate order
   // (empty if none).
@@ -278,9 +349,12 @@ class FakeKubelet {
 
   // --- The pod-resources API (v1.PodResourcesLister). ---
   //
-  // List: every admitted pod (in admission order) with its admitted
-  // containers and, per container, the devices of each resource (with the
-  // NUMA nodes the plugin reported; see Options::kubelet_1_20 for the shape).
+  // List: every admitted pod (in admission order; none between Restart and
+  // SyncPods) with its admitted regular containers and, per container, the
+  // devices of each resource (with the NUMA nodes the plugin reported; see
+  // Options::kubelet_1_20 for the shape). Like the kubelet's, it first drops
+  // the allocations of removed pods (UpdateAllocatedDevices) once the sources
+  // are ready.
   // GetAllocatableResources: the healthy devices of every resource whose
   // stream is open. Get: UNIMPLEMENTED, as in kubelets without the
   // KubeletPodResourcesGet gate.
@@ -351,12 +425,19 @@ class FakeKubelet {
     std::shared_ptr<Stream> stream;
   };
 
+  // One admitted container of a pod.
+  struct Container {
+    std::string name;
+    bool init = false;
+    std::vector<std::pair<std::string, int>> requests;
+  };
   // A pod the kubelet was given, with the containers admitted so far.
   struct Pod {
     std::string uid;
     std::string name;
     std::string pod_namespace;
-    std::vector<std::string> containers;
+    std::vector<Container> containers;
+    const Container* Find(const std::string& container) const;
   };
 
   // One container's devices of one resource: a checkpoint entry.
@@ -374,9 +455,13 @@ class FakeKubelet {
   // Chooses and allocates `count` devices of `resource` for the container and
   // records them; returns the kubelet's error text on failure (not wrapped).
   absl::StatusOr<ResourceAllocation> AllocateResource(const std::string& pod_uid,
-                                                      const std::string& container,
+                                                      const std::string& container, bool init,
                                                       const std::string& resource, int count)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_);
+  // The device manager's UpdateAllocatedDevices: drops the allocations of
+  // removed pods once the sources are ready (the file keeps them until the
+  // next write). Returns whether any went.
+  bool CollectRemovedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status StartContainerLocked(const std::string& pod_uid, const std::string& container)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_);
   // Forgets the container's devices (and the pod if `drop_pod`) after a
@@ -444,9 +529,15 @@ class FakeKubelet {
   // Streams replaced by a re-registration: cancelled, joined by Stop.
   std::vector<std::shared_ptr<Stream>> retired_ ABSL_GUARDED_BY(mu_);
 
-  // Pods in admission order, and the device manager's pod devices (in the
-  // order allocated, or restored from the checkpoint).
+  // The pod manager's pods in admission order, and the device manager's pod
+  // devices (in the order allocated, or restored from the checkpoint).
   std::vector<Pod> pods_ ABSL_GUARDED_BY(mu_);
+  // From Restart to SyncPods: the pods the API server still has, not in the
+  // pod manager yet (pods_ is empty then), and the sources are not ready.
+  std::vector<Pod> unsynced_ ABSL_GUARDED_BY(mu_);
+  bool pods_synced_ ABSL_GUARDED_BY(mu_) = true;
+  // Removed pods whose allocations the device manager still holds.
+  std::set<std::string> removed_ ABSL_GUARDED_BY(mu_);
   std::vector<DeviceEntry> entries_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> extra_entries_ ABSL_GUARDED_BY(mu_);
 

@@ -686,8 +686,20 @@ TEST_CASE("FakeKubelet restores the allocations from the checkpoint when it rest
   REQUIRE(node.kubelet().Restart().ok());
   CHECK(fs::is_socket(node.kubelet().pod_resources_socket_path()));
 
-  // Listed at once, from the checkpoint, before any plugin registers again.
+  // The allocations are back from the checkpoint at once, but List shows no
+  // pod until the pods are synced from the API server.
+  CHECK(node.kubelet().container_devices("uid-1", "main", kEfa) ==
+        std::vector<std::string>{"efa7"});
+  CHECK_FALSE(node.kubelet().pods_synced());
   v1::ListPodResourcesResponse response;
+  REQUIRE(node.List(&response).ok());
+  CHECK(response.pod_resources().empty());
+  CHECK(node.kubelet().AdmitContainer("next", "ns", "uid-2", "main", {{kGpu, 1}}).status() ==
+        absl::FailedPreconditionError("the kubelet restarted and has not synced its pods from "
+                                      "the API server yet (SyncPods)"));
+  node.kubelet().SyncPods();
+  CHECK(node.kubelet().pods_synced());
+  response.Clear();
   REQUIRE(node.List(&response).ok());
   CHECK(Listed(response, "pod", "main") == "nvidia.com/gpu=" + gpus[0] + "@0;nvidia.com/gpu=" +
                                                gpus[1] + "@0;vpc.amazonaws.com/efa=efa7@1");
@@ -708,6 +720,8 @@ TEST_CASE("FakeKubelet restores the allocations from the checkpoint when it rest
   fs::remove(node.kubelet().checkpoint_path());
   REQUIRE(node.kubelet().Restart().ok());
   CHECK(node.kubelet().container_devices("uid-1", "main", kGpu).empty());
+  node.kubelet().SyncPods();
+  response.Clear();
   REQUIRE(node.List(&response).ok());
   CHECK(Listed(response, "pod", "main") == "");
 }
@@ -844,4 +858,204 @@ TEST_CASE("FakeKubelet records devices without topology under -1, or 0 as kubele
   REQUIRE(ListPodResources(kubelet.pod_resources_socket_path(), &response).ok());
   CHECK(Listed(response, "pod", "main") ==
         std::string(kGpu) + "=" + gpus.ids()[0] + (kubelet_1_20 ? "@0" : ""));
+}
+
+TEST_CASE(
+    "After a restart FakeKubelet lists no pod until SyncPods and writes the checkpoint at the "
+    "first device list",
+    "[fake_kubelet][concurrency]") {
+  Node node(/*efa_pre_start=*/true);
+  REQUIRE(node.kubelet().AdmitContainer("pod", "ns", "uid-1", "main", {{kGpu, 1}, {kEfa, 2}}).ok());
+  const fs::path checkpoint = node.kubelet().checkpoint_path();
+  const Json before = ReadJson(checkpoint);
+  REQUIRE(before["Data"]["RegisteredDevices"][kEfa].size() == 8);
+
+  REQUIRE(node.kubelet().Restart().ok());
+  // Read back, not written: the file is as the old kubelet left it.
+  CHECK(ReadJson(checkpoint) == before);
+  CHECK(node.kubelet().container_devices("uid-1", "main", kEfa) ==
+        std::vector<std::string>{"efa7", "efa6"});
+  v1::ListPodResourcesResponse response;
+  REQUIRE(node.List(&response).ok());
+  CHECK(response.pod_resources().empty());
+  CHECK(node.kubelet().StartContainer("uid-1", "main").code() ==
+        absl::StatusCode::kFailedPrecondition);
+
+  // The first plugin back writes it: the allocations as read, and no device
+  // of a plugin that has not registered again.
+  node.gpus().Stop();
+  REQUIRE(node.gpus().Start().ok());
+  REQUIRE(node.kubelet().WaitForListAndWatchMessages(kGpu, 2, kWait));
+  const Json after = ReadJson(checkpoint);
+  CHECK(after["Data"]["PodDeviceEntries"] == before["Data"]["PodDeviceEntries"]);
+  CHECK(after["Data"]["RegisteredDevices"][kGpu].size() == 8);
+  CHECK(after["Data"]["RegisteredDevices"][kEfa].empty());
+  REQUIRE(node.List(&response).ok());
+  CHECK(response.pod_resources().empty());
+
+  node.kubelet().SyncPods();
+  response.Clear();
+  REQUIRE(node.List(&response).ok());
+  CHECK(Listed(response, "pod", "main") == "nvidia.com/gpu=" + node.gpu_ids()[0] +
+                                               "@0;vpc.amazonaws.com/efa=efa7@1;" +
+                                               "vpc.amazonaws.com/efa=efa6@1");
+  // Started again by the synced kubelet with the same IDs, once the EFA
+  // plugin is back (a stopped endpoint has no options: no call before).
+  CHECK(node.kubelet().StartContainer("uid-1", "main").ok());
+  CHECK(node.efa().pre_starts().size() == 1);
+  node.ReRegisterEfa(/*pre_start=*/true);
+  CHECK(node.kubelet().StartContainer("uid-1", "main").ok());
+  CHECK(node.efa().pre_starts() == std::vector<std::vector<std::string>>{{"efa7", "efa6"}});
+}
+
+TEST_CASE("A container restart calls PreStartContainer again with the same IDs and no Allocate",
+          "[fake_kubelet][concurrency]") {
+  Node node(/*efa_pre_start=*/true);
+  Seen seen;
+  node.efa().SetHooks([&](const auto&) { seen.Add("prefer"); },
+                      [&](const auto& ids) { seen.Add("allocate " + ids[0] + "," + ids[1]); },
+                      [&](const auto& ids) { seen.Add("pre-start " + ids[0] + "," + ids[1]); });
+  REQUIRE(node.kubelet().AdmitContainer("pod", "ns", "uid-1", "main", {{kEfa, 2}}).ok());
+  CHECK(seen.get() ==
+        std::vector<std::string>{"prefer", "allocate efa7,efa6", "pre-start efa7,efa6"});
+  const auto gpu_allocations = node.gpus().allocations().size();
+  REQUIRE(node.kubelet().StartContainer("uid-1", "main").ok());
+  REQUIRE(node.kubelet().StartContainer("uid-1", "main").ok());
+  CHECK(seen.get() == std::vector<std::string>{"prefer", "allocate efa7,efa6",
+                                               "pre-start efa7,efa6", "pre-start efa7,efa6",
+                                               "pre-start efa7,efa6"});
+  CHECK(node.gpus().allocations().size() == gpu_allocations);
+
+  // Admitted but not started (a regular container waiting for init
+  // containers): Allocate only; the first StartContainer calls
+  // PreStartContainer.
+  auto waiting = node.kubelet().AdmitContainer("pod2", "ns", "uid-2", "main", {{kEfa, 2}},
+                                               FakeKubelet::ContainerOptions{.start = false});
+  REQUIRE(waiting.ok());
+  CHECK(node.efa().pre_starts().size() == 3);
+  REQUIRE(node.kubelet().StartContainer("uid-2", "main").ok());
+  CHECK(node.efa().pre_starts().back() == std::vector<std::string>{"efa5", "efa4"});
+}
+
+TEST_CASE("A container whose devices the checkpoint lost is allocated again when it starts",
+          "[fake_kubelet][concurrency]") {
+  Node node(/*efa_pre_start=*/true);
+  REQUIRE(node.kubelet().AdmitContainer("pod", "ns", "uid-1", "main", {{kGpu, 1}}).ok());
+  REQUIRE(node.kubelet().AdmitContainer("pod", "ns", "uid-1", "efa", {{kEfa, 1}}).ok());
+  fs::remove(node.kubelet().checkpoint_path());
+  REQUIRE(node.kubelet().Restart().ok());
+  node.gpus().Stop();
+  REQUIRE(node.gpus().Start().ok());
+  node.ReRegisterEfa(/*pre_start=*/true);
+  node.kubelet().SyncPods();
+  // The GPU plugin asks for no PreStartContainer: Allocate again.
+  const auto gpu_allocations = node.gpus().allocations().size();
+  REQUIRE(node.kubelet().StartContainer("uid-1", "main").ok());
+  CHECK(node.gpus().allocations().size() == gpu_allocations + 1);
+  CHECK(node.kubelet().container_devices("uid-1", "main", kGpu).size() == 1);
+  CHECK(CheckpointEntries(node.kubelet().checkpoint_path()) ==
+        std::vector<std::string>{"uid-1/main/nvidia.com/gpu"});
+  // The EFA plugin does: the start fails as the kubelet's does.
+  CHECK(node.kubelet().StartContainer("uid-1", "efa") ==
+        absl::FailedPreconditionError(
+            "no devices found allocated in local cache for pod uid-1, container efa, resource "
+            "vpc.amazonaws.com/efa"));
+}
+
+TEST_CASE("A deleted pod leaves List at once and the checkpoint at the kubelet's next write",
+          "[fake_kubelet][concurrency]") {
+  Node node;
+  const fs::path checkpoint = node.kubelet().checkpoint_path();
+  REQUIRE(node.kubelet().AdmitContainer("a", "ns", "uid-a", "main", {{kEfa, 8}}).ok());
+  REQUIRE(node.kubelet().RemovePod("uid-a", FakeKubelet::CheckpointWrite::kAsKubelet).ok());
+  CHECK(CheckpointEntries(checkpoint) ==
+        std::vector<std::string>{"uid-a/main/" + std::string(kEfa)});
+  // Still allocated: nothing has run UpdateAllocatedDevices yet.
+  CHECK(node.kubelet().container_devices("uid-a", "main", kEfa).size() == 8);
+
+  SECTION("a List drops the allocation; the file keeps it until the next write") {
+    v1::ListPodResourcesResponse response;
+    REQUIRE(node.List(&response).ok());
+    CHECK(response.pod_resources().empty());
+    CHECK(node.kubelet().container_devices("uid-a", "main", kEfa).empty());
+    CHECK(CheckpointEntries(checkpoint) ==
+          std::vector<std::string>{"uid-a/main/" + std::string(kEfa)});
+    REQUIRE(node.kubelet().AdmitContainer("b", "ns", "uid-b", "main", {}).ok());
+    CHECK(CheckpointEntries(checkpoint).empty());
+  }
+  SECTION("an admission drops it before it allocates") {
+    auto admitted = node.kubelet().AdmitContainer("b", "ns", "uid-b", "main", {{kEfa, 8}});
+    REQUIRE(admitted.ok());
+    CHECK(CheckpointEntries(checkpoint) ==
+          std::vector<std::string>{"uid-b/main/" + std::string(kEfa)});
+  }
+  SECTION("not while a restarted kubelet's sources are not ready") {
+    REQUIRE(node.kubelet().Restart().ok());
+    REQUIRE(node.kubelet().AdmitContainer("c", "ns", "uid-c", "main", {{kGpu, 1}}).ok() == false);
+    REQUIRE(node.kubelet().RemovePod("uid-a").code() == absl::StatusCode::kNotFound);
+    v1::ListPodResourcesResponse response;
+    REQUIRE(node.List(&response).ok());
+    CHECK(node.kubelet().container_devices("uid-a", "main", kEfa).size() == 8);
+    node.kubelet().SyncPods();
+    CHECK(node.kubelet().container_devices("uid-a", "main", kEfa).empty());
+    CHECK(CheckpointEntries(checkpoint).empty());
+  }
+}
+
+TEST_CASE("A pod removed while the kubelet restarts keeps its devices until the pods are synced",
+          "[fake_kubelet][concurrency]") {
+  Node node;
+  REQUIRE(node.kubelet().AdmitContainer("a", "ns", "uid-a", "main", {{kEfa, 2}}).ok());
+  REQUIRE(node.kubelet().AdmitContainer("b", "ns", "uid-b", "main", {{kEfa, 2}}).ok());
+  REQUIRE(node.kubelet().Restart().ok());
+  REQUIRE(node.kubelet().RemovePod("uid-a").ok());
+  CHECK(CheckpointEntries(node.kubelet().checkpoint_path()).size() == 2);
+  node.kubelet().SyncPods();
+  CHECK(CheckpointEntries(node.kubelet().checkpoint_path()) ==
+        std::vector<std::string>{"uid-b/main/" + std::string(kEfa)});
+  v1::ListPodResourcesResponse response;
+  REQUIRE(node.List(&response).ok());
+  REQUIRE(response.pod_resources_size() == 1);
+  CHECK(response.pod_resources(0).name() == "b");
+}
+
+TEST_CASE(
+    "An init container's devices are in the checkpoint, not in List, and go to the pod's "
+    "regular container first",
+    "[fake_kubelet][concurrency]") {
+  Node node;
+  Seen seen;
+  node.efa().SetHooks(
+      [&](const auto& available) { seen.Add("prefer from " + std::to_string(available.size())); },
+      nullptr, nullptr);
+  const FakeKubelet::ContainerOptions init{.init = true};
+  auto first = node.kubelet().AdmitContainer("pod", "ns", "uid-1", "init", {{kEfa, 2}}, init);
+  REQUIRE(first.ok());
+  CHECK(first->allocations[0].device_ids == std::vector<std::string>{"efa7", "efa6"});
+  v1::ListPodResourcesResponse response;
+  REQUIRE(node.List(&response).ok());
+  REQUIRE(response.pod_resources_size() == 1);
+  CHECK(response.pod_resources(0).containers().empty());
+  CHECK(CheckpointEntries(node.kubelet().checkpoint_path()) ==
+        std::vector<std::string>{"uid-1/init/" + std::string(kEfa)});
+
+  // The regular container asks for 3: the init container's 2 (no question to
+  // the plugin for them), then one more with those 2 as must-include.
+  node.efa().SetPreference([](const std::vector<std::string>&, int) {
+    return std::vector<std::string>{"efa7", "efa6", "efa0"};
+  });
+  auto main = node.kubelet().AdmitContainer("pod", "ns", "uid-1", "main", {{kEfa, 3}});
+  REQUIRE(main.ok());
+  CHECK(main->allocations[0].device_ids == std::vector<std::string>{"efa6", "efa7", "efa0"});
+  // Offered: the 6 free ones and the 2 reused.
+  CHECK(seen.get() == std::vector<std::string>{"prefer from 8", "prefer from 8"});
+  response.Clear();
+  REQUIRE(node.List(&response).ok());
+  CHECK(Listed(response, "pod", "main") ==
+        "vpc.amazonaws.com/efa=efa0@0;vpc.amazonaws.com/efa=efa6@1;vpc.amazonaws.com/efa=efa7@1");
+  // A second regular container finds nothing left to reuse: a free one (the
+  // preference names none that is free).
+  auto other = node.kubelet().AdmitContainer("pod", "ns", "uid-1", "other", {{kEfa, 1}});
+  REQUIRE(other.ok());
+  CHECK(other->allocations[0].device_ids == std::vector<std::string>{"efa1"});
 }

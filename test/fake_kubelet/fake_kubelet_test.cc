@@ -343,6 +343,24 @@ TEST_CASE("FakeKubelet restart deletes every socket and keeps the checkpoint",
       kResource, [](const auto& d) { return d.size() == 2; }, kWait));
 }
 
+TEST_CASE("FakeKubelet as kubelet 1.20 deletes every file on restart but the checkpoint",
+          "[fake_kubelet][concurrency]") {
+  TempDir dir;
+  FakeKubelet::Options options;
+  options.device_plugin_dir = dir.path();
+  options.kubelet_1_20 = true;
+  FakeKubelet kubelet(options);
+  REQUIRE(kubelet.Start().ok());
+  std::ofstream(dir.path() / "kubelet_internal_checkpoint") << "{}";
+  std::ofstream(dir.path() / "notes.txt") << "not a socket";
+  fs::create_directories(dir.path() / "sub");
+  REQUIRE(kubelet.Restart().ok());
+  CHECK_FALSE(fs::exists(dir.path() / "notes.txt"));
+  CHECK(fs::is_regular_file(dir.path() / "kubelet_internal_checkpoint"));
+  CHECK(fs::is_directory(dir.path() / "sub"));
+  CHECK(fs::is_socket(kubelet.socket_path()));
+}
+
 TEST_CASE("FakeKubelet EndStream ends the stream without restarting",
           "[fake_kubelet][concurrency]") {
   TempDir dir;

@@ -182,7 +182,9 @@ fi
 
 # --- defaults --------------------------------------------------------------------
 expect_render default
-expect default 'kinds()' '["ConfigMap/efa-aws-efa-k8s-device-plugin", "DaemonSet/efa-aws-efa-k8s-device-plugin"]'
+expect default 'kinds()' '["ConfigMap/efa-aws-efa-k8s-device-plugin", "DaemonSet/efa-aws-efa-k8s-device-plugin", "NetworkPolicy/efa-aws-efa-k8s-device-plugin"]'
+# No pod but the node (the kubelet's probes) reaches the pod until scrapers are named.
+expect default 'obj("NetworkPolicy")["spec"]' '{"ingress": [], "podSelector": {"matchLabels": {"name": "efa-aws-efa-k8s-device-plugin"}}, "policyTypes": ["Ingress"]}'
 expect default 'ds["metadata"]["name"]' "$FULLNAME"
 expect default 'ds["metadata"]["namespace"]' 'kube-system'
 expect default 'sorted(ds["metadata"]["labels"])' '["app.kubernetes.io/component", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/name", "app.kubernetes.io/part-of", "app.kubernetes.io/version", "helm.sh/chart"]'
@@ -277,8 +279,9 @@ expect mofed-off 'config' '{"metricsAddress": ":8080", "mofedPolicy": "off", "pr
 checks mofed-off
 
 expect_render servicemonitor --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.labels.release=prom \
-  --set metrics.serviceMonitor.interval=30s --set metrics.port=9400
-expect servicemonitor 'kinds()' '["ConfigMap/efa-aws-efa-k8s-device-plugin", "DaemonSet/efa-aws-efa-k8s-device-plugin", "Service/efa-aws-efa-k8s-device-plugin-metrics", "ServiceMonitor/efa-aws-efa-k8s-device-plugin"]'
+  --set metrics.serviceMonitor.interval=30s --set metrics.port=9400 --set-json 'networkPolicy.metricsNamespaces=["monitoring"]'
+expect servicemonitor 'kinds()' '["ConfigMap/efa-aws-efa-k8s-device-plugin", "DaemonSet/efa-aws-efa-k8s-device-plugin", "NetworkPolicy/efa-aws-efa-k8s-device-plugin", "Service/efa-aws-efa-k8s-device-plugin-metrics", "ServiceMonitor/efa-aws-efa-k8s-device-plugin"]'
+expect servicemonitor 'obj("NetworkPolicy")["spec"]["ingress"]' '[{"from": [{"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]}}], "ports": [{"port": 9400, "protocol": "TCP"}]}]'
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["endpoints"][0]["port"] + " " + obj("ServiceMonitor")["spec"]["endpoints"][0]["interval"]' 'metrics 30s'
 expect servicemonitor 'obj("ServiceMonitor")["metadata"]["labels"]["release"]' 'prom'
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"]' 'true'
@@ -287,8 +290,10 @@ expect servicemonitor 'obj("Service")["spec"]["clusterIP"] + " " + str(obj("Serv
 expect servicemonitor 'config["metricsAddress"] + " " + str(c["ports"][0]["containerPort"])' ':9400 9400'
 checks servicemonitor
 
-expect_render metrics-off --set metrics.enabled=false --set livenessProbe.enabled=false --set readinessProbe.enabled=false
+expect_render metrics-off --set metrics.enabled=false --set livenessProbe.enabled=false --set readinessProbe.enabled=false \
+  --set-json 'networkPolicy.metricsNamespaces=["monitoring"]'
 expect metrics-off '[k for k in ("ports", "livenessProbe", "readinessProbe") if k in c]' '[]'
+expect metrics-off 'obj("NetworkPolicy")["spec"]["ingress"]' '[]'
 expect metrics-off 'config["metricsAddress"] + config["probeAddress"]' ''
 checks metrics-off
 
@@ -400,6 +405,33 @@ expect simroots 'sorted((m, h) for m, (h, ro) in host_mounts.items() if m.starts
 expect simroots '[p for p in host_mounts if p.startswith("/sys") or p.startswith("/dev")]' '[]'
 checks simroots
 
+# Who may scrape: pods with these labels in these namespaces, such pods in
+# any namespace, or raw "from" entries; off, or a host-network pod: no policy.
+expect_render netpol --set-json 'networkPolicy.metricsNamespaces=["monitoring","observability"]' \
+  --set networkPolicy.metricsPodLabels.app=prometheus --set-json 'networkPolicy.metricsFrom=[{"ipBlock":{"cidr":"10.0.0.0/16"}}]'
+expect netpol 'obj("NetworkPolicy")["spec"]["ingress"]' '[{"from": [{"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring", "observability"]}]}, "podSelector": {"matchLabels": {"app": "prometheus"}}}, {"ipBlock": {"cidr": "10.0.0.0/16"}}], "ports": [{"port": 8080, "protocol": "TCP"}]}]'
+expect netpol 'obj("NetworkPolicy")["spec"]["podSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]' 'true'
+checks netpol
+expect_render netpol-labels --set networkPolicy.metricsPodLabels.app=prometheus
+expect netpol-labels 'obj("NetworkPolicy")["spec"]["ingress"][0]["from"]' '[{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "prometheus"}}}]'
+checks netpol-labels
+expect_render netpol-off --set networkPolicy.enabled=false
+expect netpol-off '[k for k in kinds() if k.startswith("NetworkPolicy")]' '[]'
+checks netpol-off
+expect_render netpol-hostnet --set hostNetwork=true
+expect netpol-hostnet '[k for k in kinds() if k.startswith("NetworkPolicy")]' '[]'
+checks netpol-hostnet
+
+# Where /metrics listens: 127.0.0.1, or the node's address (downward API).
+expect_render bind-localhost --set metrics.bind=localhost
+expect bind-localhost 'config["metricsAddress"] + " " + config["probeAddress"]' '127.0.0.1:8080 :8081'
+checks bind-localhost
+expect_render bind-hostip --set metrics.bind=hostIP --set hostNetwork=true --set metrics.port=9400
+expect bind-hostip '"metricsAddress" in config' 'false'
+# shellcheck disable=SC2016 # $(HOST_IP) is for the kubelet to expand
+expect bind-hostip 'c["env"]' '[{"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}, {"name": "EFA_METRICS_ADDRESS", "value": "[$(HOST_IP)]:9400"}]'
+checks bind-hostip
+
 expect_render ondelete --set updateStrategy.type=OnDelete
 expect ondelete 'ds["spec"]["updateStrategy"]' '{"type": "OnDelete"}'
 checks ondelete
@@ -413,7 +445,7 @@ if "$HELM_BIN" template aws-efa-k8s-device-plugin "$CHART" -n kube-system >"$TMP
 else fail "release named after the chart renders" "$(cat "$TMP/release.err")"; fi
 
 expect_render all -f "$ROOT/test/helm/values-all.yaml"
-expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "counterInterval", "deviceHealth", "deviceHealthAdminErrors", "deviceHealthHoldDown", "deviceHealthKeepAliveTimeout", "draDrivers", "draPolicy", "expectedEfaCount", "gpuResources", "idleTimeout", "instanceType", "logFormat", "logLevel", "metricsAddress", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "reportNuma", "rescanInterval", "sharingRenameByDefault", "sharingReplicas", "topologyXml", "version"]'
+expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "counterInterval", "deviceHealth", "deviceHealthAdminErrors", "deviceHealthHoldDown", "deviceHealthKeepAliveTimeout", "draDrivers", "draPolicy", "expectedEfaCount", "gpuResources", "httpRequestTimeout", "idleTimeout", "instanceType", "logFormat", "logLevel", "metricsAddress", "metricsMaxConnections", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "probeMaxConnections", "reportNuma", "rescanInterval", "sharingRenameByDefault", "sharingReplicas", "topologyXml", "version"]'
 expect all '[config["sharingReplicas"], config["sharingRenameByDefault"]]' '[4, true]'
 expect all 'config["draDrivers"]' '["dra.net", "efa.dra.example.com"]'
 expect all '[config[k] for k in ("counterInterval", "idleTimeout", "deviceHealth", "deviceHealthKeepAliveTimeout", "deviceHealthAdminErrors", "deviceHealthHoldDown")]' '["30s", "30m", true, "2m", 20, "10m"]'
@@ -448,6 +480,9 @@ expect_reject schema-hostpath '/hostPaths/devicePlugins' --set hostPaths.deviceP
 expect_reject schema-resources '/config/gpuResources' --set-json 'config.gpuResources="nvidia.com/gpu"'
 expect_reject schema-idle '/config/idleTimeout' --set config.idleTimeout=600
 expect_reject schema-adminerrors '/deviceHealth/adminErrors' --set deviceHealth.enabled=true --set deviceHealth.adminErrors=0
+expect_reject schema-bind '/metrics/bind' --set metrics.bind=0.0.0.0
+expect_reject schema-netpol-ns '/networkPolicy/metricsNamespaces' --set-json 'networkPolicy.metricsNamespaces="monitoring"'
+expect_reject schema-maxconn '/config/metricsMaxConnections' --set config.metricsMaxConnections=0
 expect_reject schema-devicehealth '/deviceHealth/enabled' --set-string deviceHealth.enabled=yes
 
 expect_reject schema-nodeselector '/nodeSelector/efa' --set-json 'nodeSelector={"efa":["yes"]}'
@@ -465,10 +500,15 @@ expect_reject contra-devicehealth 'deviceHealth.holdDown is set but deviceHealth
   --set deviceHealth.holdDown=10m
 expect_reject contra-servicemonitor 'metrics.serviceMonitor.enabled is true' --set metrics.enabled=false \
   --set livenessProbe.enabled=false --set readinessProbe.enabled=false --set metrics.serviceMonitor.enabled=true
+expect_reject contra-bind-hostip 'metrics.bind is hostIP but hostNetwork is false' --set metrics.bind=hostIP
+expect_reject contra-bind-localhost 'metrics.bind is localhost but metrics.service or metrics.serviceMonitor is enabled' \
+  --set metrics.bind=localhost --set metrics.service.enabled=true
+expect_reject contra-netpol-servicemonitor 'metrics.serviceMonitor.enabled is true but networkPolicy admits no scraper' \
+  --set metrics.serviceMonitor.enabled=true
 expect_reject contra-processcheck 'guards.mofed.processCheck is true but guards.mofed.policy is off' \
   --set guards.mofed.processCheck=true --set guards.mofed.policy=off
 expect_reject contra-devroot 'config.devRoot is "/host/dev"' --set config.devRoot=/host/dev
-expect_reject contra-metricsaddress 'config.metricsAddress is set by the chart from metrics.enabled and metrics.port' \
+expect_reject contra-metricsaddress 'config.metricsAddress is set by the chart from metrics.enabled, metrics.port and metrics.bind' \
   --set config.metricsAddress=:9090
 expect_reject contra-probeaddress 'config.probeAddress is set by the chart from probePort' \
   --set config.probeAddress=:9091
@@ -502,13 +542,24 @@ if [ -z "$DAEMON" ]; then
 elif ! "$DAEMON" --help 2>&1 | grep -q -- '--print-config'; then
   echo "note - $DAEMON has no --print-config: rendered config files not checked by the daemon"
 else
-  for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor simroots all; do
+  for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor simroots bind-localhost all; do
     q "$name" 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
     mapfile -t extra < <(q "$name" '"\n".join(c["args"][1:])' | sed '/^$/d')
     if out="$("$DAEMON" --config "$TMP/$name.config.yaml" "${extra[@]}" --print-config 2>&1)"; then
       pass "$name: the daemon accepts the config file and args (--print-config)"
     else fail "$name: the daemon accepts the config file and args (--print-config)" "$out
 $(cat "$TMP/$name.config.yaml")"; fi
+  done
+  # metrics.bind=hostIP: the address the kubelet gives the container (an
+  # IPv4 or IPv6 node address in brackets) reaches the daemon through its
+  # environment.
+  q bind-hostip 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/bind-hostip.config.yaml"
+  template="$(q bind-hostip 'c["env"][1]["value"]')"
+  for ip in 10.1.2.3 fd00::1; do
+    if out="$(EFA_METRICS_ADDRESS="${template/\$(HOST_IP)/$ip}" "$DAEMON" --config "$TMP/bind-hostip.config.yaml" --print-config 2>&1)" \
+       && grep -qF "metricsAddress: \"[$ip]:9400\"  # from EFA_METRICS_ADDRESS" <<<"$out"; then
+      pass "bind-hostip: the daemon takes [$ip]:9400 from EFA_METRICS_ADDRESS"
+    else fail "bind-hostip: the daemon takes [$ip]:9400 from EFA_METRICS_ADDRESS" "$out"; fi
   done
 fi
 

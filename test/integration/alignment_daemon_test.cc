@@ -15,6 +15,7 @@
 #include "plugin/daemon.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/integration/fake_clock.h"
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -37,7 +38,8 @@ enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
 
 class AlignedNode {
  public:
-  AlignedNode(const std::string& machine, AcceleratorKind kind, int replicas = 1)
+  AlignedNode(const std::string& machine, AcceleratorKind kind, int replicas = 1,
+              const efa::plugin::Clock* clock = &efa::plugin::Clock::Steady())
       : sim_(machine),
         kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
         accelerators_(*efa::sim::FindMachine(machine), kind,
@@ -48,6 +50,7 @@ class AlignedNode {
     options.kubelet_dir = sim_.path() / "kubelet";
     options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
     options.replicas = replicas;
+    options.clock = clock;
     daemon_ = std::make_unique<Daemon>(options);
     thread_ = std::thread([this] { daemon_->Run(); });
     REQUIRE(accelerators_.Start().ok());
@@ -210,6 +213,27 @@ TEST_CASE("With pod-resources down or rate-limited, allocations succeed and are 
   REQUIRE(admitted.ok());
   CHECK(node.kubelet().container_devices("u1", "main", kEfa).size() == 4);
   CHECK(node.daemon().alignment_stats()->Get().degraded == 1);
+}
+
+TEST_CASE("A failing alignment report is retried less and less often",
+          "[alignment][daemon][concurrency]") {
+  efa::testing::FakeClock clock;
+  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, 1, &clock);
+  node.kubelet().SetPodResourcesExhausted(true);
+  REQUIRE(node.kubelet()
+              .AdmitContainer("p", "default", "u1", "main", {{"nvidia.com/gpu", 1}, {kEfa, 4}})
+              .ok());
+  auto failed = [&] { return node.daemon().alignment_stats()->Get().report_failed; };
+  const int before = failed();
+  // A minute in half-second steps: retried every 500 ms that would be 120
+  // tries; doubling up to 30 s, 7 plus the periodic passes' 6.
+  for (int step = 0; step < 120; ++step) {
+    REQUIRE(efa::testing::AdvanceOnePass(clock, node.daemon(), 500ms, kDeadline));
+  }
+  const int tries = failed() - before;
+  INFO(tries << " failed judgment passes in a minute");
+  CHECK(tries <= 16);
+  CHECK(tries >= 5);
 }
 
 TEST_CASE("Sharing: with 4 replicas a p5 runs 8 GPU pods and 16 EFA-only pods at once, aligned",

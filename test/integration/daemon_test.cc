@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
@@ -21,8 +22,10 @@
 #include <set>
 #include <thread>
 
+#include "test/descriptor_table_full.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/integration/fake_clock.h"
+#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
 #include "test/temp_dir.h"
 
@@ -402,4 +405,120 @@ TEST_CASE("The plugin socket is never seen with a mode other than 0600", "[daemo
   ::close(in);
   CHECK(modes.size() == 5);
   for (unsigned mode : modes) CHECK(mode == 0600);
+}
+
+namespace {
+
+// The health the daemon advertises for `id` now, or "absent".
+std::string AdvertisedHealth(const Daemon& daemon, const std::string& id) {
+  const v1beta1::ListAndWatchResponse list = daemon.advertised();
+  for (const auto& d : list.devices()) {
+    if (d.id() == id) return d.health();
+  }
+  return "absent";
+}
+
+// Waits, at most kDeadline, until the daemon has counted `n` failed
+// listings and reads (it has no event of its own to wait on: polled).
+bool WaitForDiscoveryErrors(const Daemon& daemon, int64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const Daemon::DiscoveryErrorCounts errors = daemon.discovery_errors();
+    if (errors.list + errors.read >= n) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "A full descriptor table turns no EFA Unhealthy; a device removed meanwhile is seen after",
+    "[daemon][concurrency]") {
+  if (efa::testing::kSanitized) {
+    WARN("not run under a sanitizer: its runtime needs descriptors while none are left");
+    return;
+  }
+  FakeClock clock;
+  Node node("p5.48xlarge", 10s, Naming::kUdev, [&](DaemonOptions& o) { o.clock = &clock; });
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return AllHealthy(d, 32); }, kDeadline));
+  {
+    efa::testing::DescriptorTableFull full;
+    // A full rescan falls due, and a device is removed (its inotify event
+    // brings another rescan): neither can list class/infiniband.
+    REQUIRE(AdvanceOnePass(clock, node.daemon(), 5min, kDeadline));
+    REQUIRE(WaitForDiscoveryErrors(node.daemon(), 1));
+    full.Refill();
+    const int64_t before =
+        node.daemon().discovery_errors().list + node.daemon().discovery_errors().read;
+    fs::remove(node.sim().sys() / "class/infiniband/rdmap79s0");
+    REQUIRE(WaitForDiscoveryErrors(node.daemon(), before + 1));
+    const v1beta1::ListAndWatchResponse list = node.daemon().advertised();
+    CHECK(list.devices_size() == 32);
+    for (const auto& d : list.devices()) {
+      CAPTURE(d.id());
+      CHECK(d.health() == "Healthy");
+    }
+  }
+  // Descriptors back: the next pass looks again (the uevent count stood
+  // still) and sees the device gone, and only that one.
+  REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+  REQUIRE(node.WaitHealth("rdmap79s0", "Unhealthy"));
+  auto devices = node.kubelet().devices(kEfa);
+  CHECK(devices.size() == 32);
+  CHECK(std::count_if(devices.begin(), devices.end(),
+                      [](const auto& d) { return d.health() == "Healthy"; }) == 31);
+}
+
+TEST_CASE("A quiet node recovers from a failed rescan at the next periodic pass",
+          "[daemon][concurrency]") {
+  FakeClock clock;
+  Node node("p4d.24xlarge", 10s, Naming::kUdev, [&](DaemonOptions& o) { o.clock = &clock; });
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+  // class/infiniband cannot be listed (a loop: ELOOP), and a device node
+  // appearing brings a rescan that fails.
+  const fs::path cls = node.sim().sys() / "class/infiniband";
+  const fs::path away = node.sim().sys() / "class/infiniband.away";
+  fs::rename(cls, away);
+  fs::create_symlink("infiniband", cls);
+  fs::create_directory(node.sim().path() / "dev/infiniband/trigger");
+  REQUIRE(WaitForDiscoveryErrors(node.daemon(), 1));
+  for (const char* id : {"rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"}) {
+    CAPTURE(id);
+    CHECK(AdvertisedHealth(node.daemon(), id) == "Healthy");
+  }
+  // Meanwhile one EFA is unbound; then the listing works again. No event
+  // comes of either (below the watched directories, and no uevent counted).
+  fs::remove(away / "rdmap32s27/device/driver");
+  fs::remove(cls);
+  fs::rename(away, cls);
+  REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+  REQUIRE(node.WaitHealth("rdmap32s27", "Unhealthy"));
+  for (const char* id : {"rdmap16s27", "rdmap144s27", "rdmap160s27"}) {
+    CAPTURE(id);
+    CHECK(AdvertisedHealth(node.daemon(), id) == "Healthy");
+  }
+}
+
+TEST_CASE("A full rescan runs every few minutes even while the uevent count stands still",
+          "[daemon][concurrency]") {
+  FakeClock clock;
+  Node node("p4d.24xlarge", 10s, Naming::kUdev, [&](DaemonOptions& o) {
+    o.clock = &clock;
+    o.full_rescan_interval = 2min;
+  });
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
+  // Unbound: no inotify event, no uevent counted.
+  fs::remove(node.sim().sys() / "class/infiniband/rdmap32s27/device/driver");
+  for (int pass = 1; pass < 12; ++pass) {  // 110 s
+    REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+    REQUIRE(AdvertisedHealth(node.daemon(), "rdmap32s27") == "Healthy");
+  }
+  REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));  // 2 min
+  CHECK(node.WaitHealth("rdmap32s27", "Unhealthy"));
 }

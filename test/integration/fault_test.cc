@@ -161,10 +161,14 @@ TEST_CASE("Kubelet restarts in a row: registered every time, nothing leaks",
   REQUIRE(node.kubelet().WaitForDevices(
       kEfa, [](const auto& d) { return d.size() == 32; }, kDeadline));
   // gRPC starts threads under load and ends them once idle (its executor);
-  // what leaks never goes. Wait (bounded) for the count to come back.
+  // what leaks never goes. Wait (bounded) for the count to come back. Its
+  // pools keep a few more on some runs (9 to 13 after 100 restarts, with
+  // and without the changes of the day it was measured); a thread per
+  // restart would be 90.
+  constexpr int kThreadSlack = 4;
   Footprint last = Measure(node.pid());
   for (const auto until = std::chrono::steady_clock::now() + kDeadline;
-       (last.threads > after10.threads + 2 || last.fds > after10.fds + 2) &&
+       (last.threads > after10.threads + kThreadSlack || last.fds > after10.fds + 2) &&
        std::chrono::steady_clock::now() < until;
        last = Measure(node.pid())) {
     std::this_thread::sleep_for(50ms);
@@ -177,7 +181,7 @@ TEST_CASE("Kubelet restarts in a row: registered every time, nothing leaks",
   // Flat: what the first restarts set up (gRPC's thread pools, the channel
   // to the kubelet) is reused, not piled up.
   CHECK(last.fds <= after10.fds + 2);  // a connection being made may be open
-  CHECK(last.threads <= after10.threads + 2);
+  CHECK(last.threads <= after10.threads + kThreadSlack);
   // Sanitizers keep freed memory (quarantine, race history): no RSS bound.
   if (!kSanitized) CHECK(last.rss_kib <= after10.rss_kib + 2048);
 }

@@ -144,6 +144,9 @@ TEST_CASE("Every option parses from the file", "[config]") {
       "logFormat: json\n"
       "metricsAddress: 127.0.0.1:9090\n"
       "probeAddress: \"\"\n"
+      "metricsMaxConnections: 8\n"
+      "probeMaxConnections: 2\n"
+      "httpRequestTimeout: 1500ms\n"
       "alignment: late-binding\n"
       "gpuResources: [nvidia.com/gpu, nvidia.com/mig-1g.10gb]\n"
       "neuronResources: []\n"
@@ -178,6 +181,9 @@ TEST_CASE("Every option parses from the file", "[config]") {
   want.log_format = LogFormat::kJson;
   want.metrics_address = "127.0.0.1:9090";
   want.probe_address = "";
+  want.metrics_max_connections = 8;
+  want.probe_max_connections = 2;
+  want.http_request_timeout = std::chrono::milliseconds(1500);
   want.alignment = AlignmentMode::kLateBinding;
   want.gpu_resources = std::vector<std::string>{"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"};
   want.neuron_resources = std::vector<std::string>{};
@@ -260,6 +266,9 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "logFormat: text\n"
         "metricsAddress: \"\"  # from --metrics-address\n"
         "probeAddress: \":8081\"\n"
+        "metricsMaxConnections: 64\n"
+        "probeMaxConnections: 16\n"
+        "httpRequestTimeout: 3s\n"
         "alignment: best-effort\n"
         "gpuResources: [\"nvidia.com/gpu\"]\n"
         "neuronResources: [\"aws.amazon.com/neuron\"]\n"
@@ -286,7 +295,8 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "sysfsRoot=/sys devRoot=/dev procRoot=/proc kubeletDir=/a \"b\"\\c (--kubelet-dir) "
         "topologyXml=\"\" instanceType=trn2.48xlarge (EFA_INSTANCE_TYPE) reportNuma=true "
         "rescanInterval=1.5s (--rescan-interval) logLevel=info logFormat=text "
-        "metricsAddress=\"\" (--metrics-address) probeAddress=:8081 alignment=best-effort "
+        "metricsAddress=\"\" (--metrics-address) probeAddress=:8081 metricsMaxConnections=64 "
+        "probeMaxConnections=16 httpRequestTimeout=3s alignment=best-effort "
         "gpuResources=[nvidia.com/gpu] neuronResources=[aws.amazon.com/neuron] "
         "neuroncoreResources=[aws.amazon.com/neuroncore] neuroncoresPerDevice=0 "
         "cdiDir=/var/run/cdi mofedPolicy=warn draPolicy=yield draDrivers=[dra.net] "
@@ -347,6 +357,10 @@ TEST_CASE("Invalid configuration files are refused with the place, the key and w
       {"version: v1\nmetricsAddress: \"8080\"\n",
        "config.yaml:2:17: metricsAddress: expected an address like \":8080\" or "
        "\"127.0.0.1:8080\", or \"\" for none, got \"8080\""},
+      {"version: v1\nmetricsMaxConnections: 0\n",
+       "config.yaml:2:24: metricsMaxConnections: expected an integer from 1 to 512, got \"0\""},
+      {"version: v1\nhttpRequestTimeout: 50ms\n",
+       "config.yaml:2:21: httpRequestTimeout: expected a duration from 100ms to 1h, got \"50ms\""},
       {"version: v1\nsysfsRoot: \"\"\n", "config.yaml:2:12: sysfsRoot: expected a path, got \"\""},
       {"version: v1\nmofedPolicy: {mode: warn}\n",
        "config.yaml:2:14: mofedPolicy: expected one of warn, protect, off, got a mapping"},
@@ -415,6 +429,9 @@ TEST_CASE("Invalid environment variables and flags are refused naming the variab
        {},
        "--metrics-address: expected an address like \":8080\" or \"127.0.0.1:8080\", or \"\" "
        "for none, got \":65536\""},
+      {{"--probe-max-connections", "513"},
+       {},
+       "--probe-max-connections: expected an integer from 1 to 512, got \"513\""},
       {{"--expected-efa-count", "4x"},
        {},
        "--expected-efa-count: expected an integer from 0 to 1024, got \"4x\""},

@@ -1,11 +1,14 @@
 #include "topology/efa_discovery.h"
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "test/descriptor_table_full.h"
+#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
 
 namespace fs = std::filesystem;
@@ -301,5 +304,64 @@ TEST_CASE("The discovery fingerprint changes with whatever changes a device's pr
   SECTION("its uverbs entry naming another device") {
     std::ofstream(sim.sys() / "class/infiniband_verbs/uverbs0/ibdev") << "efa_9\n";
     CHECK(DiscoveryFingerprint(roots) != before);
+  }
+}
+
+TEST_CASE("EfaDiscovery out of descriptors is incomplete, never a node without EFA", "[topology]") {
+  if (efa::testing::kSanitized) {
+    WARN("not run under a sanitizer: its runtime needs descriptors while none are left");
+    return;
+  }
+  SimRoot sim("p4d.24xlarge");
+  Inventory inv;
+  {
+    efa::testing::DescriptorTableFull full;
+    inv = DiscoverEfaDevices(sim.roots());
+  }
+  CHECK(inv.devices.empty());
+  CHECK(inv.skipped.empty());
+  CHECK_FALSE(inv.complete());
+  CHECK_FALSE(inv.listed);
+  REQUIRE(inv.errors.size() == 1);
+  CHECK(inv.errors[0].operation == "list");
+  CHECK(inv.errors[0].err == EMFILE);
+  CHECK(inv.errors[0].message ==
+        "listing " + (sim.sys() / "class/infiniband").string() + ": Too many open files");
+  // Descriptors back: complete again.
+  CHECK(DiscoverEfaDevices(sim.roots()).complete());
+}
+
+TEST_CASE("An incomplete discovery keeps the devices it could not see as they were", "[topology]") {
+  SimRoot sim("p4d.24xlarge");
+  Inventory before = DiscoverEfaDevices(sim.roots());
+  REQUIRE(before.complete());
+  REQUIRE(before.devices.size() == 4);
+  before.devices[1].health_problem = "an earlier problem";
+  const fs::path cls = sim.sys() / "class/infiniband";
+
+  SECTION("the listing failed: every device as it was") {
+    fs::rename(cls, sim.sys() / "class/infiniband.away");
+    fs::create_symlink("infiniband", cls);  // a loop: ELOOP, not ENOENT
+    Inventory now = KeepLastKnown(DiscoverEfaDevices(sim.roots()), before);
+    CHECK_FALSE(now.complete());
+    CHECK(Describe(now) == Describe(before));
+    CHECK(now.devices[1].health_problem == "an earlier problem");
+  }
+  SECTION("a device skipped for a reason of its own is not kept") {
+    fs::rename(cls, sim.sys() / "class/infiniband.away");
+    fs::create_symlink("infiniband", cls);
+    Inventory now = DiscoverEfaDevices(sim.roots());
+    now.skipped.push_back({"rdmap32s27", "its own reason", true});
+    now = KeepLastKnown(std::move(now), before);
+    CHECK(Describe(now) == std::vector<std::string>{"rdmap16s27 uverbs0 0000:10:1b.0 numa0",
+                                                    "rdmap144s27 uverbs2 0000:90:1b.0 numa1",
+                                                    "rdmap160s27 uverbs3 0000:a0:1b.0 numa1"});
+  }
+  SECTION("a complete discovery is taken as it is: a device it lacks is gone") {
+    fs::remove(cls / "rdmap32s27");
+    Inventory now = KeepLastKnown(DiscoverEfaDevices(sim.roots()), before);
+    CHECK(now.complete());
+    CHECK(now.devices.size() == 3);
+    CHECK(now.devices[1].ibdev == "rdmap144s27");
   }
 }

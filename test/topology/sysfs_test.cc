@@ -1,9 +1,12 @@
 #include "topology/sysfs.h"
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 
+#include "test/descriptor_table_full.h"
+#include "test/sanitized.h"
 #include "test/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -72,4 +75,53 @@ TEST_CASE("The bounded reader reads up to its limit and keeps errno in its error
   absl::Status directory = ReadFileBounded(dir.path(), 100).status();
   CHECK(directory.code() == absl::StatusCode::kFailedPrecondition);  // EISDIR
   CHECK(directory.message() == dir.path().string() + ": Is a directory");
+}
+
+TEST_CASE("Read errors keep their errno and say whether read() gave it", "[topology]") {
+  efa::testing::TempDir dir;
+  // An open that fails: ENOENT, not on read.
+  absl::Status missing = ReadFileBounded(dir.path() / "missing", 100).status();
+  CHECK(ErrnoOf(missing) == ENOENT);
+  CHECK_FALSE(FailedOnRead(missing));
+  // A file that opens but whose read() fails, as a driver's show() can:
+  // reading /proc/self/mem at address 0 gives EIO.
+  fs::create_symlink("/proc/self/mem", dir.path() / "mem");
+  absl::Status eio = ReadFileBounded(dir.path() / "mem", 100).status();
+  CHECK(eio.message() == (dir.path() / "mem").string() + ": Input/output error");
+  CHECK(ErrnoOf(eio) == EIO);
+  CHECK(FailedOnRead(eio));
+  // A listing that fails keeps its errno too; a parse error has none.
+  fs::create_symlink("loop", dir.path() / "loop");
+  CHECK(ErrnoOf(ListDirectory(dir.path() / "loop").status()) == ELOOP);
+  std::ofstream(dir.path() / "garbage") << "x\n";
+  CHECK(ErrnoOf(ReadIntAttribute(dir.path() / "garbage").status()) == 0);
+  CHECK(ErrnoOf(absl::OkStatus()) == 0);
+}
+
+TEST_CASE("Only a shortage of the process or host counts as a host resource error", "[topology]") {
+  for (int err : {EMFILE, ENFILE, ENOMEM, ENOBUFS, EAGAIN, EINTR}) {
+    CAPTURE(err);
+    CHECK(IsHostResourceError(err));
+  }
+  for (int err : {0, ENOENT, ENODEV, ENXIO, EIO, ETIME, EACCES, ELOOP, EISDIR, EINVAL}) {
+    CAPTURE(err);
+    CHECK_FALSE(IsHostResourceError(err));
+  }
+}
+
+TEST_CASE("A directory that cannot be opened for want of descriptors is EMFILE, not NotFound",
+          "[topology]") {
+  if (efa::testing::kSanitized) {
+    WARN("not run under a sanitizer: its runtime needs descriptors while none are left");
+    return;
+  }
+  efa::testing::TempDir dir;
+  absl::Status status;
+  {
+    efa::testing::DescriptorTableFull full;
+    status = ListDirectory(dir.path()).status();
+  }
+  CHECK(status.message() == dir.path().string() + ": Too many open files");
+  CHECK(ErrnoOf(status) == EMFILE);
+  CHECK_FALSE(absl::IsNotFound(status));
 }

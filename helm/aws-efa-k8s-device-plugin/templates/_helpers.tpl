@@ -109,7 +109,12 @@ defaults win; the options the chart's mounts depend on are always written.
 {{- end }}
 {{- end }}
 {{- if .Values.metrics.enabled }}
+{{- if eq (toString .Values.metrics.bind) "localhost" }}
+{{- $_ := set $cfg "metricsAddress" (printf "127.0.0.1:%d" (int .Values.metrics.port)) }}
+{{- else if ne (toString .Values.metrics.bind) "hostIP" }}
+{{- /* hostIP: the container's EFA_METRICS_ADDRESS, from the downward API. */}}
 {{- $_ := set $cfg "metricsAddress" (printf ":%d" (int .Values.metrics.port)) }}
+{{- end }}
 {{- else }}
 {{- $_ := set $cfg "metricsAddress" "" }}
 {{- end }}

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plugin/alignment/cdi_spec.h"
+#include "test/fake_kubelet/fake_kubelet.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/machine_spec.h"
 #include "test/sim/sim_root.h"
@@ -62,6 +63,7 @@ class Node {
 
   LateBinderOptions Options() const {
     LateBinderOptions o;
+    o.now = [now = now_] { return *now; };
     o.cdi_dir = cdi_dir();
     o.kubelet_dir = kubelet_dir();  // no pod-resources socket there
     o.proc_root = sim_.path() / "proc";
@@ -88,6 +90,9 @@ class Node {
     return {efas_.begin() + 4 * g, efas_.begin() + 4 * g + 4};
   }
 
+  // Moves the binders' clock on.
+  void Advance(std::chrono::milliseconds d) { *now_ += d; }
+
   fs::path cdi_dir() const { return sim_.path() / "cdi"; }
   fs::path kubelet_dir() const { return sim_.path() / "kubelet"; }
   const efa::topology::DeviceTable& table() const { return *table_; }
@@ -96,6 +101,8 @@ class Node {
   efa::sim::SimRoot sim_;
   std::shared_ptr<efa::topology::DeviceTable> table_;
   std::vector<std::string> efas_;  // PCI order
+  std::shared_ptr<std::chrono::steady_clock::time_point> now_ =
+      std::make_shared<std::chrono::steady_clock::time_point>();
 };
 
 }  // namespace
@@ -177,8 +184,10 @@ TEST_CASE("PreStartContainer fails naming the claim when too few EFAs are free",
   for (int g = 0; g < 8; ++g) {
     for (const auto& id : node.Group(g)) (big.size() < 30 ? big : small).push_back(id);
   }
-  small.push_back(big.back());  // the kubelet would never do this; a lost binding might
-  small.push_back(big[big.size() - 2]);
+  // IDs no binding holds (a binding that held one would be gone: the
+  // kubelet gives an ID to one live container at a time).
+  small.push_back("lost-0");
+  small.push_back("lost-1");
   node.WriteCheckpoint({Entry("big", kEfa, big), Entry("small", kEfa, small)});
   REQUIRE(binder.PreStart(node.table(), big).ok());
   absl::Status status = binder.PreStart(node.table(), small);
@@ -204,12 +213,125 @@ TEST_CASE("Recovery keeps two specs that bind one EFA, and reports it",
   auto bindings = binder.Bindings();
   CHECK(bindings.at("claim-a") == std::vector<std::string>{a[0].ibdev, a[1].ibdev});
   CHECK(bindings.at("claim-b") == std::vector<std::string>{b[0].ibdev, b[1].ibdev});
-  // Neither is in the (empty) checkpoint: both go, with their files.
+  // Neither is in the (empty) checkpoint: both go, with their files, once
+  // a second look confirms it.
   node.WriteCheckpoint({});
-  binder.ReleaseGone();
+  CHECK(binder.ReleaseGone().has_value());
+  node.Advance(LateBinderOptions().release_after);
+  CHECK_FALSE(binder.ReleaseGone().has_value());
   CHECK(binder.Bindings().empty());
   CHECK(binder.counts().released == 2);
   CHECK(fs::is_empty(node.cdi_dir()));
+}
+
+TEST_CASE("A restarted kubelet's empty pod-resources List releases no binding it checkpointed",
+          "[late-binding][concurrency]") {
+  Node node;
+  // A running container and an init container (which List never shows).
+  FakeCheckpointEntry init = Entry("uid-1", kEfa, node.Group(1));
+  init.container = "init";
+  node.WriteCheckpoint(
+      {Entry("uid-0", kGpu, {Uuid(kGpus[0])}), Entry("uid-0", kEfa, node.Group(0)), init});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), node.Group(0)).ok());
+  REQUIRE(binder.PreStart(node.table(), node.Group(1)).ok());
+  const auto bound = binder.Bindings();
+  // The kubelet restarted: pod-resources answers, with no pod yet, while
+  // its checkpoint holds both containers.
+  efa::testing::FakeKubelet kubelet(efa::testing::FakeKubelet::ForKubeletDir(node.kubelet_dir()));
+  REQUIRE(kubelet.Start().ok());
+  for (int look = 0; look < 3; ++look) {
+    CHECK_FALSE(binder.ReleaseGone().has_value());
+    node.Advance(std::chrono::minutes(1));
+  }
+  CHECK(binder.Bindings() == bound);
+  CHECK(binder.counts().released == 0);
+  for (const auto& [claim, efas] : bound) CHECK(fs::exists(binder.SpecPath(claim)));
+  // Their EFAs are not free: a new container gets others.
+  const std::vector<std::string> next = {"new-0", "new-1", "new-2", "new-3"};
+  REQUIRE(binder.PreStart(node.table(), next).ok());
+  const auto got = binder.BoundEfas(next);
+  REQUIRE(got.has_value());
+  for (const std::string& efa : *got) {
+    for (const auto& [claim, efas] : bound) {
+      CHECK(std::find(efas.begin(), efas.end(), efa) == efas.end());
+    }
+  }
+}
+
+TEST_CASE("A binding is released after two looks without its container, release_after apart",
+          "[late-binding][concurrency]") {
+  Node node;
+  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(0)), Entry("uid-1", kEfa, node.Group(1))});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), node.Group(0)).ok());
+  REQUIRE(binder.PreStart(node.table(), node.Group(1)).ok());
+  const auto after = LateBinderOptions().release_after;
+  node.WriteCheckpoint({Entry("uid-1", kEfa, node.Group(1))});  // uid-0 deleted
+  auto due = binder.ReleaseGone();
+  REQUIRE(due.has_value());
+  node.Advance(after - std::chrono::milliseconds(1));
+  CHECK(binder.ReleaseGone() == due);
+  CHECK(binder.Bindings().size() == 2);
+  // Back in the kubelet's records (a read in between was wrong): the
+  // confirmation starts over.
+  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(0)), Entry("uid-1", kEfa, node.Group(1))});
+  CHECK_FALSE(binder.ReleaseGone().has_value());
+  node.WriteCheckpoint({Entry("uid-1", kEfa, node.Group(1))});
+  REQUIRE(binder.ReleaseGone().has_value());
+  node.Advance(after - std::chrono::milliseconds(1));
+  binder.ReleaseGone();
+  CHECK(binder.Bindings().size() == 2);
+  node.Advance(std::chrono::milliseconds(1));
+  CHECK_FALSE(binder.ReleaseGone().has_value());
+  CHECK(binder.Bindings().size() == 1);
+  CHECK_FALSE(fs::exists(binder.SpecPath(ClaimName(node.Group(0)))));
+  CHECK(binder.counts().released == 1);
+}
+
+TEST_CASE("The kubelet giving a binding's IDs to another container releases it at once",
+          "[late-binding][concurrency]") {
+  Node node;
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), node.Group(0)).ok());
+  std::vector<std::string> reused = {node.Group(0)[0], node.Group(0)[1]};
+  REQUIRE(binder.PreStart(node.table(), reused).ok());
+  CHECK(binder.Bindings().size() == 1);
+  CHECK(binder.counts().released == 1);
+  CHECK_FALSE(fs::exists(binder.SpecPath(ClaimName(node.Group(0)))));
+}
+
+TEST_CASE(
+    "A checkpoint with a skipped EFA entry releases nothing; another resource's does not stop it",
+    "[late-binding][concurrency]") {
+  Node node;
+  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(0))});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), node.Group(0)).ok());
+  // An entry of `resource` whose AllocResp is not base64.
+  auto write_with = [&](const std::string& resource) {
+    std::string json = efa::testing::FakeCheckpointJson({});
+    const std::string empty = "\"PodDeviceEntries\":[]";
+    const size_t at = json.find(empty);
+    REQUIRE(at != std::string::npos);
+    json.replace(at, empty.size(),
+                 absl::StrCat("\"PodDeviceEntries\":[{\"PodUID\":\"x\",\"ContainerName\":\"c\","
+                              "\"ResourceName\":\"",
+                              resource, "\",\"DeviceIDs\":{\"0\":[\"a\"]},\"AllocResp\":\"%%\"}]"));
+    std::ofstream(node.kubelet_dir() / "device-plugins/kubelet_internal_checkpoint") << json;
+  };
+  write_with(kEfa);
+  for (int look = 0; look < 3; ++look) {
+    CHECK_FALSE(binder.ReleaseGone().has_value());
+    node.Advance(std::chrono::minutes(1));
+  }
+  CHECK(binder.Bindings().size() == 1);
+  CHECK(binder.counts().undecided == 3);
+  write_with("example.com/widget");
+  REQUIRE(binder.ReleaseGone().has_value());
+  node.Advance(std::chrono::minutes(1));
+  binder.ReleaseGone();
+  CHECK(binder.Bindings().empty());
 }
 
 namespace {
@@ -346,13 +468,14 @@ TEST_CASE("Sharing: EFA-only claims fill every EFA once before any twice, and ne
   CHECK(uses().size() == 32);
   for (const auto& [efa, n] : uses()) CHECK(n == 2);
   // Every replica is bound: a 65th claim (a lost binding's) gets none.
-  const std::vector<std::string> extra = {"rdmap79s0::1", "rdmap80s0::1"};
+  const std::vector<std::string> extra = {"rdmap79s0::lost", "rdmap80s0::lost"};
   absl::Status status = binder.PreStart(node.table(), extra);
   CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(status.message() == absl::StrCat("cannot bind ", ClaimName(extra),
-                                         " (kubelet devices \"rdmap79s0::1\", \"rdmap80s0::1\"): "
-                                         "2 EFAs wanted, 0 healthy and free (32 bound to other "
-                                         "containers)"));
+  CHECK(status.message() ==
+        absl::StrCat("cannot bind ", ClaimName(extra),
+                     " (kubelet devices \"rdmap79s0::lost\", \"rdmap80s0::lost\"): "
+                     "2 EFAs wanted, 0 healthy and free (32 bound to other "
+                     "containers)"));
   CHECK(binder.counts().bound == 64);
   CHECK(binder.counts().failed == 1);
 }

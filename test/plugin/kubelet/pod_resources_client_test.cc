@@ -123,8 +123,10 @@ TEST_CASE("PodResourcesClient finds the pod-resources socket again when it comes
   auto up = ListUntilOk(client);
   REQUIRE(up.ok());
   CHECK(Listed(*up).size() == 1);
-  // And after a whole kubelet restart, which serves a new socket.
+  // And after a whole kubelet restart, which serves a new socket (and lists
+  // the pods once it has them from the API server again).
   REQUIRE(k.kubelet.Restart().ok());
+  k.kubelet.SyncPods();
   auto restarted = ListUntilOk(client);
   REQUIRE(restarted.ok());
   CHECK(Listed(*restarted) == Listed(*up));

@@ -14,6 +14,8 @@
 
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "test/descriptor_table_full.h"
+#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"
 
@@ -83,6 +85,13 @@ struct Node {
   std::unique_ptr<EfaCounterMonitor> monitor;
 };
 
+// Makes `counter` a file that opens but whose read() fails with EIO, as a
+// driver's get_hw_stats failing does: /proc/self/mem at address 0.
+void ReadFailsWithEio(const fs::path& counter) {
+  fs::remove(counter);
+  fs::create_symlink("/proc/self/mem", counter);
+}
+
 EfaCounterMonitorOptions Health(std::chrono::milliseconds keep_alive, int admin_errors,
                                 std::chrono::milliseconds hold_down) {
   EfaCounterMonitorOptions o;
@@ -126,16 +135,20 @@ TEST_CASE("EFA counters are read at most once per interval, for the present EFAs
   CHECK(node.Efa(*second, kEfa0).counters.Get("tx_bytes") == 8192u);
 }
 
-TEST_CASE("A counter file the driver does not have is counted as missing, a bad one as an error",
-          "[counters]") {
+TEST_CASE(
+    "A counter file the driver does not have is counted as missing, a failing read as an error, "
+    "a bad one as unreadable",
+    "[counters]") {
   Node node;
   // An older kernel without the port counters; garbage and a directory
-  // where two counters should be.
+  // where two counters should be; a read the device answers with EIO.
   fs::remove_all(node.sim.sys() / "class/infiniband" / kEfa1 / "ports/1/hw_counters");
   const fs::path counters = node.sim.sys() / "class/infiniband" / kEfa2 / "hw_counters";
   std::ofstream(counters / "cmds_err") << "many\n";
   fs::remove(counters / "reg_mr_err");
   fs::create_directory(counters / "reg_mr_err");
+  const fs::path rx = node.sim.sys() / "class/infiniband" / kEfa2 / "ports/1/hw_counters/rx_bytes";
+  ReadFailsWithEio(rx);
 
   auto s = node.monitor->Sample();
   const auto& efa1 = node.Efa(*s, kEfa1);
@@ -148,12 +161,14 @@ TEST_CASE("A counter file the driver does not have is counted as missing, a bad 
 
   const auto& efa2 = node.Efa(*s, kEfa2);
   CHECK(efa2.counters.missing == 0);
-  CHECK(efa2.counters.errors ==
+  CHECK(efa2.counters.errors == std::vector<std::string>{rx.string() + ": Input/output error"});
+  CHECK(efa2.counters.unreadable ==
         std::vector<std::string>{
             (counters / "cmds_err").string() + ": expected a counter like \"1234\", got \"many\"",
             (counters / "reg_mr_err").string() + ": Is a directory"});
   CHECK_FALSE(efa2.counters.Get("cmds_err").has_value());
   CHECK(efa2.counters.Get("tx_bytes") == 0u);
+  CHECK(s->unreadable_total == 2);
 }
 
 TEST_CASE("A container's EFAs that move no bytes for the idle timeout are idle, until they do",
@@ -299,11 +314,10 @@ TEST_CASE("Admin commands failing make an EFA Unhealthy", "[counters][health]") 
   CHECK(node.monitor->HealthProblems().empty());
   node.sim.SetCounter(kEfa0, "cmds_err", 19);
   node.sim.SetCounter(kEfa1, "no_completion_cmds", 1);
-  // The admin queue of kEfa2 is closed: its port counters cannot be read
-  // (a directory stands in for the driver's ENODEV).
+  // The admin queue of kEfa2 is closed: reading its port counters fails
+  // (EIO stands in for the driver's ENODEV).
   const fs::path tx = node.sim.sys() / "class/infiniband" / kEfa2 / "ports/1/hw_counters/tx_bytes";
-  fs::remove(tx);
-  fs::create_directory(tx);
+  ReadFailsWithEio(tx);
   node.now += 10s;
   auto s = node.monitor->Sample();
   CHECK(node.monitor->HealthProblems() ==
@@ -313,7 +327,7 @@ TEST_CASE("Admin commands failing make an EFA Unhealthy", "[counters][health]") 
              "admin commands failing: no_completion_cmds rose by 1 (the device left admin "
              "commands unanswered)"},
             {kEfa2, "admin commands failing: the device cannot report its counters (" +
-                        tx.string() + ": Is a directory)"}});
+                        tx.string() + ": Input/output error)"}});
   CHECK(node.Efa(*s, kEfa0).unhealthy_kind == "admin_errors");
   CHECK(node.health_changes == 1);
   CHECK(log.Take().size() == 3);  // a warning for each
@@ -348,4 +362,81 @@ TEST_CASE("Without device health nothing is judged unhealthy", "[counters][healt
   CHECK(node.monitor->HealthProblems().empty());
   CHECK(node.Efa(*s, kEfa0).unhealthy.empty());
   CHECK(node.health_changes == 0);
+}
+
+TEST_CASE("Counter files the daemon cannot read hold no EFA Unhealthy; the device's errors do",
+          "[counters][health]") {
+  Node node(Health(1h, 10, 1min));
+  LogCapture log;
+  node.monitor->Sample();
+  const fs::path ports = node.sim.sys() / "class/infiniband" / kEfa0 / "ports/1/hw_counters";
+
+  SECTION("a port counter that cannot be parsed") {
+    std::ofstream(ports / "tx_bytes") << "garbage\n";
+    for (int i = 0; i < 3; ++i) {
+      node.now += 10s;
+      auto s = node.monitor->Sample();
+      CHECK(node.Efa(*s, kEfa0).counters.unreadable.size() == 1);
+      CHECK(s->unreadable_total == i + 1);
+    }
+    CHECK(node.monitor->HealthProblems().empty());
+    CHECK(node.health_changes == 0);
+    // Said once while it lasts, and when it ends.
+    CHECK(log.Take() ==
+          std::vector<std::string>{
+              "[warning] EFA counters: 1 counter file(s) not read for a reason that says "
+              "nothing about the devices, first " +
+              (ports / "tx_bytes").string() +
+              ": expected a counter like \"1234\", got \"garbage\"; their EFAs keep their "
+              "device health until a read succeeds"});
+    node.sim.SetCounter(kEfa0, "tx_bytes", 1);
+    node.now += 10s;
+    node.monitor->Sample();
+    CHECK(log.Take() == std::vector<std::string>{
+                            "[info] EFA counters: every counter file can be read again (was: "
+                            "expected a counter like \"1234\", got \"garbage\")"});
+  }
+  SECTION("out of descriptors") {
+    if (efa::testing::kSanitized) {
+      WARN("not run under a sanitizer: its runtime needs descriptors while none are left");
+      return;
+    }
+    std::shared_ptr<const EfaCounterSnapshot> s;
+    node.now += 10s;
+    {
+      efa::testing::DescriptorTableFull full;
+      s = node.monitor->Sample();
+    }
+    const std::string first =
+        (node.sim.sys() / "class/infiniband" / kEfa2 / "ports/1/hw_counters/tx_bytes").string() +
+        ": Too many open files";
+    CHECK(node.Efa(*s, kEfa2).counters.unreadable.front() == first);
+    CHECK(node.Efa(*s, kEfa2).counters.errors.empty());
+    CHECK(s->unreadable_total == 4 * static_cast<int64_t>(efa::topology::EfaCounters().size()));
+    CHECK(node.monitor->HealthProblems().empty());
+    CHECK(node.health_changes == 0);
+  }
+  SECTION("a read the device fails, and no recovery while the files cannot be read") {
+    ReadFailsWithEio(ports / "tx_bytes");
+    node.now += 10s;
+    node.monitor->Sample();
+    REQUIRE(node.monitor->HealthProblems().count(kEfa0) == 1);
+    // The device answers again, but another counter cannot be parsed: the
+    // hold-down passes without a read that could end the problem.
+    node.sim.SetCounter(kEfa0, "tx_bytes", 1);
+    std::ofstream(ports / "rx_bytes") << "garbage\n";
+    for (int i = 0; i < 10; ++i) {
+      node.now += 10s;
+      node.monitor->Sample();
+    }
+    CHECK(node.monitor->HealthProblems().count(kEfa0) == 1);
+    // Readable again: Healthy a whole hold-down later.
+    node.sim.SetCounter(kEfa0, "rx_bytes", 1);
+    node.now += 10s;
+    node.monitor->Sample();
+    CHECK(node.monitor->HealthProblems().count(kEfa0) == 1);
+    node.now += 1min;
+    node.monitor->Sample();
+    CHECK(node.monitor->HealthProblems().empty());
+  }
 }

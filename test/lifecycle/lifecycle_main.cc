@@ -1,0 +1,1164 @@
+// efa-lifecycle: the seeded, randomized lifecycle test. It runs the real
+// daemon binary as a child process on a simulated node (test/sim) beside the
+// fake kubelet and the fake GPU plugin (test/fake_kubelet), and drives them
+// through long random sequences of what happens to a node: pods admitted GPU
+// first or EFA first, init containers holding EFAs, container restarts, pod
+// deletions, kubelet restarts whose pod-resources List stays empty until the
+// pods are synced, daemon restarts (SIGTERM) and kills (SIGKILL), EFAs
+// removed and returned (udev renaming some), a full descriptor table, a
+// read-only CDI directory. After every step, once the node is quiet, it
+// checks the invariants:
+//
+//   - no EFA is given to two running containers (late binding: no two
+//     running claims' CDI specs share a device node; best effort: no two
+//     running containers' Allocate answers share one);
+//   - late binding: every running container's CDI device resolves to a spec
+//     on disk naming exactly its count of EFAs;
+//   - every EFA's advertised health is the simulated node's truth, and the
+//     kubelet's list has each PCI function once;
+//   - the daemon never exits, never leaves /healthz unanswered for more than
+//     one probe period, and registers again after every kubelet restart.
+//
+// When one breaks it prints the seed and the shortest failing sequence it
+// finds by dropping steps and replaying (bounded by --shrink-seconds), and a
+// command line to replay that sequence. --exclude (or EFA_LIFECYCLE_EXCLUDE)
+// leaves event classes out, to bisect. Exits 0 when every run held.
+#include <fcntl.h>
+#include <httplib.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "plugin/alignment/cdi_spec.h"
+#include "test/bench/child_process.h"
+#include "test/fake_kubelet/fake_accelerator_plugin.h"
+#include "test/fake_kubelet/fake_kubelet.h"
+#include "test/sim/sim_root.h"
+#include "test/temp_dir.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using efa::bench::ChildProcess;
+using efa::sim::SimRoot;
+using efa::testing::AcceleratorKind;
+using efa::testing::FakeAcceleratorPlugin;
+using efa::testing::FakeKubelet;
+
+constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+constexpr char kGpu[] = "nvidia.com/gpu";
+// How long anything the daemon does in answer to one step may take.
+constexpr auto kDeadline = 10s;
+// How long the node may take to be quiet after a step.
+constexpr auto kQuiet = 5s;
+// The kubelet's default probe period (the chart's liveness probe: every 10 s).
+constexpr auto kProbePeriod = 10s;
+// How long the descriptor table stays full.
+constexpr auto kFdWindow = 300ms;
+
+// ---------------------------------------------------------------------------
+// Events
+
+enum class Event {
+  kAdmit,             // a pod: GPUs and EFAs, in either order
+  kAdmitWithInit,     // a pod whose init container holds EFAs
+  kFinishInit,        // an init container completes; the pod's container starts
+  kRestartContainer,  // a container starts again (PreStartContainer again)
+  kDeletePod,         // a pod is deleted
+  kRestartKubelet,    // the kubelet restarts; List stays empty until kSyncPods
+  kSyncPods,          // the restarted kubelet has the pods again
+  kRestartDaemon,     // SIGTERM, then the daemon starts again
+  kKillDaemon,        // SIGKILL, then the daemon starts again
+  kRemoveEfa,         // an EFA goes (its verbs device and uverbs node)
+  kReturnEfa,         // a removed EFA comes back under its name
+  kReturnEfaRenamed,  // a removed EFA comes back as efa_N and udev renames it
+  kFillFds,           // the daemon's descriptor table is full for a moment
+  kCdiReadOnly,       // the CDI directory turns read-only (late binding)
+  kCdiWritable,       // it is writable again; failed starts are retried
+};
+
+struct EventInfo {
+  Event event;
+  const char* name;   // in --replay and in the report
+  const char* group;  // what --exclude names
+};
+
+constexpr EventInfo kEvents[] = {
+    {Event::kAdmit, "admit", "pods"},
+    {Event::kAdmitWithInit, "admit-init", "init"},
+    {Event::kFinishInit, "finish-init", "init"},
+    {Event::kRestartContainer, "restart-container", "container-restart"},
+    {Event::kDeletePod, "delete-pod", "pods"},
+    {Event::kRestartKubelet, "restart-kubelet", "kubelet-restart"},
+    {Event::kSyncPods, "sync-pods", "kubelet-restart"},
+    {Event::kRestartDaemon, "restart-daemon", "daemon-restart"},
+    {Event::kKillDaemon, "kill-daemon", "daemon-kill"},
+    {Event::kRemoveEfa, "remove-efa", "hotplug"},
+    {Event::kReturnEfa, "return-efa", "hotplug"},
+    {Event::kReturnEfaRenamed, "return-efa-renamed", "udev-rename"},
+    {Event::kFillFds, "fill-fds", "fd-full"},
+    {Event::kCdiReadOnly, "cdi-read-only", "cdi-read-only"},
+    {Event::kCdiWritable, "cdi-writable", "cdi-read-only"},
+};
+
+const EventInfo& Info(Event event) {
+  for (const EventInfo& info : kEvents) {
+    if (info.event == event) return info;
+  }
+  std::abort();
+}
+
+// One step: the event and two numbers that choose among what is there when
+// it runs (which pod, which EFA, which shape), so that a sequence with steps
+// dropped still replays; a step with nothing to act on does nothing.
+struct Step {
+  Event event;
+  uint32_t pick = 0;
+  uint32_t shape = 0;
+};
+
+std::string Encode(const std::vector<Step>& steps) {
+  std::vector<std::string> parts;
+  for (const Step& s : steps)
+    parts.push_back(absl::StrCat(Info(s.event).name, ":", s.pick, ":", s.shape));
+  return absl::StrJoin(parts, ",");
+}
+
+std::optional<std::vector<Step>> Decode(const std::string& text) {
+  std::vector<Step> steps;
+  const std::vector<std::string> parts = absl::StrSplit(text, ',', absl::SkipEmpty());
+  for (const std::string& part : parts) {
+    std::vector<std::string> f = absl::StrSplit(part, ':');
+    if (f.size() != 3) return std::nullopt;
+    const EventInfo* info = nullptr;
+    for (const EventInfo& e : kEvents) info = f[0] == e.name ? &e : info;
+    Step s;
+    if (info == nullptr || !absl::SimpleAtoi(f[1], &s.pick) || !absl::SimpleAtoi(f[2], &s.shape)) {
+      return std::nullopt;
+    }
+    s.event = info->event;
+    steps.push_back(s);
+  }
+  return steps;
+}
+
+// The pod shapes: GPUs and EFAs of the pod's container (a p5 has 4 EFAs per
+// GPU), or of the init container (its EFAs) and then the container.
+struct Shape {
+  int gpus;
+  int efas;
+};
+constexpr Shape kShapes[] = {{1, 4}, {2, 8}, {0, 1}, {0, 2}, {1, 1}, {0, 4}, {1, 2}};
+
+// ---------------------------------------------------------------------------
+// The node
+
+struct Config {
+  std::string machine = "p5.48xlarge";
+  bool late_binding = true;
+  std::set<std::string> excluded;  // event groups
+  // The fake kubelet imitates kubelet 1.20 (the e2e's) where later ones
+  // differ (FakeKubelet::Options::kubelet_1_20): odd seeds do.
+  bool kubelet_1_20 = false;
+  bool verbose = false;
+};
+
+FakeKubelet::Options KubeletOptions(const fs::path& kubelet_dir, bool kubelet_1_20) {
+  FakeKubelet::Options options = FakeKubelet::ForKubeletDir(kubelet_dir);
+  options.kubelet_1_20 = kubelet_1_20;
+  return options;
+}
+
+struct Violation {
+  std::string invariant;
+  std::string detail;
+};
+
+// How the CDI directory is made read-only: a read-only bind mount in this
+// process's own mount namespace (root), file modes (not root), or not at all.
+enum class ReadOnlyBy { kBindMount, kModes, kNone };
+ReadOnlyBy read_only_by = ReadOnlyBy::kNone;
+
+// A free TCP port on 127.0.0.1 for the daemon's probe server, the same over
+// its restarts.
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// Asks the daemon's /healthz every 250 ms, as the kubelet's liveness probe
+// does every period, and keeps the longest time without a 200 while the
+// daemon is meant to be up.
+class ProbeWatch {
+ public:
+  explicit ProbeWatch(int port) : port_(port), thread_([this] { Loop(); }) {}
+  ~ProbeWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // From now on (up) the gaps count; (down) they do not.
+  void Expect(bool up) {
+    std::lock_guard<std::mutex> lock(mu_);
+    up_ = up;
+    since_ = Clock::now();
+  }
+  // While paused it asks nothing (and counts no gap): its connections come
+  // and go, and would leave holes in a descriptor table meant to be full.
+  void Pause(bool paused) {
+    std::unique_lock<std::mutex> lock(mu_);
+    paused_ = paused;
+    since_ = Clock::now();
+    // Returns once no request is in flight.
+    cv_.wait(lock, [this] { return !asking_; });
+  }
+  // The longest gap seen since the last call.
+  Clock::duration TakeWorstGap() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(worst_, Clock::duration::zero());
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      if (!paused_) {
+        asking_ = true;
+        lock.unlock();
+        httplib::Client client("127.0.0.1", port_);
+        client.set_connection_timeout(1s);
+        client.set_read_timeout(2s);
+        auto reply = client.Get("/healthz");
+        const bool ok = reply && reply->status == 200;
+        lock.lock();
+        asking_ = false;
+        cv_.notify_all();
+        const auto now = Clock::now();
+        if (ok || paused_) since_ = now;
+        if (up_) worst_ = std::max(worst_, now - since_);
+      }
+      cv_.wait_for(lock, 250ms, [this] { return stop_; });
+    }
+  }
+
+  const int port_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool up_ = false;
+  bool paused_ = false;
+  bool asking_ = false;
+  Clock::time_point since_ = Clock::now();
+  Clock::duration worst_{};
+  std::thread thread_;
+};
+
+// One container of the model, as the runtime sees it.
+struct Container {
+  std::string name;
+  bool init = false;
+  int efas = 0;
+  enum class State { kWaitingForInit, kStartFailed, kRunning, kDone } state;
+  // Late binding: the claim its EFA Allocate answer named. Best effort: the
+  // device nodes the answer gave it.
+  std::string claim;
+  std::vector<std::string> device_nodes;
+};
+
+struct Pod {
+  std::string uid;
+  std::vector<Container> containers;
+};
+
+// One simulated EFA: its PCI function's names and whether it is there.
+struct Efa {
+  std::string udev_name;    // the name it has on the node (Naming::kUdev)
+  std::string kernel_name;  // efa_N, before udev renames it
+  int uverbs = 0;
+  fs::path ib_dir;  // <pci dir>/infiniband
+  bool present = true;
+};
+
+class Node {
+ public:
+  explicit Node(const Config& config)
+      : config_(config),
+        sim_(config.machine),
+        kubelet_(KubeletOptions(sim_.path() / "kubelet", config.kubelet_1_20)),
+        gpus_(*efa::sim::FindMachine(config.machine), AcceleratorKind::kNvidiaGpu,
+              sim_.path() / "kubelet/device-plugins"),
+        cdi_dir_(sim_.path() / "var/run/cdi"),
+        port_(FreePort()),
+        probes_(port_) {
+    fs::create_directories(cdi_dir_);
+    FindEfas();
+    if (!kubelet_.Start().ok()) throw std::runtime_error("the fake kubelet cannot start");
+    if (!gpus_.Start().ok()) throw std::runtime_error("the fake GPU plugin cannot start");
+    if (auto v = StartDaemon()) throw std::runtime_error(v->invariant + ": " + v->detail);
+  }
+  ~Node() {
+    SetCdiReadOnly(false);
+    probes_.Expect(false);
+    if (daemon_) daemon_->Signal(SIGKILL);
+  }
+
+  // Applies one step; a violation when something the step waits for (a
+  // registration, a clean exit) does not come.
+  std::optional<Violation> Apply(const Step& step);
+  // Waits for the node to be quiet and checks the invariants.
+  std::optional<Violation> Check();
+  // What the last Apply did, for the report.
+  const std::string& last_action() const { return action_; }
+
+  bool synced() const { return synced_; }
+  bool read_only() const { return read_only_; }
+  int pods() const { return static_cast<int>(pods_.size()); }
+  int removed_efas() const {
+    return static_cast<int>(
+        std::count_if(efas_.begin(), efas_.end(), [](const Efa& e) { return !e.present; }));
+  }
+  bool any(Container::State state, bool init) const {
+    for (const Pod& pod : pods_) {
+      for (const Container& c : pod.containers) {
+        if (c.state == state && c.init == init) return true;
+      }
+    }
+    return false;
+  }
+  const std::string& log() const { return log_path_; }
+  std::map<std::string, int> counts;  // what happened, for the summary
+
+ private:
+  void FindEfas();
+  std::optional<Violation> StartDaemon();
+  std::optional<Violation> StopDaemon(int signal);
+  std::optional<Violation> Admit(const Step& step, bool with_init);
+  std::optional<Violation> Start(Pod& pod, Container& c);
+  std::optional<Violation> RestartKubelet();
+  std::optional<Violation> FillFds();
+  void RemoveEfa(Efa& efa);
+  void ReturnEfa(Efa& efa, bool renamed);
+  void SetCdiReadOnly(bool read_only);
+  std::optional<Violation> CheckAdvertised();
+  std::optional<Violation> CheckEfasApart();
+  // The running containers that hold EFAs.
+  std::vector<std::pair<const Pod*, const Container*>> Running() const;
+
+  const Config config_;
+  SimRoot sim_;
+  FakeKubelet kubelet_;
+  FakeAcceleratorPlugin gpus_;
+  const fs::path cdi_dir_;
+  const int port_;
+  ProbeWatch probes_;
+  std::string log_path_;
+  std::unique_ptr<ChildProcess> daemon_;
+  std::vector<Efa> efas_;
+  std::vector<Pod> pods_;
+  int next_pod_ = 0;
+  bool synced_ = true;
+  bool read_only_ = false;
+  std::string action_;
+};
+
+void Node::FindEfas() {
+  // The simulated machine names its EFAs as udev does; the kernel's names
+  // follow PCI order (efa_0, efa_1, ...).
+  std::vector<std::pair<std::string, Efa>> by_pci;
+  for (const auto& entry : fs::directory_iterator(sim_.sys() / "class/infiniband_verbs")) {
+    if (!entry.is_directory()) continue;
+    Efa efa;
+    efa.udev_name = efa::testing::ReadFile(entry.path() / "ibdev");
+    efa.udev_name.erase(efa.udev_name.find_last_not_of('\n') + 1);
+    const std::string name = entry.path().filename().string();
+    if (!absl::SimpleAtoi(name.substr(6), &efa.uverbs)) continue;
+    const fs::path pci = fs::canonical(entry.path() / "device");
+    efa.ib_dir = pci / "infiniband";
+    by_pci.emplace_back(pci.filename().string(), efa);
+  }
+  std::sort(by_pci.begin(), by_pci.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [pci, efa] : by_pci) {
+    efa.kernel_name = absl::StrCat("efa_", efas_.size());
+    efas_.push_back(efa);
+  }
+}
+
+std::optional<Violation> Node::StartDaemon() {
+  std::vector<std::string> args = {EFA_PLUGIN_BINARY};
+  for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
+  for (const std::string& flag :
+       {std::string("--log-level"), std::string("info"), std::string("--metrics-address"),
+        std::string(""), std::string("--probe-address"), absl::StrCat("127.0.0.1:", port_),
+        std::string("--alignment"),
+        std::string(config_.late_binding ? "late-binding" : "best-effort"),
+        std::string("--cdi-dir"), cdi_dir_.string()}) {
+    args.push_back(flag);
+  }
+  log_path_ = (sim_.path() / "daemon.log").string();
+  const int before = kubelet_.registrations(kEfa);
+  daemon_ = std::make_unique<ChildProcess>(args, log_path_);
+  if (!kubelet_.WaitForRegistrations(kEfa, before + 1, kDeadline) ||
+      !kubelet_.WaitForStreaming(kEfa, true, kDeadline)) {
+    return Violation{"registers", "the daemon did not register within 10 s of its start"};
+  }
+  probes_.Expect(true);
+  return std::nullopt;
+}
+
+std::optional<Violation> Node::StopDaemon(int signal) {
+  probes_.Expect(false);
+  daemon_->Signal(signal);
+  const int status = daemon_->Wait(kDeadline);
+  daemon_.reset();
+  if (signal == SIGTERM && status != 0) {
+    return Violation{"stops cleanly",
+                     absl::StrCat("SIGTERM ended the daemon with status ", status)};
+  }
+  return std::nullopt;
+}
+
+std::vector<std::pair<const Pod*, const Container*>> Node::Running() const {
+  std::vector<std::pair<const Pod*, const Container*>> running;
+  for (const Pod& pod : pods_) {
+    for (const Container& c : pod.containers) {
+      if (c.state == Container::State::kRunning && c.efas > 0) running.emplace_back(&pod, &c);
+    }
+  }
+  return running;
+}
+
+std::optional<Violation> Node::Apply(const Step& step) {
+  action_ = Info(step.event).name;
+  ++counts[action_];
+  // Picks one of `n` things (nullopt when there is none).
+  auto pick = [&](size_t n) -> std::optional<size_t> {
+    if (n == 0) return std::nullopt;
+    return step.pick % n;
+  };
+  // The containers in `state` (init ones or not), across pods.
+  auto containers = [&](std::initializer_list<Container::State> states, std::optional<bool> init) {
+    std::vector<std::pair<Pod*, Container*>> found;
+    for (Pod& pod : pods_) {
+      for (Container& c : pod.containers) {
+        if (std::find(states.begin(), states.end(), c.state) != states.end() &&
+            (!init || c.init == *init)) {
+          found.emplace_back(&pod, &c);
+        }
+      }
+    }
+    return found;
+  };
+  auto efas = [&](bool present) {
+    std::vector<Efa*> found;
+    for (Efa& e : efas_) {
+      if (e.present == present) found.push_back(&e);
+    }
+    return found;
+  };
+  auto skip = [&](const char* why) -> std::optional<Violation> {
+    action_ += absl::StrCat(" (skipped: ", why, ")");
+    --counts[Info(step.event).name];
+    return std::nullopt;
+  };
+
+  switch (step.event) {
+    case Event::kAdmit:
+    case Event::kAdmitWithInit:
+      if (!synced_) return skip("pods not synced");
+      return Admit(step, step.event == Event::kAdmitWithInit);
+    case Event::kFinishInit: {
+      if (!synced_) return skip("pods not synced");
+      auto inits = containers({Container::State::kRunning}, true);
+      auto chosen = pick(inits.size());
+      if (!chosen) return skip("no init container running");
+      auto [pod, init] = inits[*chosen];
+      init->state = Container::State::kDone;
+      action_ += absl::StrCat(" ", pod->uid);
+      for (Container& c : pod->containers) {
+        if (c.state == Container::State::kWaitingForInit) return Start(*pod, c);
+      }
+      return std::nullopt;
+    }
+    case Event::kRestartContainer: {
+      if (!synced_) return skip("pods not synced");
+      auto started =
+          containers({Container::State::kRunning, Container::State::kStartFailed}, std::nullopt);
+      auto chosen = pick(started.size());
+      if (!chosen) return skip("no container");
+      auto [pod, c] = started[*chosen];
+      action_ += absl::StrCat(" ", pod->uid, "/", c->name);
+      return Start(*pod, *c);
+    }
+    case Event::kDeletePod: {
+      auto chosen = pick(pods_.size());
+      if (!chosen) return skip("no pod");
+      const std::string uid = pods_[*chosen].uid;
+      action_ += " " + uid;
+      pods_.erase(pods_.begin() + static_cast<std::ptrdiff_t>(*chosen));
+      if (absl::Status s = kubelet_.RemovePod(uid, FakeKubelet::CheckpointWrite::kAsKubelet);
+          !s.ok()) {
+        return Violation{"harness", std::string(s.message())};
+      }
+      return std::nullopt;
+    }
+    case Event::kRestartKubelet:
+      return RestartKubelet();
+    case Event::kSyncPods:
+      if (synced_) return skip("pods synced");
+      kubelet_.SyncPods();
+      synced_ = true;
+      return std::nullopt;
+    case Event::kRestartDaemon:
+    case Event::kKillDaemon:
+      if (auto v = StopDaemon(step.event == Event::kRestartDaemon ? SIGTERM : SIGKILL)) return v;
+      return StartDaemon();
+    case Event::kRemoveEfa: {
+      auto present = efas(true);
+      auto chosen = pick(present.size());
+      if (!chosen) return skip("none present");
+      RemoveEfa(*present[*chosen]);
+      return std::nullopt;
+    }
+    case Event::kReturnEfa:
+    case Event::kReturnEfaRenamed: {
+      auto removed = efas(false);
+      auto chosen = pick(removed.size());
+      if (!chosen) return skip("none removed");
+      ReturnEfa(*removed[*chosen], step.event == Event::kReturnEfaRenamed);
+      return std::nullopt;
+    }
+    case Event::kFillFds:
+      return FillFds();
+    case Event::kCdiReadOnly:
+      if (!config_.late_binding || read_only_by == ReadOnlyBy::kNone)
+        return skip("no late binding");
+      if (read_only_) return skip("read-only already");
+      SetCdiReadOnly(true);
+      return std::nullopt;
+    case Event::kCdiWritable: {
+      if (!read_only_) return skip("writable already");
+      SetCdiReadOnly(false);
+      // The kubelet retries a container that failed to start (back-off).
+      if (!synced_) return std::nullopt;
+      for (auto [pod, c] : containers({Container::State::kStartFailed}, std::nullopt)) {
+        if (auto v = Start(*pod, *c)) return v;
+      }
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
+  const Shape shape = kShapes[step.shape % std::size(kShapes)];
+  const bool gpu_first = (step.shape / std::size(kShapes)) % 2 == 0;
+  Pod pod{absl::StrCat("uid-", ++next_pod_), {}};
+  const std::string name = absl::StrCat("pod-", next_pod_);
+  action_ += absl::StrCat(
+      " ", pod.uid, ": ", with_init ? absl::StrCat("init ", 1 + step.pick % 4, " EFA, then ") : "",
+      shape.gpus, " GPU + ", shape.efas, " EFA, ", gpu_first ? "GPU" : "EFA", " first");
+  // Admission allocates every container (init ones first); the container
+  // starts once the init containers are done.
+  std::vector<std::tuple<std::string, std::vector<std::pair<std::string, int>>,
+                         FakeKubelet::ContainerOptions>>
+      wanted;
+  if (with_init) {
+    wanted.emplace_back(
+        "init",
+        std::vector<std::pair<std::string, int>>{{kEfa, static_cast<int>(1 + step.pick % 4)}},
+        FakeKubelet::ContainerOptions{.init = true, .start = true});
+  }
+  std::vector<std::pair<std::string, int>> requests = {{kGpu, shape.gpus}, {kEfa, shape.efas}};
+  if (!gpu_first) std::swap(requests[0], requests[1]);
+  wanted.emplace_back("main", requests,
+                      FakeKubelet::ContainerOptions{.init = false, .start = !with_init});
+
+  for (auto& [container, asked, options] : wanted) {
+    auto admitted = kubelet_.AdmitContainer(name, "default", pod.uid, container, asked, options);
+    if (!admitted.ok()) {
+      // The kubelet rejects a pod the node cannot hold; anything else is an
+      // answer of the daemon's that rejects a pod.
+      if (admitted.status().code() == absl::StatusCode::kResourceExhausted) {
+        ++counts["admissions refused: node full"];
+        action_ += " (refused: node full)";
+        if (!pod.containers.empty()) {
+          (void)kubelet_.RemovePod(pod.uid, FakeKubelet::CheckpointWrite::kAsKubelet);
+        }
+        return std::nullopt;
+      }
+      return Violation{"admits",
+                       absl::StrCat(pod.uid, "/", container, ": ", admitted.status().message())};
+    }
+    Container c;
+    c.name = container;
+    c.init = options.init;
+    for (const auto& allocation : admitted->allocations) {
+      if (allocation.resource != kEfa) continue;
+      c.efas = static_cast<int>(allocation.device_ids.size());
+      if (allocation.response.cdi_devices_size() > 0) {
+        const std::string& device = allocation.response.cdi_devices(0).name();
+        c.claim = device.substr(device.find('=') + 1);
+      }
+      for (const auto& spec : allocation.response.devices())
+        c.device_nodes.push_back(spec.host_path());
+    }
+    if (!options.start) {
+      c.state = Container::State::kWaitingForInit;
+    } else if (admitted->start_status.ok()) {
+      c.state = Container::State::kRunning;
+    } else {
+      c.state = Container::State::kStartFailed;
+      ++counts["starts failed"];
+      action_ +=
+          absl::StrCat(" (", container, " not started: ", admitted->start_status.message(), ")");
+    }
+    pod.containers.push_back(c);
+  }
+  pods_.push_back(std::move(pod));
+  return std::nullopt;
+}
+
+std::optional<Violation> Node::Start(Pod& pod, Container& c) {
+  const absl::Status status = kubelet_.StartContainer(pod.uid, c.name);
+  if (status.ok()) {
+    c.state = Container::State::kRunning;
+    return std::nullopt;
+  }
+  // A start the plugin refuses leaves the container waiting: the kubelet
+  // retries it, with back-off.
+  c.state = Container::State::kStartFailed;
+  ++counts["starts failed"];
+  action_ += absl::StrCat(" (", pod.uid, "/", c.name, " not started: ", status.message(), ")");
+  return std::nullopt;
+}
+
+std::optional<Violation> Node::RestartKubelet() {
+  const int before = kubelet_.registrations(kEfa);
+  // A plugin registers again when kubelet.sock is created anew; the GPU
+  // plugin is made to, the daemon must notice by itself.
+  gpus_.Stop();
+  if (absl::Status s = kubelet_.Restart(); !s.ok())
+    return Violation{"harness", std::string(s.message())};
+  synced_ = false;
+  const int calls = kubelet_.pod_resources_calls();
+  if (absl::Status s = gpus_.Start(); !s.ok())
+    return Violation{"harness", std::string(s.message())};
+  if (!daemon_) return std::nullopt;
+  if (!kubelet_.WaitForRegistrations(kEfa, before + 1, kDeadline) ||
+      !kubelet_.WaitForStreaming(kEfa, true, kDeadline)) {
+    return Violation{"re-registers",
+                     "the daemon did not register within 10 s of a kubelet restart"};
+  }
+  // Let the daemon look at the empty List once (it does so when the
+  // checkpoint is written), so that what it makes of it is checked now.
+  kubelet_.WaitForPodResourcesCalls(calls + 1, 1s);
+  return std::nullopt;
+}
+
+void Node::RemoveEfa(Efa& efa) {
+  // Gone as the daemon sees a device go: the class entries and the device
+  // node; the kernel counts a uevent.
+  const fs::path sys = sim_.sys();
+  std::error_code ec;
+  fs::remove(sys / "class/infiniband" / efa.udev_name, ec);
+  fs::remove(sys / "class/infiniband_verbs" / absl::StrCat("uverbs", efa.uverbs), ec);
+  fs::remove(sim_.path() / "dev/infiniband" / absl::StrCat("uverbs", efa.uverbs), ec);
+  (void)efa::sim::CountUevent(sim_.path().string());
+  efa.present = false;
+  action_ += " " + efa.udev_name;
+}
+
+void Node::ReturnEfa(Efa& efa, bool renamed) {
+  const fs::path sys = sim_.sys();
+  const std::string uverbs = absl::StrCat("uverbs", efa.uverbs);
+  const fs::path verbs_dir = efa.ib_dir.parent_path() / "infiniband_verbs" / uverbs;
+  // The kernel adds it under its own name; udev renames it at once.
+  const std::string first = renamed ? efa.kernel_name : efa.udev_name;
+  if (renamed) {
+    fs::rename(efa.ib_dir / efa.udev_name, efa.ib_dir / first);
+    efa::testing::WriteFile(verbs_dir / "ibdev", first + "\n");
+  }
+  fs::create_directory_symlink(efa.ib_dir / first, sys / "class/infiniband" / first);
+  fs::create_directory_symlink(verbs_dir, sys / "class/infiniband_verbs" / uverbs);
+  sim_.RestoreUverbs(efa.uverbs);  // counts a uevent
+  if (renamed) {
+    efa::testing::WriteFile(verbs_dir / "ibdev", efa.udev_name + "\n");
+    fs::rename(efa.ib_dir / first, efa.ib_dir / efa.udev_name);
+    fs::remove(sys / "class/infiniband" / first);
+    fs::create_directory_symlink(efa.ib_dir / efa.udev_name,
+                                 sys / "class/infiniband" / efa.udev_name);
+    (void)efa::sim::CountUevent(sim_.path().string());
+  }
+  efa.present = true;
+  action_ += " " + efa.udev_name + (renamed ? " (as " + efa.kernel_name + ")" : "");
+}
+
+std::optional<Violation> Node::FillFds() {
+  const pid_t pid = daemon_->pid();
+  // The lowest descriptor the daemon does not hold: a limit there makes its
+  // next open fail with EMFILE, as a full table does.
+  auto lowest_free = [pid] {
+    std::set<int> held;
+    std::error_code ec;
+    for (fs::directory_iterator it(absl::StrCat("/proc/", pid, "/fd"), ec), end; !ec && it != end;
+         it.increment(ec)) {
+      int fd = 0;
+      if (absl::SimpleAtoi(it->path().filename().string(), &fd)) held.insert(fd);
+    }
+    rlim_t free = 0;
+    while (held.count(static_cast<int>(free))) ++free;
+    return free;
+  };
+  rlimit old{};
+  if (::prlimit(pid, RLIMIT_NOFILE, nullptr, &old) != 0) {
+    return Violation{"harness", absl::StrCat("prlimit ", pid, ": ", std::strerror(errno))};
+  }
+  probes_.Pause(true);
+  // Something for the daemon to look at while it cannot open anything: a
+  // change in a directory it watches makes it list the devices again. Done
+  // a few times over the window, the limit lowered to each new hole (a
+  // descriptor the daemon closed meanwhile would let an open through).
+  const fs::path poke = sim_.path() / "dev/infiniband/.lifecycle";
+  rlimit full = {lowest_free(), old.rlim_max};
+  int status = -1;
+  for (int round = 0; round < 5 && status == -1; ++round) {
+    full.rlim_cur = std::min(full.rlim_cur, lowest_free());
+    ::prlimit(pid, RLIMIT_NOFILE, &full, nullptr);
+    efa::testing::WriteFile(poke, "");
+    fs::remove(poke);
+    // Ended early only by the daemon's death.
+    status = daemon_->Wait(std::chrono::duration_cast<std::chrono::milliseconds>(kFdWindow) / 5);
+  }
+  ::prlimit(pid, RLIMIT_NOFILE, &old, nullptr);
+  probes_.Pause(false);
+  action_ += absl::StrCat(" (limit ", full.rlim_cur, " for ", kFdWindow.count(), " ms)");
+  if (status != -1) {
+    daemon_.reset();
+    return Violation{"never exits", absl::StrCat("the daemon exited with status ", status,
+                                                 " while its descriptor table was full")};
+  }
+  return std::nullopt;
+}
+
+void Node::SetCdiReadOnly(bool read_only) {
+  if (read_only == read_only_) return;
+  if (read_only_by == ReadOnlyBy::kBindMount) {
+    if (read_only) {
+      ::mount(cdi_dir_.c_str(), cdi_dir_.c_str(), nullptr, MS_BIND, nullptr);
+      ::mount(nullptr, cdi_dir_.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr);
+    } else {
+      ::umount2(cdi_dir_.c_str(), MNT_DETACH);
+    }
+  } else if (read_only_by == ReadOnlyBy::kModes) {
+    fs::permissions(cdi_dir_, read_only ? fs::perms::owner_read | fs::perms::owner_exec |
+                                              fs::perms::group_read | fs::perms::group_exec |
+                                              fs::perms::others_read | fs::perms::others_exec
+                                        : fs::perms::owner_all | fs::perms::group_read |
+                                              fs::perms::group_exec | fs::perms::others_read |
+                                              fs::perms::others_exec);
+  }
+  read_only_ = read_only;
+}
+
+std::optional<Violation> Node::Check() {
+  if (daemon_) {
+    const int status = daemon_->Wait(0ms);
+    if (status != -1) {
+      daemon_.reset();
+      return Violation{"never exits", absl::StrCat("the daemon exited with status ", status)};
+    }
+  }
+  if (auto gap = probes_.TakeWorstGap(); gap > kProbePeriod) {
+    return Violation{
+        "answers its probes",
+        absl::StrCat("/healthz went unanswered for ",
+                     std::chrono::duration_cast<std::chrono::milliseconds>(gap).count(),
+                     " ms (the probe period is 10 s)")};
+  }
+  if (auto v = CheckAdvertised()) return v;
+  return CheckEfasApart();
+}
+
+std::optional<Violation> Node::CheckAdvertised() {
+  // Which EFA each name is, and what the kubelet must be told of it.
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < efas_.size(); ++i) {
+    index[efas_[i].udev_name] = i;
+    index[efas_[i].kernel_name] = i;
+  }
+  std::string wrong;
+  auto matches = [&](const std::vector<v1beta1::Device>& devices) {
+    std::vector<std::string> problems;
+    std::vector<int> seen(efas_.size(), 0);
+    for (const auto& d : devices) {
+      auto it = index.find(d.id());
+      if (it == index.end()) {
+        problems.push_back(d.id() + " is no EFA of the node");
+        continue;
+      }
+      const Efa& efa = efas_[it->second];
+      if (++seen[it->second] == 2) problems.push_back(efa.udev_name + " is listed twice");
+      if (efa.present && (d.id() != efa.udev_name || d.health() != "Healthy")) {
+        problems.push_back(
+            absl::StrCat(d.id(), " is ", d.health(), ", but ", efa.udev_name, " is there"));
+      }
+      if (!efa.present && d.health() == "Healthy")
+        problems.push_back(d.id() + " is Healthy, but gone");
+    }
+    for (size_t i = 0; i < efas_.size(); ++i) {
+      if (efas_[i].present && seen[i] == 0)
+        problems.push_back(efas_[i].udev_name + " is not listed");
+    }
+    const size_t all = problems.size();
+    if (all > 4) problems.resize(4);
+    wrong = absl::StrCat(absl::StrJoin(problems, "; "),
+                         all > 4 ? absl::StrCat("; and ", all - 4, " more") : "");
+    return problems.empty();
+  };
+  if (!kubelet_.WaitForStreaming(kEfa, true, kQuiet)) {
+    return Violation{"registered", "the daemon's ListAndWatch stream is not open"};
+  }
+  if (!kubelet_.WaitForDevices(kEfa, matches, kQuiet)) {
+    return Violation{"advertises the node's truth", wrong};
+  }
+  return std::nullopt;
+}
+
+std::optional<Violation> Node::CheckEfasApart() {
+  std::map<std::string, std::string> holder;  // device node -> its container
+  for (const auto& [pod, c] : Running()) {
+    const std::string who = absl::StrCat(pod->uid, "/", c->name);
+    std::vector<std::string> nodes = c->device_nodes;
+    if (config_.late_binding) {
+      const fs::path spec = cdi_dir_ / efa::plugin::CdiSpecFileName(c->claim);
+      const std::string text = efa::testing::ReadFile(spec);
+      const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (text.empty() || json.is_discarded()) {
+        return Violation{"a running container's CDI device resolves",
+                         absl::StrCat(who, " (", c->efas, " EFA): ", spec.string(),
+                                      text.empty() ? " is missing" : " does not parse")};
+      }
+      nodes.clear();
+      for (const auto& device : json.value("devices", nlohmann::json::array())) {
+        for (const auto& node :
+             device["containerEdits"].value("deviceNodes", nlohmann::json::array())) {
+          nodes.push_back(node.value("hostPath", node.value("path", "")));
+        }
+      }
+      if (static_cast<int>(nodes.size()) != c->efas) {
+        return Violation{"a running container's CDI device resolves",
+                         absl::StrCat(who, " holds ", c->efas, " EFA, but ", spec.string(),
+                                      " names ", nodes.size(), " device nodes")};
+      }
+    }
+    ++counts["running containers checked"];
+    for (const std::string& node : nodes) {
+      ++counts["device nodes checked"];
+      auto [it, inserted] = holder.emplace(node, who);
+      if (!inserted) {
+        return Violation{"no EFA in two running containers",
+                         absl::StrCat(node, " is given to ", it->second, " and to ", who)};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------
+// The generator: what happens next on a node in the state `node` is in.
+
+Step Generate(std::mt19937& rng, const Node& node, const Config& config) {
+  std::vector<std::pair<Event, int>> weights;
+  auto add = [&](Event event, int weight) {
+    if (weight > 0 && config.excluded.count(Info(event).group) == 0)
+      weights.emplace_back(event, weight);
+  };
+  const bool synced = node.synced();
+  add(Event::kAdmit, synced ? 30 : 0);
+  add(Event::kAdmitWithInit, synced ? 6 : 0);
+  add(Event::kFinishInit, synced && node.any(Container::State::kRunning, true) ? 12 : 0);
+  add(Event::kRestartContainer, synced && node.pods() > 0 ? 10 : 0);
+  add(Event::kDeletePod, node.pods() > 0 ? 5 + 3 * node.pods() : 0);
+  add(Event::kRestartKubelet, 4);
+  add(Event::kSyncPods, synced ? 0 : 40);
+  add(Event::kRestartDaemon, 2);
+  add(Event::kKillDaemon, 2);
+  add(Event::kRemoveEfa, 4);
+  add(Event::kReturnEfa, node.removed_efas() > 0 ? 6 : 0);
+  add(Event::kReturnEfaRenamed, node.removed_efas() > 0 ? 3 : 0);
+  add(Event::kFillFds, 2);
+  add(Event::kCdiReadOnly, config.late_binding && !node.read_only() ? 2 : 0);
+  add(Event::kCdiWritable, node.read_only() ? 25 : 0);
+  int total = 0;
+  for (const auto& [event, weight] : weights) total += weight;
+  int r = static_cast<int>(rng() % static_cast<uint32_t>(total));
+  Step step{weights.back().first, static_cast<uint32_t>(rng()), static_cast<uint32_t>(rng())};
+  for (const auto& [event, weight] : weights) {
+    if ((r -= weight) < 0) {
+      step.event = event;
+      break;
+    }
+  }
+  return step;
+}
+
+// ---------------------------------------------------------------------------
+// Runs, replays and shrinking
+
+struct Outcome {
+  std::optional<Violation> violation;
+  size_t failed_at = 0;  // the step (0-based) after which it broke
+  std::vector<Step> steps;
+  std::vector<std::string> actions;
+  std::string log_tail;  // the daemon's last log lines when it broke
+  double seconds = 0;
+  std::map<std::string, int> counts;
+};
+
+// Runs `steps` (or, when `generate` is set, that many generated ones) on a
+// fresh node, checking after each; stops at the first violation.
+Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigned> generate_seed,
+            int generate_count, bool print = false) {
+  Outcome out;
+  const auto start = Clock::now();
+  std::optional<Node> node;
+  try {
+    node.emplace(config);
+  } catch (const std::exception& e) {
+    out.violation = Violation{"harness", e.what()};
+    return out;
+  }
+  std::mt19937 rng(generate_seed.value_or(0));
+  const size_t n = generate_seed ? static_cast<size_t>(generate_count) : steps.size();
+  for (size_t i = 0; i < n; ++i) {
+    const Step step = generate_seed ? Generate(rng, *node, config) : steps[i];
+    out.steps.push_back(step);
+    std::optional<Violation> v = node->Apply(step);
+    out.actions.push_back(node->last_action());
+    if (print) {
+      std::printf("  %4zu. %s\n", i + 1, node->last_action().c_str());
+    }
+    if (!v) v = node->Check();
+    if (v) {
+      out.violation = v;
+      out.failed_at = i;
+      const std::string log = efa::testing::ReadFile(node->log());
+      std::vector<std::string> lines = absl::StrSplit(log, '\n', absl::SkipEmpty());
+      if (lines.size() > 12) lines.erase(lines.begin(), lines.end() - 12);
+      out.log_tail = absl::StrJoin(lines, "\n");
+      break;
+    }
+  }
+  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  out.counts = node->counts;
+  return out;
+}
+
+// The shortest sequence found that still breaks `invariant`: chunks of
+// steps dropped, halving the chunk down to single steps, each candidate
+// replayed on a fresh node; stops when `budget` is spent.
+std::vector<Step> Shrink(const Config& config, std::vector<Step> steps,
+                         const std::string& invariant, std::chrono::seconds budget, int* replays) {
+  const auto until = Clock::now() + budget;
+  for (size_t chunk = std::max<size_t>(1, steps.size() / 2); chunk >= 1 && Clock::now() < until;
+       chunk /= 2) {
+    for (size_t at = 0; at < steps.size() && steps.size() > 1 && Clock::now() < until;) {
+      std::vector<Step> candidate(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(at));
+      candidate.insert(
+          candidate.end(),
+          steps.begin() + static_cast<std::ptrdiff_t>(std::min(steps.size(), at + chunk)),
+          steps.end());
+      ++*replays;
+      Outcome o = Run(config, candidate, std::nullopt, 0);
+      if (o.violation && o.violation->invariant == invariant) {
+        candidate.resize(o.failed_at + 1);
+        steps = candidate;
+      } else {
+        at += chunk;
+      }
+    }
+    if (chunk == 1) break;
+  }
+  return steps;
+}
+
+std::string ModeName(const Config& config) {
+  return absl::StrCat(config.late_binding ? "late-binding" : "best-effort",
+                      config.kubelet_1_20 ? ", kubelet 1.20" : "");
+}
+
+// One seed (or one replayed sequence): runs, reports, shrinks. Returns
+// whether every invariant held.
+bool RunAndReport(const Config& config, std::optional<unsigned> seed,
+                  const std::vector<Step>& replay, int steps, std::chrono::seconds shrink_budget) {
+  const std::string what = seed ? absl::StrCat("seed ", *seed, " (", ModeName(config), ", ",
+                                               config.machine, ", ", steps, " steps)")
+                                : absl::StrCat("replay (", ModeName(config), ", ", config.machine,
+                                               ", ", replay.size(), " steps)");
+  Outcome o = Run(config, replay, seed, steps, config.verbose);
+  if (!o.violation) {
+    std::vector<std::string> counts;
+    for (const auto& [name, n] : o.counts) counts.push_back(absl::StrCat(name, " ", n));
+    std::printf("lifecycle: %s held: %zu steps in %.1f s (%.1f steps/s): %s\n", what.c_str(),
+                o.steps.size(), o.seconds, o.steps.size() / std::max(o.seconds, 1e-3),
+                absl::StrJoin(counts, ", ").c_str());
+    return true;
+  }
+  const Violation& v = *o.violation;
+  std::printf("lifecycle: %s FAILED at step %zu: %s: %s\n", what.c_str(), o.failed_at + 1,
+              v.invariant.c_str(), v.detail.c_str());
+  std::printf("lifecycle: the steps up to it:\n");
+  const size_t first = o.failed_at >= 40 ? o.failed_at - 39 : 0;
+  if (first > 0) std::printf("  ... (%zu earlier steps)\n", first);
+  for (size_t i = first; i <= o.failed_at && i < o.actions.size(); ++i) {
+    std::printf("  %4zu. %s\n", i + 1, o.actions[i].c_str());
+  }
+  std::printf("lifecycle: the daemon's last log lines:\n%s\n", o.log_tail.c_str());
+  if (v.invariant == "harness") return false;
+  std::vector<Step> failing(o.steps.begin(),
+                            o.steps.begin() + static_cast<std::ptrdiff_t>(o.failed_at + 1));
+  int replays = 0;
+  const auto started = Clock::now();
+  std::vector<Step> shortest = Shrink(config, failing, v.invariant, shrink_budget, &replays);
+  Outcome again = Run(config, shortest, std::nullopt, 0);
+  std::printf(
+      "lifecycle: shortest failing sequence found: %zu of %zu steps (%d replays, %.0f s)%s:\n",
+      shortest.size(), failing.size(), replays,
+      std::chrono::duration<double>(Clock::now() - started).count(),
+      again.violation ? "" : " (its last replay held: a race)");
+  for (size_t i = 0; i < again.actions.size(); ++i)
+    std::printf("  %4zu. %s\n", i + 1, again.actions[i].c_str());
+  if (again.violation) {
+    std::printf("  -> %s: %s\n", again.violation->invariant.c_str(),
+                again.violation->detail.c_str());
+  }
+  std::printf("lifecycle: replay: efa-lifecycle --mode %s --machine %s%s --replay '%s'\n",
+              config.late_binding ? "late-binding" : "best-effort", config.machine.c_str(),
+              config.kubelet_1_20 ? " --kubelet-1-20" : "", Encode(shortest).c_str());
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"The randomized lifecycle test of the daemon binary on a simulated node"};
+  std::vector<unsigned> seeds = {1};
+  int steps = 200;
+  std::string mode = "both";
+  std::string exclude;
+  std::string replay;
+  int shrink_seconds = 120;
+  Config config;
+  app.add_option("--seeds", seeds, "Seeds to run, one run per seed and mode")->delimiter(',');
+  app.add_option("--steps", steps, "Steps per run")->check(CLI::PositiveNumber);
+  app.add_option("--mode", mode, "late-binding, best-effort or both")
+      ->check(CLI::IsMember({"late-binding", "best-effort", "both"}));
+  app.add_option("--machine", config.machine, "The simulated machine");
+  app.add_option("--exclude", exclude,
+                 "Event groups to leave out, comma-separated: pods, init, container-restart, "
+                 "kubelet-restart, daemon-restart, daemon-kill, hotplug, udev-rename, fd-full, "
+                 "cdi-read-only (also EFA_LIFECYCLE_EXCLUDE)");
+  app.add_option("--replay", replay,
+                 "Replay this sequence (as a failure prints it) instead of seeds");
+  app.add_option("--shrink-seconds", shrink_seconds, "Time given to shrinking a failing sequence");
+  app.add_flag("--verbose", config.verbose, "Print every step");
+  app.add_flag("--kubelet-1-20", config.kubelet_1_20,
+               "With --replay: the fake kubelet imitates kubelet 1.20 (seeds: the odd ones do)");
+  CLI11_PARSE(app, argc, argv);
+  if (const char* env = std::getenv("EFA_LIFECYCLE_EXCLUDE"); env != nullptr && exclude.empty())
+    exclude = env;
+  std::set<std::string> groups;
+  for (const EventInfo& e : kEvents) groups.insert(e.group);
+  const std::vector<std::string> excluded = absl::StrSplit(exclude, ',', absl::SkipEmpty());
+  for (const std::string& g : excluded) {
+    if (groups.count(g) == 0) {
+      std::fprintf(stderr, "efa-lifecycle: --exclude: unknown event group \"%s\" (known: %s)\n",
+                   g.c_str(), absl::StrJoin(groups, ", ").c_str());
+      return 2;
+    }
+    config.excluded.insert(g);
+  }
+  std::optional<std::vector<Step>> replayed;
+  if (!replay.empty()) {
+    replayed = Decode(replay);
+    if (!replayed) {
+      std::fprintf(stderr, "efa-lifecycle: --replay: expected event:pick:shape,..., got \"%s\"\n",
+                   replay.c_str());
+      return 2;
+    }
+  }
+  // Before any thread: a mount namespace of our own (the daemon inherits
+  // it) for the read-only CDI directory, private so that nothing leaks out.
+  if (::geteuid() != 0) {
+    read_only_by = ReadOnlyBy::kModes;
+  } else if (::unshare(CLONE_NEWNS) == 0 &&
+             ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0) {
+    read_only_by = ReadOnlyBy::kBindMount;
+  } else {
+    std::printf("lifecycle: cannot make a mount namespace (%s): no read-only CDI directory\n",
+                std::strerror(errno));
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::vector<bool> late_binding;
+  if (mode != "best-effort") late_binding.push_back(true);
+  if (mode != "late-binding") late_binding.push_back(false);
+  bool ok = true;
+  for (bool late : late_binding) {
+    config.late_binding = late;
+    if (replayed) {
+      ok &= RunAndReport(config, std::nullopt, *replayed, 0, std::chrono::seconds(shrink_seconds));
+      continue;
+    }
+    for (unsigned seed : seeds) {
+      config.kubelet_1_20 = seed % 2 == 1;
+      ok &= RunAndReport(config, seed, {}, steps, std::chrono::seconds(shrink_seconds));
+    }
+  }
+  return ok ? 0 : 1;
+}
