@@ -23,7 +23,9 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
@@ -134,9 +136,9 @@ long long Threads(pid_t pid) {
   return -1;
 }
 
-// The processes whose parent is `parent` and whose command is `comm`, by
-// PID (as /proc/<pid>/stat says, in this PID namespace).
-std::vector<pid_t> ChildrenNamed(pid_t parent, const std::string& comm) {
+// The processes whose parent is `parent` and whose command is `comm` (any
+// when empty), by PID (as /proc/<pid>/stat says, in this PID namespace).
+std::vector<pid_t> Children(pid_t parent, const std::string& comm = "") {
   std::vector<pid_t> out;
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
@@ -149,7 +151,7 @@ std::vector<pid_t> ChildrenNamed(pid_t parent, const std::string& comm) {
     std::string state;
     pid_t ppid = 0;
     rest >> state >> ppid;
-    if (ppid == parent && stat.substr(open + 1, close - open - 1) == comm) {
+    if (ppid == parent && (comm.empty() || stat.substr(open + 1, close - open - 1) == comm)) {
       out.push_back(std::stoi(name));
     }
   }
@@ -467,27 +469,37 @@ TEST_CASE("As PID 1 of its PID namespace the daemon binary and the idle process 
     REQUIRE(WaitForLogLine(log, "no EFA on this node; idle until one appears", kDeadline));
   }
   // unshare's one child is the daemon, PID 1 inside.
-  std::vector<pid_t> init = ChildrenNamed(unshare.pid(), "efa-k8s-device-");  // comm: 15 bytes
+  std::vector<pid_t> init = Children(unshare.pid(), "efa-k8s-device-");  // comm: 15 bytes
   REQUIRE(init.size() == 1);
   REQUIRE(InnermostPid(init[0]) == 1);
 
   // As `kubectl exec` does: a shell entered into the container's PID
   // namespace starts a process in the background and exits; its child is
-  // handed to PID 1.
+  // handed to PID 1. The shell prints the child's PID: the child may not
+  // have exec'ed sleep yet (its name is still the shell's), but it was
+  // handed over before the shell's exit reached nsenter, which waits for it.
+  const fs::path exec_log = sim.path() / "exec.log";
   ChildProcess exec({"/usr/bin/nsenter", "--target", std::to_string(init[0]), "--pid", "--",
-                     "/bin/sh", "-c", "sleep 60 & exit 0"},
-                    sim.path() / "exec.log");
+                     "/bin/sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!; exit 0"},
+                    exec_log);
   REQUIRE(exec.Wait(kDeadline) == 0);
-  const std::vector<pid_t> orphans = ChildrenNamed(init[0], "sleep");
-  REQUIRE(orphans.size() == 1);
-  const pid_t inside = InnermostPid(orphans[0]);
+  const std::string printed = ReadAll(exec_log);
+  INFO("the shell printed " << printed);
+  pid_t inside = 0;
+  REQUIRE(absl::SimpleAtoi(absl::StripAsciiWhitespace(printed), &inside));
   REQUIRE(inside > 1);
+  pid_t orphan = 0;  // its PID here
+  for (pid_t child : Children(init[0])) {
+    if (InnermostPid(child) == inside) orphan = child;
+  }
+  REQUIRE(orphan > 0);
 
   // It ends: PID 1 reaps it (else it stays a zombie for ever).
-  REQUIRE(::kill(orphans[0], SIGTERM) == 0);
+  REQUIRE(::kill(orphan, SIGTERM) == 0);
   CHECK(WaitForLogLine(log, absl::StrCat("reaped process ", inside, " (killed by signal 15)"),
                        kDeadline));
-  CHECK(ChildrenNamed(init[0], "sleep").empty());
+  const std::vector<pid_t> left = Children(init[0]);
+  CHECK(std::find(left.begin(), left.end(), orphan) == left.end());
   // A clean stop; unshare exits with its child's status.
   REQUIRE(::kill(init[0], SIGTERM) == 0);
   CHECK(unshare.Wait(kDeadline) == 0);
