@@ -12,8 +12,9 @@ namespace efa::topology {
 
 inline constexpr uint16_t kAmazonVendorId = 0x1d0f;
 
-// EFA generation for an Amazon PCI device ID: 0xefa0 -> 1 ... 0xefa3 -> 4.
-// Returns nullopt for every other device ID (ENA, Neuron, ...).
+// EFA generation for an Amazon PCI device ID of the EFA family
+// (0xefa0..0xefaf): 0xefa0 -> 1 ... 0xefaf -> 16. Returns nullopt for every
+// other device ID (ENA, Neuron, ...).
 std::optional<int> EfaGeneration(uint16_t vendor, uint16_t device);
 
 struct EfaDevice {
@@ -24,8 +25,8 @@ struct EfaDevice {
   uint32_t major = 0;  // char device numbers from sysfs ("231:192")
   uint32_t minor = 0;
   PciAddress pci;
-  uint16_t device_id = 0;        // 0xefa0 .. 0xefa3
-  int generation = 0;            // 1 .. 4
+  uint16_t device_id = 0;        // 0xefa0 .. 0xefaf, or any ID bound to the efa driver
+  int generation = 0;            // 1 .. 16; 0 for an ID outside the family (bound to efa)
   std::optional<int> numa_node;  // nullopt when sysfs says -1
   std::string node_guid;         // "0000:0000:0000:0000" style, as sysfs writes it
   std::string root_complex;      // "pci0000:44": first component of the resolved sysfs path

@@ -18,7 +18,12 @@ namespace efa::topology {
 namespace fs = std::filesystem;
 
 std::optional<int> EfaGeneration(uint16_t vendor, uint16_t device) {
-  if (vendor != kAmazonVendorId || device < 0xefa0 || device > 0xefa3) return std::nullopt;
+  // The family, not the IDs known today: the kernel's efa driver lists
+  // 0xefa0-0xefa3 (efa_main.c, efa_pci_tbl) and a 2026 patch adds 0xefa4;
+  // aws-ofi-nccl takes any (device & 0xfff0) == 0xefa0, and so does this,
+  // so that a new generation is not seen as zero EFAs. ENA (0x0ec2, 0x1ec2,
+  // 0xec20, 0xec21) and Neuron (0x7xxx) share the vendor and stay out.
+  if (vendor != kAmazonVendorId || (device & 0xfff0) != 0xefa0) return std::nullopt;
   return device - 0xefa0 + 1;
 }
 
@@ -131,6 +136,26 @@ absl::StatusOr<std::string> HealthProblem(const EfaDevice& dev, const fs::path& 
   return "";
 }
 
+// ENA's device IDs (the ena driver's ena_pci_id_tbl.h: 0x0ec2, 0x1ec2,
+// 0xec20, 0xec21, and their likely successors 0xNec2 and 0xec2N) and
+// Mellanox/NVIDIA networking (vendor 0x15b3, the mlx5 devices).
+bool IsEnaOrMellanox(uint64_t vendor, uint64_t device) {
+  if (vendor == 0x15b3) return true;
+  return vendor == kAmazonVendorId && ((device & 0x0fff) == 0x0ec2 || (device & 0xfff0) == 0xec20);
+}
+
+// Whether the device's PCI function is bound to the efa driver; false when
+// unbound or bound to another; an error only for a host error
+// (IsHostResourceError).
+absl::StatusOr<bool> BoundToEfa(const fs::path& class_dir) {
+  auto driver = ResolvePath(class_dir / "device/driver");
+  if (!driver.ok()) {
+    if (IsHostResourceError(ErrnoOf(driver.status()))) return driver.status();
+    return false;
+  }
+  return driver->filename() == "efa";
+}
+
 void SortDevices(std::vector<EfaDevice>& devices) {
   std::sort(devices.begin(), devices.end(), [](const EfaDevice& a, const EfaDevice& b) {
     return std::tie(a.pci, a.ibdev) < std::tie(b.pci, b.ibdev);
@@ -182,12 +207,37 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
       skip(device.status());
       continue;
     }
-    auto generation = EfaGeneration(static_cast<uint16_t>(*vendor), static_cast<uint16_t>(*device));
-    if (!generation || *vendor > 0xffff || *device > 0xffff) {
-      skip(absl::NotFoundError(absl::StrFormat(
-               "PCI %04x:%04x is not an EFA (only 1d0f:efa0-efa3 are)", *vendor, *device)),
-           /*malformed=*/false);
-      continue;
+    const bool in_range = *vendor <= 0xffff && *device <= 0xffff;
+    std::optional<int> generation;
+    if (in_range) {
+      generation = EfaGeneration(static_cast<uint16_t>(*vendor), static_cast<uint16_t>(*device));
+    }
+    if (!generation) {
+      // A function the efa driver took is an EFA whatever its ID: a
+      // generation newer than this table (bound through the driver's own
+      // ID list) must not leave the node with zero EFAs. An ENA or a
+      // ConnectX never is, whatever a (forced) binding says.
+      if (IsEnaOrMellanox(*vendor, *device)) {
+        skip(absl::NotFoundError(
+                 absl::StrFormat("PCI %04x:%04x is %s, not an EFA", *vendor, *device,
+                                 *vendor == kAmazonVendorId ? "an ENA" : "a Mellanox device")),
+             /*malformed=*/false);
+        continue;
+      }
+      absl::StatusOr<bool> bound = in_range ? BoundToEfa(class_dir) : absl::StatusOr<bool>(false);
+      if (!bound.ok()) {
+        skip(bound.status());
+        continue;
+      }
+      if (!*bound) {
+        skip(absl::NotFoundError(absl::StrFormat(
+                 "PCI %04x:%04x is not an EFA (neither 1d0f:efa0-efaf nor bound to the efa "
+                 "driver)",
+                 *vendor, *device)),
+             /*malformed=*/false);
+        continue;
+      }
+      generation = 0;  // unknown: newer than any this build knows
     }
     auto pci = PciAddress::Parse(pci_dir->filename().string());
     if (!pci) {

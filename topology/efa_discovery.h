@@ -14,7 +14,8 @@
 
 namespace efa::topology {
 
-// Finds every EFA (PCI 1d0f:efa0-efa3) among the verbs devices under
+// Finds every EFA (a PCI function 1d0f:efa0-efaf, or any bound to the efa
+// driver; never ENA or mlx5) among the verbs devices under
 // `roots.sysfs`/class/infiniband. Never fails: a node without verbs devices
 // (no such directory) yields an empty inventory, and a device whose sysfs
 // entries are missing or garbage is skipped with a reason that names the

@@ -182,6 +182,60 @@ TEST_CASE("Best effort aligns Neuron devices through the AWS table (trn2)",
   Report("trn2 1 Neuron + 1 EFA, random order", random);
 }
 
+TEST_CASE("On p6e-gb200 each GPU gets the EFAs that carry its traffic and then its NUMA node's",
+          "[alignment][daemon][concurrency]") {
+  // GPU g's traffic goes through network cards 4g+1 and 4g+3 (EC2 user
+  // guide, EFA for P6e-GB200): the EFAs behind its switch in the simulated
+  // machine. The even cards' EFAs share no PCI level with any GPU: only
+  // their NUMA node relates them to one.
+  const std::map<std::string, std::set<std::string>> cards = {
+      {"0000:15:00.0", {"rdmap19s0", "rdmap20s0"}},
+      {"0000:55:00.0", {"rdmap83s0", "rdmap84s0"}},
+      {"0000:95:00.0", {"rdmap147s0", "rdmap148s0"}},
+      {"0000:d5:00.0", {"rdmap211s0", "rdmap212s0"}}};
+  const std::map<std::string, std::set<std::string>> numa_only = {
+      {"0000:15:00.0", {"rdmap48s1", "rdmap48s2", "rdmap112s1", "rdmap112s2"}},
+      {"0000:55:00.0", {"rdmap48s1", "rdmap48s2", "rdmap112s1", "rdmap112s2"}},
+      {"0000:95:00.0", {"rdmap176s1", "rdmap176s2", "rdmap240s1", "rdmap240s2"}},
+      {"0000:d5:00.0", {"rdmap176s1", "rdmap176s2", "rdmap240s1", "rdmap240s2"}}};
+  AlignedNode node("p6e-gb200.36xlarge", AcceleratorKind::kNvidiaGpu);
+  const auto gpus = efa::topology::ReadNvidiaGpus(node.sim().path() / "proc", nullptr);
+  auto gpu_of = [&](const std::string& uid) {
+    const auto ids = node.kubelet().container_devices(uid, "main", "nvidia.com/gpu");
+    REQUIRE(ids.size() == 1);
+    for (const auto& gpu : gpus) {
+      if (gpu.uuid == ids[0]) return gpu.pci.ToString();
+    }
+    FAIL("no GPU " << ids[0]);
+    return std::string();
+  };
+  const int efas = GENERATE(2, 4);
+  std::set<std::string> seen_gpus, seen_efas;
+  for (int pod = 1; pod <= 4; ++pod) {
+    const std::string uid = absl::StrCat("u", pod);
+    REQUIRE(node.kubelet()
+                .AdmitContainer(absl::StrCat("train-", pod), "default", uid, "main",
+                                {{"nvidia.com/gpu", 1}, {kEfa, efas}})
+                .ok());
+    const std::string gpu = gpu_of(uid);
+    INFO("GPU " << gpu << ", " << efas << " EFAs");
+    seen_gpus.insert(gpu);
+    const auto got = node.kubelet().container_devices(uid, "main", kEfa);
+    REQUIRE(got.size() == static_cast<size_t>(efas));
+    std::set<std::string> got_set(got.begin(), got.end());
+    seen_efas.insert(got.begin(), got.end());
+    // Its own two cards always; beyond them, EFAs of its NUMA node that no
+    // other GPU sits beside.
+    for (const std::string& card : cards.at(gpu)) CHECK(got_set.count(card) == 1);
+    for (const std::string& efa : got) {
+      CHECK((cards.at(gpu).count(efa) == 1 || numa_only.at(gpu).count(efa) == 1));
+    }
+    CHECK(node.Aligned(uid));
+  }
+  CHECK(seen_gpus.size() == 4);
+  CHECK(seen_efas.size() == static_cast<size_t>(4 * efas));
+}
+
 TEST_CASE("A running GPU-only pod never attracts another pod's EFAs",
           "[alignment][daemon][concurrency]") {
   AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);

@@ -71,26 +71,90 @@ MachineSpec P5() {
   return m;
 }
 
-MachineSpec P5en() {
-  MachineSpec m{"p5en.48xlarge", 2, 2, {EnaRoot()}};
+// p5en / p6-b200 / p6-b300 style: four switches (first EFA buses 55, 6e,
+// 87, a0), two on each NUMA node, each with `efas` EFAs and two GPUs.
+MachineSpec FourSwitches(std::string type, int efas, uint16_t efa_id, uint16_t gpu_id) {
+  MachineSpec m{std::move(type), 2, 2, {EnaRoot()}};
   const uint8_t first[] = {0x55, 0x6e, 0x87, 0xa0};
   for (int i = 0; i < 4; ++i) {
-    m.groups.push_back(SwitchGroup(static_cast<uint8_t>(first[i] - 3), first[i], i < 2 ? 0 : 1, 4,
-                                   0xefa2, 2, Kind::kGpu, 0x2335));
+    m.groups.push_back(SwitchGroup(static_cast<uint8_t>(first[i] - 3), first[i], i < 2 ? 0 : 1,
+                                   efas, efa_id, 2, Kind::kGpu, gpu_id));
   }
   return m;
 }
 
+MachineSpec P5en() { return FourSwitches("p5en.48xlarge", 4, 0xefa2, 0x2335); }
+
 MachineSpec P6B200() {
-  MachineSpec m{"p6-b200.48xlarge", 2, 2, {EnaRoot()}};
-  const uint8_t first[] = {0x55, 0x6e, 0x87, 0xa0};
-  for (int i = 0; i < 4; ++i) {
-    m.groups.push_back(SwitchGroup(static_cast<uint8_t>(first[i] - 3), first[i], i < 2 ? 0 : 1, 2,
-                                   0xefa3, 2, Kind::kGpu, 0x2901));
-  }
+  MachineSpec m = FourSwitches("p6-b200.48xlarge", 2, 0xefa3, 0x2901);
   // ConnectX-7 verbs devices beside the EFAs: verbs devices, not EFA.
   m.groups.push_back({0x30, 0, false, {{Bdf(0x30, 0x01), Kind::kMlx5, 0x1021}}});
   m.groups.push_back({0xb0, 1, false, {{Bdf(0xb0, 0x01), Kind::kMlx5, 0x1021}}});
+  return m;
+}
+
+// p6-b300.48xlarge: 8 GPUs and 16 EFAs at 400 Gbps, the primary network
+// card ENA only (EC2 user guide, P6-B300 network cards). Assumed, as no
+// public source we read gives them (correct here): p5en's layout of four
+// switches with four EFAs and two GPUs each, EFA ID efa3, GPU ID 10de:3182.
+MachineSpec P6B300() { return FourSwitches("p6-b300.48xlarge", 4, 0xefa3, 0x3182); }
+
+// p6e-gb200.36xlarge, arm64: two Grace CPUs (Neoverse-V2), a NUMA node
+// each, and four Blackwell GPUs, two per Grace. Public facts (EC2 user
+// guide, EFA for P6e-GB200): 17 network cards; card 0 ENA only; odd cards
+// 1..15 EFA-only at 400 Gbps, even cards 2..16 ENA or EFA at 200 Gbps;
+// cards [1,2]..[15,16] share one physical NIC; GPU g's traffic goes through
+// cards 4g+1 and 4g+3. aws-ofi-nccl (src/platform-aws.cpp,
+// src/nccl_ofi_topo.cpp) skips on p6e-gb200 the NICs without an accelerator
+// at the same PCI level. So here the odd cards' EFAs sit behind their GPU's
+// switch and the even cards' (with their ENA functions) on a root complex
+// of their own on the GPU's NUMA node, where only NUMA relates them to a
+// GPU. Assumed (no public source we read gives them; correct here): the bus
+// numbers, an EFA on every card but 0 (16), Nitro switches (1d0f:0200), EFA
+// ID efa3, GPU ID 10de:2941, Grace root ports 10de:22b2, and PCI domain 0
+// throughout (a Grace host gives each root port a domain of its own).
+MachineSpec P6eGb200() {
+  MachineSpec m{"p6e-gb200.36xlarge", 2, 2, {EnaRoot()}};
+  m.arm64_cpu_part = 0xd4f;
+  m.root_port_vendor = 0x10de;
+  m.root_port_device = 0x22b2;
+  for (int g = 0; g < 4; ++g) {
+    const auto root = static_cast<uint8_t>(0x10 + 0x40 * g);
+    const int numa = g / 2;
+    // Cards 4g+1 and 4g+3, then the GPU, behind one switch.
+    m.groups.push_back(
+        SwitchGroup(root, static_cast<uint8_t>(root + 3), numa, 2, 0xefa3, 1, Kind::kGpu, 0x2941));
+    // Cards 4g+2 and 4g+4: EFA and ENA functions on a root bus of their own.
+    const auto even = static_cast<uint8_t>(root + 0x20);
+    m.groups.push_back({even,
+                        numa,
+                        false,
+                        {Efa(even, 0x01, 0xefa3),
+                         Efa(even, 0x02, 0xefa3),
+                         {Bdf(even, 0x03), Kind::kEna, 0xec20},
+                         {Bdf(even, 0x04), Kind::kEna, 0xec20}}});
+  }
+  return m;
+}
+
+// hpc7g.16xlarge, arm64: one Graviton3E (Neoverse-V1), one NUMA node, 1 EFA
+// (Karpenter's instance-types reference). Assumed (correct here): the EFA
+// at 00:06.0 beside the primary ENA, EFA ID efa1.
+MachineSpec Hpc7g() {
+  MachineSpec m{"hpc7g.16xlarge", 1, 2, {EnaRoot()}};
+  m.arm64_cpu_part = 0xd40;
+  m.groups[0].endpoints.push_back(Efa(0x00, 0x06, 0xefa1));
+  return m;
+}
+
+// c8gn.48xlarge, arm64: two Graviton4 (Neoverse-V2) sockets, 2 EFAs
+// (Karpenter's instance-types reference). Assumed (correct here): one EFA
+// per socket, the second on a root complex of NUMA node 1, EFA ID efa2.
+MachineSpec C8gn() {
+  MachineSpec m{"c8gn.48xlarge", 2, 2, {EnaRoot()}};
+  m.arm64_cpu_part = 0xd4f;
+  m.groups[0].endpoints.push_back(Efa(0x00, 0x06, 0xefa2));
+  m.groups.push_back({0x80, 1, false, {Efa(0x80, 0x06, 0xefa2)}});
   return m;
 }
 
@@ -249,23 +313,44 @@ struct Machine {
       const fs::path t = cpu / absl::StrCat("cpu", c) / "topology";
       if (c > 0) w.File(cpu / absl::StrCat("cpu", c) / "online", "1\n");
       w.File(t / "physical_package_id", absl::StrCat(numa, "\n"));
-      w.File(t / "die_id", "0\n");
       w.File(t / "core_id", absl::StrCat(c % spec.cpus_per_numa, "\n"));
       for (const char* f : {"thread_siblings", "core_cpus"}) w.File(t / f, CpuMask(c, 1) + "\n");
       for (const char* f : {"thread_siblings_list", "core_cpus_list"}) {
         w.File(t / f, absl::StrCat(c, "\n"));
       }
       const int first = numa * spec.cpus_per_numa;
-      for (const char* f : {"core_siblings", "package_cpus", "die_cpus"}) {
+      // Dies are x86's alone: the kernel shows die_id and die_cpus only
+      // there (drivers/base/topology.c, TOPOLOGY_DIE_SYSFS).
+      std::vector<std::string> groups = {"core_siblings", "package_cpus"};
+      if (!spec.arm64_cpu_part) {
+        w.File(t / "die_id", "0\n");
+        groups.push_back("die_cpus");
+      }
+      for (const std::string& f : groups) {
         w.File(t / f, CpuMask(first, spec.cpus_per_numa) + "\n");
+        w.File(t / (f + "_list"), CpuList(first, spec.cpus_per_numa) + "\n");
       }
-      for (const char* f : {"core_siblings_list", "package_cpus_list", "die_cpus_list"}) {
-        w.File(t / f, CpuList(first, spec.cpus_per_numa) + "\n");
+      if (spec.arm64_cpu_part) {
+        // arm64's /proc/cpuinfo (arch/arm64/kernel/cpuinfo.c, c_show): no
+        // vendor, model or package lines, the Arm IDs instead.
+        absl::StrAppendFormat(&cpuinfo,
+                              "processor\t: %d\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd "
+                              "evtstrm aes pmull sha1 sha2 crc32 atomics cpuid asimdrdm sve\n"
+                              "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: "
+                              "0x0\nCPU part\t: 0x%03x\nCPU revision\t: 1\n\n",
+                              c, *spec.arm64_cpu_part);
+      } else {
+        absl::StrAppend(&cpuinfo, "processor\t: ", c, "\nphysical id\t: ", numa,
+                        "\ncore id\t\t: ", c % spec.cpus_per_numa, "\n\n");
       }
-      absl::StrAppend(&cpuinfo, "processor\t: ", c, "\nphysical id\t: ", numa,
-                      "\ncore id\t\t: ", c % spec.cpus_per_numa, "\n\n");
     }
     w.File(root / "proc/cpuinfo", cpuinfo);
+    if (spec.arm64_cpu_part) {
+      // hwloc takes the machine's architecture from here when it reads a
+      // root other than "/" (as hwloc-gather-topology leaves it), not from
+      // the build host's uname.
+      w.File(root / "proc/hwloc-nofile-info", "OSName: Linux\nArchitecture: aarch64\n");
+    }
     w.File(root / "proc/meminfo",
            absl::StrCat("MemTotal:       ", spec.numa_nodes * 1048576, " kB\n"));
     for (const char* f : {"online", "possible", "has_cpu", "has_memory", "has_normal_memory"}) {
@@ -472,7 +557,8 @@ std::string SimGpuUuid(const PciAddress& addr) {
 
 const std::vector<MachineSpec>& BuiltinMachines() {
   static const auto* machines = new std::vector<MachineSpec>{
-      P4d(), P5(), P5en(), P6B200(), Trn1(false), Trn1(true), Trn2(), G5(), NoEfa()};
+      P4d(),  P5(), P5en(),  P6B200(),   P6B300(), Trn1(false), Trn1(true),
+      Trn2(), G5(), NoEfa(), P6eGb200(), Hpc7g(),  C8gn()};
   return *machines;
 }
 
@@ -534,7 +620,8 @@ absl::Status WriteMachine(const MachineSpec& spec, const std::string& root, Nami
       internal = static_cast<uint8_t>(g.root_bus + 2);
       const PciAddress port{0, g.root_bus, 0x01, 0};
       const fs::path port_dir = parent / port.ToString();
-      m.Bridge(port_dir, port, 0x1022, 0x14ab, g.numa, upstream, last);
+      m.Bridge(port_dir, port, spec.root_port_vendor, spec.root_port_device, g.numa, upstream,
+               last);
       const PciAddress up{0, upstream, 0, 0};
       upstream_dir = port_dir / up.ToString();
       m.Bridge(upstream_dir, up, 0x1d0f, 0x0200, g.numa, internal, last);

@@ -39,11 +39,20 @@ struct MachineSpec {
   int numa_nodes = 2;
   int cpus_per_numa = 2;
   std::vector<PcieGroup> groups;
+  // Set on an arm64 machine: the Arm "CPU part" of its cores (0xd40
+  // Neoverse-V1, 0xd4f Neoverse-V2), written to /proc/cpuinfo as an arm64
+  // kernel does; no x86-only sysfs attributes (die_id, die_cpus) then. Unset:
+  // an x86_64 machine.
+  std::optional<uint16_t> arm64_cpu_part = std::nullopt;
+  // The PCIe root ports' vendor and device (in front of each switch).
+  uint16_t root_port_vendor = 0x1022;  // AMD EPYC root port
+  uint16_t root_port_device = 0x14ab;
 };
 
 // The built-in machines: p4d.24xlarge, p5.48xlarge, p5en.48xlarge,
-// p6-b200.48xlarge, trn1.32xlarge, trn1n.32xlarge, trn2.48xlarge,
-// g5.48xlarge and no-efa (an m5.8xlarge with ENA only).
+// p6-b200.48xlarge, p6-b300.48xlarge, trn1.32xlarge, trn1n.32xlarge,
+// trn2.48xlarge, g5.48xlarge, the arm64 p6e-gb200.36xlarge, hpc7g.16xlarge
+// and c8gn.48xlarge, and no-efa (an m5.8xlarge with ENA only).
 const std::vector<MachineSpec>& BuiltinMachines();
 // Looks a machine up by name; the error lists the known names.
 absl::StatusOr<MachineSpec> FindMachine(const std::string& name);

@@ -92,6 +92,30 @@ TEST_CASE("EfaDiscovery finds exactly the EFAs of every simulated machine", "[to
                                       0xc9, 0xca, 0xdf, 0xe0, 0xf5, 0xf6}),
                                0, Numa({{0, 8}, {1, 8}}))},
       {"g5.48xlarge", Expect({{0x00, 0x15}}, 0, {-1})},
+      {"p6-b300.48xlarge", Expect(Buses({0x55, 0x56, 0x57, 0x58, 0x6e, 0x6f, 0x70, 0x71, 0x87, 0x88,
+                                         0x89, 0x8a, 0xa0, 0xa1, 0xa2, 0xa3}),
+                                  0, Numa({{0, 8}, {1, 8}}))},
+      // Per GPU: the odd cards' EFAs behind its switch, then the even
+      // cards' on a root bus of their own (beside ENA functions).
+      {"p6e-gb200.36xlarge", Expect({{0x13, 0},
+                                     {0x14, 0},
+                                     {0x30, 1},
+                                     {0x30, 2},
+                                     {0x53, 0},
+                                     {0x54, 0},
+                                     {0x70, 1},
+                                     {0x70, 2},
+                                     {0x93, 0},
+                                     {0x94, 0},
+                                     {0xb0, 1},
+                                     {0xb0, 2},
+                                     {0xd3, 0},
+                                     {0xd4, 0},
+                                     {0xf0, 1},
+                                     {0xf0, 2}},
+                                    0, Numa({{0, 8}, {1, 8}}))},
+      {"hpc7g.16xlarge", Expect({{0x00, 0x06}}, 0, {0})},
+      {"c8gn.48xlarge", Expect({{0x00, 0x06}, {0x80, 0x06}}, 0, {0, 1})},
       {"no-efa", {}},
   };
   for (const Case& c : cases) {
@@ -140,7 +164,7 @@ TEST_CASE("EfaDiscovery skips p6-b200's mlx5 verbs devices and finds its efa3", 
   }
   REQUIRE(inv.skipped.size() == 2);
   CHECK(inv.skipped[0].ibdev == "ibp176s1");
-  CHECK(inv.skipped[0].reason == "PCI 15b3:1021 is not an EFA (only 1d0f:efa0-efa3 are)");
+  CHECK(inv.skipped[0].reason == "PCI 15b3:1021 is a Mellanox device, not an EFA");
   CHECK_FALSE(inv.skipped[0].malformed);
   CHECK(inv.skipped[1].ibdev == "ibp48s1");
 }
@@ -163,11 +187,83 @@ TEST_CASE("EfaDiscovery matches the device ID, not the Amazon vendor alone", "[t
   const fs::path ena = sim.sys() / "bus/pci/devices/0000:00:05.0";
   fs::create_directories(sim.sys() / "class/infiniband/ena_0");
   fs::create_directory_symlink(ena, sim.sys() / "class/infiniband/ena_0/device");
+  // Every ENA device ID the ena driver lists (ena_pci_id_tbl.h), bound to
+  // ena or, forced, to efa.
+  const fs::path driver = ena / "driver";
+  for (const char* id : {"0x0ec2", "0x1ec2", "0xec20", "0xec21"}) {
+    for (const char* bound_to : {"ena", "efa"}) {
+      CAPTURE(id, bound_to);
+      Write(ena / "device", absl::StrCat(id, "\n"));
+      fs::remove(driver);
+      fs::create_directory_symlink(sim.sys() / "bus/pci/drivers" / bound_to, driver);
+      Inventory inv = DiscoverEfaDevices(sim.roots());
+      CHECK(inv.devices.size() == 4);
+      REQUIRE(inv.skipped.size() == 1);
+      CHECK(inv.skipped[0].ibdev == "ena_0");
+      CHECK(inv.skipped[0].reason ==
+            absl::StrCat("PCI 1d0f:", std::string(id).substr(2), " is an ENA, not an EFA"));
+    }
+  }
+}
+
+TEST_CASE("EfaDiscovery accepts every device ID of the EFA family", "[topology]") {
+  // The kernel knows efa0-efa3 (and efa4 from 2026); aws-ofi-nccl takes
+  // the whole 0xefa0-0xefaf family: so does discovery.
+  SimRoot sim("p4d.24xlarge");
+  const fs::path victim = sim.sys() / "class/infiniband/rdmap32s27/device";
+  for (uint16_t id = 0xefa0; id <= 0xefaf; ++id) {
+    CAPTURE(id);
+    Write(victim / "device", absl::StrFormat("0x%04x\n", id));
+    Inventory inv = DiscoverEfaDevices(sim.roots());
+    REQUIRE(inv.devices.size() == 4);
+    CHECK(inv.skipped.empty());
+    CHECK(inv.devices[1].ibdev == "rdmap32s27");
+    CHECK(inv.devices[1].device_id == id);
+    CHECK(inv.devices[1].generation == id - 0xefa0 + 1);
+    CHECK(inv.devices[1].healthy());
+  }
+}
+
+TEST_CASE("EfaDiscovery accepts a function of an unknown ID bound to the efa driver",
+          "[topology]") {
+  SimRoot sim("p4d.24xlarge");
+  const fs::path victim = sim.sys() / "class/infiniband/rdmap32s27/device";
+  Write(victim / "device", "0xefb0\n");
   Inventory inv = DiscoverEfaDevices(sim.roots());
-  CHECK(inv.devices.size() == 4);
-  REQUIRE(inv.skipped.size() == 1);
-  CHECK(inv.skipped[0].ibdev == "ena_0");
-  CHECK(inv.skipped[0].reason == "PCI 1d0f:ec20 is not an EFA (only 1d0f:efa0-efa3 are)");
+  REQUIRE(inv.devices.size() == 4);
+  CHECK(inv.devices[1].ibdev == "rdmap32s27");
+  CHECK(inv.devices[1].device_id == 0xefb0);
+  CHECK(inv.devices[1].generation == 0);
+  CHECK(inv.devices[1].healthy());
+
+  // The same ID bound to another driver, or to none, is not an EFA.
+  fs::remove(victim / "driver");
+  fs::create_directories(sim.sys() / "bus/pci/drivers/vfio-pci");
+  fs::create_directory_symlink(sim.sys() / "bus/pci/drivers/vfio-pci", victim / "driver");
+  for (bool bound : {true, false}) {
+    if (!bound) fs::remove(victim / "driver");
+    inv = DiscoverEfaDevices(sim.roots());
+    CHECK(inv.devices.size() == 3);
+    REQUIRE(inv.skipped.size() == 1);
+    CHECK(inv.skipped[0].reason ==
+          "PCI 1d0f:efb0 is not an EFA (neither 1d0f:efa0-efaf nor bound to the efa driver)");
+    CHECK(inv.complete());
+  }
+}
+
+TEST_CASE("EfaDiscovery never takes an mlx5 device for an EFA whatever its ID", "[topology]") {
+  SimRoot sim("p6-b200.48xlarge");
+  // A ConnectX (vendor 15b3) whose device ID happens to read efa1, bound
+  // (forced) to the efa driver.
+  const fs::path mlx5 = sim.sys() / "class/infiniband/ibp48s1/device";
+  Write(mlx5 / "device", "0xefa1\n");
+  fs::remove(mlx5 / "driver");
+  fs::create_directory_symlink(sim.sys() / "bus/pci/drivers/efa", mlx5 / "driver");
+  Inventory inv = DiscoverEfaDevices(sim.roots());
+  CHECK(inv.devices.size() == 8);
+  REQUIRE(inv.skipped.size() == 2);
+  CHECK(inv.skipped[1].ibdev == "ibp48s1");
+  CHECK(inv.skipped[1].reason == "PCI 15b3:efa1 is a Mellanox device, not an EFA");
 }
 
 TEST_CASE("EfaDiscovery skips only the device whose sysfs is broken, naming the path",

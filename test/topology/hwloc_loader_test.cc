@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -141,4 +143,32 @@ TEST_CASE("Loading a simulated root never changes the process environment",
   done = true;
   watcher.join();
   CHECK_FALSE(seen);
+}
+
+TEST_CASE("The simulated arm64 machines look like arm64 to hwloc and in sysfs", "[topology]") {
+  int arm64 = 0;
+  for (const efa::sim::MachineSpec& spec : efa::sim::BuiltinMachines()) {
+    INFO(spec.instance_type);
+    SimRoot sim(spec);
+    const bool is_arm64 = spec.arm64_cpu_part.has_value();
+    arm64 += is_arm64 ? 1 : 0;
+    // Dies are x86's: an arm64 kernel has no die_id.
+    CHECK(fs::exists(sim.sys() / "devices/system/cpu/cpu0/topology/die_id") == !is_arm64);
+    std::ifstream cpuinfo(sim.path() / "proc/cpuinfo");
+    const std::string text((std::istreambuf_iterator<char>(cpuinfo)),
+                           std::istreambuf_iterator<char>());
+    CHECK((text.find("CPU implementer\t: 0x41") != std::string::npos) == is_arm64);
+    CHECK((text.find("physical id") != std::string::npos) == !is_arm64);
+    if (!is_arm64) continue;
+    for (const TopologySource& source :
+         {TopologySource{sim.path().string(), ""}, TopologySource{"", sim.xml().string()}}) {
+      auto topology = LoadTopology(source);
+      REQUIRE(topology.ok());
+      const char* arch =
+          hwloc_obj_get_info_by_name(hwloc_get_root_obj(topology->get()), "Architecture");
+      REQUIRE(arch != nullptr);
+      CHECK(std::string(arch) == "aarch64");
+    }
+  }
+  CHECK(arm64 == 3);  // p6e-gb200, hpc7g, c8gn
 }

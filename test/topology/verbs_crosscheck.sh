@@ -39,7 +39,7 @@ echo "$p6" | head -3
 check "p6-b200: 8 EFAs, mlx5 excluded" grep -q '^8 EFA device(s)' <<<"$p6"
 check "p6-b200: efa3 found though libibverbs 44 has no provider" \
   test "$(grep -c ' efa3 .* unlisted ' <<<"$p6")" -eq 8
-check "p6-b200: mlx5 skipped" grep -q '^skipped ibp48s1: PCI 15b3:1021 is not an EFA' <<<"$p6"
+check "p6-b200: mlx5 skipped" grep -q '^skipped ibp48s1: PCI 15b3:1021 is a Mellanox device, not an EFA' <<<"$p6"
 none=$(run no-efa)
 check "no-efa: empty inventory, exit 0" grep -q '^0 EFA device(s)' <<<"$none"
 [ $fail = 0 ] && echo "verbs_crosscheck: all checks passed"

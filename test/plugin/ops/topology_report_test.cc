@@ -45,15 +45,14 @@ TopologyReport Report(const SimRoot& sim, int expected_efa_count = 0) {
 
 TEST_CASE("The topology command's output on every simulated machine is as expected",
           "[topology-report]") {
-  for (const char* machine :
-       {"p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge", "trn1.32xlarge",
-        "trn1n.32xlarge", "trn2.48xlarge", "g5.48xlarge", "no-efa"}) {
+  for (const efa::sim::MachineSpec& spec : efa::sim::BuiltinMachines()) {
+    const std::string machine = spec.instance_type == "m5.8xlarge" ? "no-efa" : spec.instance_type;
     INFO(machine);
-    SimRoot sim(machine);
+    SimRoot sim(spec);
     const TopologyReport report = Report(sim);
     CHECK(report.topology_error.empty());
-    CheckExpected(std::string(machine) + ".txt", FormatTopologyTable(report));
-    CheckExpected(std::string(machine) + ".dot", FormatTopologyDot(report));
+    CheckExpected(machine + ".txt", FormatTopologyTable(report));
+    CheckExpected(machine + ".dot", FormatTopologyDot(report));
     // JSON says what the table says: kept for a few machines, checked for
     // shape on every one.
     const std::string json = FormatTopologyJson(report);
