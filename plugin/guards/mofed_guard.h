@@ -15,10 +15,13 @@
 //     trusted): --mofed-enabled, MOFED_ENABLED, or a version that enables it
 //     by default (v0.19.0-v0.19.2).
 // Any source showing MOFED makes the state On. Otherwise a source that
-// exists but cannot be read or parsed (a corrupt checkpoint) makes it
-// Unknown: it may hide an On. Otherwise Off.
+// stopped at one of its bounds (the time box, the candidate cap, a file's
+// size) or for want of descriptors or memory makes the report incomplete: the caller keeps its
+// previous verdict. Otherwise a source that exists but cannot be read or parsed (a corrupt
+// checkpoint) makes it Unknown: it may hide an On. Otherwise Off.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -39,6 +42,10 @@ inline constexpr char kMofedCdiSpecStem[] = "k8s.device-plugin.nvidia.com-mofed"
 inline constexpr char kMofedRemedy[] =
     "set mofedEnabled: false in the NVIDIA device plugin chart (--mofed-enabled=false, "
     "MOFED_ENABLED=false), or run the NVIDIA device plugin v0.19.3 or later";
+// How long one Check may take (the /proc scan stops there). It runs on the
+// daemon's owner thread, whose liveness limit is 3 rescan intervals plus
+// 15 s, and which must answer a kubelet restart within a second.
+inline constexpr std::chrono::milliseconds kMofedCheckTimeBox{500};
 
 // What the daemon does about a conflict.
 enum class MofedPolicy {
@@ -59,6 +66,9 @@ std::string_view MofedStateName(MofedState state);  // "off", "on", "unknown"
 struct MofedEvidence {
   MofedState state = MofedState::kOff;
   std::vector<std::string> findings;
+  // Non-empty when the source stopped at a bound before it saw everything
+  // (says which): unless it shows On, it proves nothing.
+  std::string incomplete;
 };
 
 // The verdict over every source.
@@ -68,6 +78,9 @@ struct MofedReport {
   std::vector<std::string> evidence;
   // The findings of the other sources.
   std::vector<std::string> other;
+  // Non-empty when no source shows On and one stopped at a bound (its
+  // `incomplete`): the state is not a verdict, keep the previous one.
+  std::string incomplete;
 };
 
 // From a parsed checkpoint, or the error reading it (`checkpoint_path`
@@ -88,8 +101,9 @@ MofedEvidence MofedFromCdiSpecDirs(const std::vector<std::filesystem::path>& dir
 
 // From the nvidia-device-plugin processes found under `proc_root`, or the
 // error listing it (a finding, state Off: without hostPID no host process
-// is visible, which is normal).
-MofedEvidence MofedFromProcesses(const absl::StatusOr<std::vector<NvidiaPluginProcess>>& processes,
+// is visible, which is normal). A scan stopped at its deadline, or with
+// candidates over its cap, is incomplete.
+MofedEvidence MofedFromProcesses(const absl::StatusOr<NvidiaPluginScan>& scan,
                                  const std::filesystem::path& proc_root);
 
 // Combines the sources as described at the top of this file. Pure.
@@ -110,6 +124,8 @@ class MofedGuard {
     // The kubelet's device-plugins directory, where the NVIDIA plugin's
     // socket shows which process is the plugin (nvidia_plugin_process.h).
     std::filesystem::path device_plugin_dir;
+    // Check stops scanning /proc this long after it starts (incomplete).
+    std::chrono::milliseconds time_box = kMofedCheckTimeBox;
   };
   explicit MofedGuard(Options options) : options_(std::move(options)) {}
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -307,6 +308,36 @@ TEST_CASE("A corrupt checkpoint makes the MOFED state unknown and the daemon kee
   // Readable again and showing MOFED: now protect acts.
   node.RestartKubeletWithCheckpoint(good);
   CHECK(node.WaitAll("Unhealthy"));
+}
+
+TEST_CASE("A checkpoint over its size bound keeps the MOFED verdict, logged and counted",
+          "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  node.RestartKubeletWithCheckpoint(MofedEnv());
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Unhealthy"));
+  const int checks = node.daemon().guard_status().checks;
+  CHECK(node.daemon().guard_status().mofed_incomplete == 0);
+
+  // Replaced behind the kubelet's back by a file over the bound: not read,
+  // so not proof that the MOFED pod is gone.
+  const fs::path big = node.checkpoint().string() + ".big";
+  { std::ofstream out(big); }
+  fs::resize_file(big, (size_t{64} << 20) + 1);
+  fs::rename(big, node.checkpoint());
+  REQUIRE(node.WaitStatus(
+      [checks](const GuardStatus& s) { return s.checks > checks && s.mofed_incomplete > 0; }));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.incomplete == node.checkpoint().string() + ": larger than 64 MiB");
+  CHECK(status.mofed.state == MofedState::kOn);
+  CHECK(status.efas_held_unhealthy);
+  CHECK(node.All("Unhealthy"));
+
+  // Readable again without MOFED: the verdict follows.
+  node.RestartKubeletWithCheckpoint(NoMofed());
+  CHECK(node.WaitAll("Healthy"));
+  CHECK(node.daemon().guard_status().mofed.incomplete.empty());
 }
 
 TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy under protect",
