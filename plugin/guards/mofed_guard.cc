@@ -235,6 +235,8 @@ MofedReport CombineMofedEvidence(const std::vector<MofedEvidence>& sources) {
 }
 
 MofedReport MofedGuard::Check() const {
+  // Real time, not the daemon's Clock: the box bounds how long the owner
+  // thread is really away, whatever a test's clock says.
   const auto deadline = std::chrono::steady_clock::now() + options_.time_box;
   std::vector<MofedEvidence> sources;
   if (!options_.checkpoint.empty()) {
