@@ -381,6 +381,24 @@ TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the 
   CHECK(node.PassUntil([&] { return node.All("Healthy"); }));
 }
 
+TEST_CASE("Among 10,000 nvidia-device-plugin processes the daemon finds the plugin's MOFED",
+          "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  const std::vector<std::string> fake = {"nvidia-device-plugin", "--mofed-enabled"};
+  for (int pid = 1000; pid < 10999; ++pid) node.proc().AddNamedProcess(pid, fake, 1000);
+  node.proc().AddProcess(30000, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.17.0",
+                         node.device_plugin_dir() / "nvidia-gpu.sock");
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Unhealthy"));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.state == MofedState::kOn);
+  CHECK(status.mofed_incomplete == 0);
+  CHECK(std::find(status.mofed.evidence.begin(), status.mofed.evidence.end(),
+                  "process 30000 (nvidia-device-plugin v0.17.0): command line sets "
+                  "--mofed-enabled=true") != status.mofed.evidence.end());
+}
+
 TEST_CASE("A process that only calls itself nvidia-device-plugin does not make EFAs Unhealthy",
           "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
