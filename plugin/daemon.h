@@ -113,6 +113,9 @@ struct GuardStatus {
   bool withdrawn = false;
   // Checks done so far (at start, on changes, periodically).
   int checks = 0;
+  // MOFED checks that stopped at a bound (MofedReport::incomplete) and kept
+  // the previous verdict.
+  int mofed_incomplete = 0;
 };
 
 // Runs the plugin. One owner thread (the caller of Run) does all lifecycle
@@ -280,6 +283,7 @@ class Daemon {
   std::unique_ptr<MofedGuard> mofed_guard_;  // from the first check on
   std::optional<MofedState> mofed_state_;
   std::vector<std::string> mofed_hints_;  // as last logged
+  bool mofed_incomplete_logged_ = false;  // since the last complete check
   std::optional<bool> dra_present_;
   bool dra_yield_ = false;      // withdrawn while the DRA driver is present
   bool mofed_protect_ = false;  // every EFA held Unhealthy

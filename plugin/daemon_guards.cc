@@ -57,6 +57,31 @@ bool Daemon::CheckGuards() {
           options_.kubelet_dir / "pod-resources/kubelet.sock"});
     }
     status.mofed = mofed_guard_->Check(options_.clock->Now());
+    if (!status.mofed.incomplete.empty()) {
+      // A source stopped at a bound (time box, candidate cap, a file's
+      // size) and showed nothing: the last verdict stands, Unknown before
+      // the first.
+      MofedReport kept;
+      {
+        absl::MutexLock lock(&guard_mu_);
+        kept = guard_status_.mofed;
+      }
+      if (!mofed_state_) {
+        kept = status.mofed;
+        kept.state = MofedState::kUnknown;
+      }
+      kept.incomplete = status.mofed.incomplete;
+      if (!mofed_incomplete_logged_) {
+        spdlog::warn("MOFED guard: {}; {}", kept.incomplete,
+                     mofed_state_ ? fmt::format("the previous verdict ({}) stands",
+                                                MofedStateName(*mofed_state_))
+                                  : std::string("no verdict yet (unknown)"));
+        mofed_incomplete_logged_ = true;
+      }
+      status.mofed = std::move(kept);
+    } else {
+      mofed_incomplete_logged_ = false;
+    }
     const MofedState state = status.mofed.state;
     if (status.mofed.hints != mofed_hints_) {
       if (!status.mofed.hints.empty() && state != MofedState::kOn) {
@@ -147,6 +172,7 @@ bool Daemon::CheckGuards() {
   status.withdrawn = yield;
   absl::MutexLock lock(&guard_mu_);
   status.checks = guard_status_.checks + 1;
+  status.mofed_incomplete = guard_status_.mofed_incomplete + !status.mofed.incomplete.empty();
   guard_status_ = std::move(status);
   return changed;
 }

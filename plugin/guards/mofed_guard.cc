@@ -174,6 +174,12 @@ MofedEvidence MofedFromCheckpoint(const absl::StatusOr<KubeletCheckpoint>& check
       evidence.findings.push_back(absl::StrCat(path, ": absent"));
       return evidence;
     }
+    // Over its size bound, or short of descriptors or memory: not read,
+    // so it proves nothing (a corrupt one may hide an on: unknown).
+    if (absl::IsResourceExhausted(checkpoint.status()) ||
+        topology::IsHostResourceError(topology::ErrnoOf(checkpoint.status()))) {
+      evidence.incomplete = std::string(checkpoint.status().message());
+    }
     evidence.state = MofedState::kUnknown;
     evidence.findings.emplace_back(checkpoint.status().message());
     return evidence;
@@ -256,18 +262,33 @@ MofedEvidence MofedFromCdiSpecDirs(const std::vector<fs::path>& dirs) {
   return evidence;
 }
 
-MofedEvidence MofedFromProcesses(const absl::StatusOr<std::vector<NvidiaPluginProcess>>& processes,
+MofedEvidence MofedFromProcesses(const absl::StatusOr<NvidiaPluginScan>& scan,
                                  const fs::path& proc_root) {
   MofedEvidence evidence;
-  if (!processes.ok()) {
-    evidence.findings.emplace_back(processes.status().message());
+  if (!scan.ok()) {
+    evidence.findings.emplace_back(scan.status().message());
+    // Stopped at the time box, or short of descriptors or memory: whatever
+    // was not read may be the plugin.
+    if (absl::IsDeadlineExceeded(scan.status()) ||
+        topology::IsHostResourceError(topology::ErrnoOf(scan.status()))) {
+      evidence.incomplete = evidence.findings.back();
+    }
     return evidence;
   }
-  if (processes->empty()) {
-    evidence.findings.push_back(
-        absl::StrCat("no ", kNvidiaPluginCommand, " process under ", proc_root.string()));
+  if (scan->processes.empty()) {
+    evidence.findings.push_back(absl::StrCat("no ", kNvidiaPluginCommand,
+                                             " process run by root under ", proc_root.string()));
   }
-  for (const NvidiaPluginProcess& p : *processes) {
+  if (scan->not_root > 0) {
+    evidence.findings.push_back(absl::StrCat(scan->not_root, " ", kNvidiaPluginCommand,
+                                             " processes not run by root under ",
+                                             proc_root.string(), ": ignored"));
+  }
+  if (!scan->incomplete.empty()) {
+    evidence.incomplete = scan->incomplete;
+    evidence.findings.push_back(scan->incomplete);
+  }
+  for (const NvidiaPluginProcess& p : scan->processes) {
     if (p.plugin_socket.empty()) {
       // A name anyone can take: no evidence either way.
       evidence.findings.push_back(
@@ -305,6 +326,9 @@ MofedReport CombineMofedEvidence(const std::vector<MofedEvidence>& sources) {
     std::vector<std::string>& to = s.state == report.state ? report.evidence : report.other;
     to.insert(to.end(), s.findings.begin(), s.findings.end());
     report.hints.insert(report.hints.end(), s.hints.begin(), s.hints.end());
+    if (report.state != MofedState::kOn && report.incomplete.empty()) {
+      report.incomplete = s.incomplete;
+    }
   }
   return report;
 }
@@ -318,6 +342,9 @@ MofedGuard::MofedGuard(Options options)
       gone_(options_.gone_after) {}
 
 MofedReport MofedGuard::Check(std::chrono::steady_clock::time_point now) {
+  // Real time, not the daemon's Clock: the box bounds how long the owner
+  // thread is really away, whatever a test's clock says.
+  const auto deadline = std::chrono::steady_clock::now() + options_.time_box;
   std::vector<MofedEvidence> sources;
   if (!options_.checkpoint.empty()) {
     const absl::StatusOr<KubeletCheckpoint> checkpoint = ReadCheckpoint(options_.checkpoint);
@@ -338,9 +365,10 @@ MofedReport MofedGuard::Check(std::chrono::steady_clock::time_point now) {
     sources.push_back(MofedFromCdiSpecDirs(options_.cdi_spec_dirs));
   }
   if (!options_.proc_root.empty()) {
-    sources.push_back(MofedFromProcesses(
-        FindNvidiaPluginProcesses(options_.proc_root, options_.device_plugin_dir),
-        options_.proc_root));
+    sources.push_back(
+        MofedFromProcesses(FindNvidiaPluginProcesses(options_.proc_root, options_.device_plugin_dir,
+                                                     {.deadline = deadline}),
+                           options_.proc_root));
   }
   return CombineMofedEvidence(sources);
 }

@@ -24,8 +24,10 @@
 //     trusted): --mofed-enabled, MOFED_ENABLED, or a version that enables it
 //     by default (v0.19.0-v0.19.2).
 // Any source showing MOFED makes the state On. Otherwise a source that
-// exists but cannot be read or parsed (a corrupt checkpoint) makes it
-// Unknown: it may hide an On. Otherwise Off.
+// stopped at one of its bounds (the time box, the candidate cap, a file's
+// size) or for want of descriptors or memory makes the report incomplete: the caller keeps its
+// previous verdict. Otherwise a source that exists but cannot be read or parsed (a corrupt
+// checkpoint) makes it Unknown: it may hide an On. Otherwise Off.
 #pragma once
 
 #include <chrono>
@@ -53,6 +55,10 @@ inline constexpr char kMofedCdiSpecStem[] = "k8s.device-plugin.nvidia.com-mofed"
 inline constexpr char kMofedRemedy[] =
     "set mofedEnabled: false in the NVIDIA device plugin chart (--mofed-enabled=false, "
     "MOFED_ENABLED=false), or run the NVIDIA device plugin v0.19.3 or later";
+// How long one Check may take (the /proc scan stops there). It runs on the
+// daemon's owner thread, whose liveness limit is 3 rescan intervals plus
+// 15 s, and which must answer a kubelet restart within a second.
+inline constexpr std::chrono::milliseconds kMofedCheckTimeBox{500};
 
 // What the daemon does about a conflict.
 enum class MofedPolicy {
@@ -75,6 +81,9 @@ struct MofedEvidence {
   std::vector<std::string> findings;
   // What suggests MOFED without showing it (the MOFED CDI spec installed).
   std::vector<std::string> hints = {};
+  // Non-empty when the source stopped at a bound before it saw everything
+  // (says which): unless it shows On, it proves nothing.
+  std::string incomplete;
 };
 
 // The verdict over every source.
@@ -86,6 +95,9 @@ struct MofedReport {
   std::vector<std::string> other;
   // Every source's hints, whatever the state.
   std::vector<std::string> hints = {};
+  // Non-empty when no source shows On and one stopped at a bound (its
+  // `incomplete`): the state is not a verdict, keep the previous one.
+  std::string incomplete;
 };
 
 // How long pod-resources must leave a checkpointed container out before
@@ -159,8 +171,9 @@ MofedEvidence MofedFromCdiSpecDirs(const std::vector<std::filesystem::path>& dir
 
 // From the nvidia-device-plugin processes found under `proc_root`, or the
 // error listing it (a finding, state Off: without hostPID no host process
-// is visible, which is normal).
-MofedEvidence MofedFromProcesses(const absl::StatusOr<std::vector<NvidiaPluginProcess>>& processes,
+// is visible, which is normal). A scan stopped at its deadline, or with
+// candidates over its cap, is incomplete.
+MofedEvidence MofedFromProcesses(const absl::StatusOr<NvidiaPluginScan>& scan,
                                  const std::filesystem::path& proc_root);
 
 // Combines the sources as described at the top of this file. Pure.
@@ -186,6 +199,8 @@ class MofedGuard {
     // entry counts.
     std::filesystem::path pod_resources_socket = {};
     std::chrono::milliseconds gone_after = kMofedGoneAfter;
+    // Check stops scanning /proc this long after it starts (incomplete).
+    std::chrono::milliseconds time_box = kMofedCheckTimeBox;
   };
   explicit MofedGuard(Options options);
 

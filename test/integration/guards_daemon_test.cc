@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -312,6 +313,36 @@ TEST_CASE("A corrupt checkpoint makes the MOFED state unknown and the daemon kee
   CHECK(node.WaitAll("Unhealthy"));
 }
 
+TEST_CASE("A checkpoint over its size bound keeps the MOFED verdict, logged and counted",
+          "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  node.RestartKubeletWithCheckpoint(MofedEnv());
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Unhealthy"));
+  const int checks = node.daemon().guard_status().checks;
+  CHECK(node.daemon().guard_status().mofed_incomplete == 0);
+
+  // Replaced behind the kubelet's back by a file over the bound: not read,
+  // so not proof that the MOFED pod is gone.
+  const fs::path big = node.checkpoint().string() + ".big";
+  { std::ofstream out(big); }
+  fs::resize_file(big, (size_t{64} << 20) + 1);
+  fs::rename(big, node.checkpoint());
+  REQUIRE(node.WaitStatus(
+      [checks](const GuardStatus& s) { return s.checks > checks && s.mofed_incomplete > 0; }));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.incomplete == node.checkpoint().string() + ": larger than 64 MiB");
+  CHECK(status.mofed.state == MofedState::kOn);
+  CHECK(status.efas_held_unhealthy);
+  CHECK(node.All("Unhealthy"));
+
+  // Readable again without MOFED: the verdict follows.
+  node.RestartKubeletWithCheckpoint(NoMofed());
+  CHECK(node.WaitAll("Healthy"));
+  CHECK(node.daemon().guard_status().mofed.incomplete.empty());
+}
+
 TEST_CASE(
     "The MOFED CDI spec appearing in a CDI directory is reported as a hint and does not turn "
     "EFAs Unhealthy under protect",
@@ -396,6 +427,24 @@ TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the 
 
   node.proc().RemoveProcess(4242);
   CHECK(node.PassUntil([&] { return node.All("Healthy"); }));
+}
+
+TEST_CASE("Among 10,000 nvidia-device-plugin processes the daemon finds the plugin's MOFED",
+          "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  const std::vector<std::string> fake = {"nvidia-device-plugin", "--mofed-enabled"};
+  for (int pid = 1000; pid < 10999; ++pid) node.proc().AddNamedProcess(pid, fake, 1000);
+  node.proc().AddProcess(30000, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.17.0",
+                         node.device_plugin_dir() / "nvidia-gpu.sock");
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Unhealthy"));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.state == MofedState::kOn);
+  CHECK(status.mofed_incomplete == 0);
+  CHECK(std::find(status.mofed.evidence.begin(), status.mofed.evidence.end(),
+                  "process 30000 (nvidia-device-plugin v0.17.0): command line sets "
+                  "--mofed-enabled=true") != status.mofed.evidence.end());
 }
 
 TEST_CASE("A process that only calls itself nvidia-device-plugin does not make EFAs Unhealthy",

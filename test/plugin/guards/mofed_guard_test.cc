@@ -1,6 +1,9 @@
 #include "plugin/guards/mofed_guard.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -151,7 +154,8 @@ TEST_CASE("An nvidia-device-plugin process with the flag shows MOFED on, without
   };
   auto none = report();
   CHECK(none.state == MofedState::kOff);
-  CHECK(none.findings == Findings{"no nvidia-device-plugin process under " + proc.root().string()});
+  CHECK(none.findings ==
+        Findings{"no nvidia-device-plugin process run by root under " + proc.root().string()});
 
   proc.AddProcess(4242, {"nvidia-device-plugin", "--fail-on-init-error=false"}, {"PATH=/bin"}, "",
                   socket);
@@ -258,9 +262,9 @@ TEST_CASE("Without a visible procfs the process source is only a finding", "[mof
 
 TEST_CASE("CombineMofedEvidence: on beats unknown beats off, and the deciding sources are evidence",
           "[mofed]") {
-  const MofedEvidence off{MofedState::kOff, {"off"}};
-  const MofedEvidence on{MofedState::kOn, {"on"}};
-  const MofedEvidence unknown{MofedState::kUnknown, {"unknown"}};
+  const MofedEvidence off{MofedState::kOff, {"off"}, {}, {}};
+  const MofedEvidence on{MofedState::kOn, {"on"}, {}, {}};
+  const MofedEvidence unknown{MofedState::kUnknown, {"unknown"}, {}, {}};
   CHECK(CombineMofedEvidence({}).state == MofedState::kOff);
   auto a = CombineMofedEvidence({off, unknown});
   CHECK(a.state == MofedState::kUnknown);
@@ -283,7 +287,7 @@ TEST_CASE("MofedGuard reads every configured source", "[mofed]") {
   CHECK(absent.state == MofedState::kOff);
   CHECK(absent.evidence ==
         Findings{checkpoint.string() + ": absent", "no NVIDIA MOFED CDI spec in " + cdi.string(),
-                 "no nvidia-device-plugin process under " + proc.root().string()});
+                 "no nvidia-device-plugin process run by root under " + proc.root().string()});
 
   WriteFileAtomically(checkpoint, "{\"Data\":{\"PodDeviceEntries\":[{\"AllocResp\":\"%%\"}]}}");
   auto unknown = guard.Check(t0);
@@ -413,4 +417,67 @@ TEST_CASE("MOFED policies parse by name", "[mofed]") {
         "mofed policy \"block\": expected warn, protect or off");
   CHECK(MofedPolicyName(MofedPolicy::kProtect) == "protect");
   CHECK(MofedStateName(MofedState::kUnknown) == "unknown");
+}
+
+TEST_CASE(
+    "10,000 fake nvidia-device-plugin processes do not delay a guard pass beyond its time box",
+    "[mofed]") {
+  TempDir dir;
+  FakeProc proc(dir.path() / "proc");
+  const auto plugins = dir.path() / "device-plugins";
+  // 9,995 of tenants, 4 of root without the plugin's socket, then the
+  // plugin with MOFED on: 5 candidates, within the cap.
+  const std::vector<std::string> fake = {"nvidia-device-plugin", "--mofed-enabled"};
+  for (int pid = 1000; pid < 10995; ++pid) proc.AddNamedProcess(pid, fake, 1000);
+  for (int pid = 20000; pid < 20004; ++pid) proc.AddNamedProcess(pid, fake, 0);
+  proc.AddProcess(30000, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.17.0",
+                  plugins / "nvidia-gpu.sock");
+  // What one step past the deadline may take (a file read) on a loaded machine.
+  constexpr auto kSlack = std::chrono::milliseconds(250);
+
+  // With the default box the pass ends within it (done or cut short: an
+  // optimized build scans all 10,000 in about 200 ms, a sanitized one may
+  // not).
+  const auto start = std::chrono::steady_clock::now();
+  const MofedReport boxed =
+      MofedGuard({{}, {}, proc.root(), plugins}).Check(std::chrono::steady_clock::now());
+  const auto took = std::chrono::steady_clock::now() - start;
+  INFO("the pass took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                        << " ms" << (boxed.incomplete.empty() ? "" : " (cut short)"));
+  CHECK(took < kMofedCheckTimeBox + kSlack);
+  CHECK((boxed.state == MofedState::kOn || !boxed.incomplete.empty()));
+
+  // Given the time, the scan finds the root plugin among them.
+  const MofedReport whole =
+      MofedGuard({{}, {}, proc.root(), plugins, {}, kMofedGoneAfter, std::chrono::seconds(60)})
+          .Check(std::chrono::steady_clock::now());
+  CHECK(whole.incomplete.empty());
+  CHECK(whole.state == MofedState::kOn);
+  auto has = [&](const std::string& finding) {
+    return std::find(whole.evidence.begin(), whole.evidence.end(), finding) != whole.evidence.end();
+  };
+  CHECK(
+      has("process 30000 (nvidia-device-plugin v0.17.0): command line sets "
+          "--mofed-enabled=true"));
+  CHECK(has("9995 nvidia-device-plugin processes not run by root under " + proc.root().string() +
+            ": ignored"));
+
+  // A time box far shorter than the scan: it stops there, and says so.
+  const auto box = std::chrono::milliseconds(2);
+  const auto cut_start = std::chrono::steady_clock::now();
+  const MofedReport cut = MofedGuard({{}, {}, proc.root(), plugins, {}, kMofedGoneAfter, box})
+                              .Check(std::chrono::steady_clock::now());
+  CHECK(std::chrono::steady_clock::now() - cut_start < box + kSlack);
+  CHECK(cut.incomplete.starts_with(proc.root().string() +
+                                   ": the scan stopped at its time box after "));
+}
+
+TEST_CASE("A checkpoint over its size bound proves nothing and names itself", "[mofed]") {
+  TempDir dir;
+  const auto checkpoint = dir.path() / "kubelet_internal_checkpoint";
+  { std::ofstream out(checkpoint); }
+  std::filesystem::resize_file(checkpoint, (size_t{64} << 20) + 1);
+  const MofedReport report =
+      MofedGuard({checkpoint, {}, {}, {}}).Check(std::chrono::steady_clock::now());
+  CHECK(report.incomplete == checkpoint.string() + ": larger than 64 MiB");
 }
