@@ -34,6 +34,7 @@ enum class Check {
   kAddress,       // "" or host:port
   kResources,     // list of domain/name resource names
   kDirs,          // list of non-empty paths
+  kDriverNames,   // list of DRA driver names (DNS subdomains: a-z, 0-9, '.', '-')
   kLongDuration,  // a duration up to kMaxLongDuration (else up to kMaxRescan)
 };
 
@@ -150,6 +151,10 @@ const std::vector<Option>& Options() {
        "While the EFA DRA driver (dra.net) serves the node: yield (withdraw "
        "vpc.amazonaws.com/efa) or ignore",
        "POLICY"},
+      {"draDrivers", &Config::dra_drivers,
+       "DRA drivers that hand out this node's EFAs, by driver name (their registration socket "
+       "<kubeletDir>/plugins_registry/<name>-reg.sock); draPolicy applies while one registers",
+       "LIST", Check::kDriverNames, 0, "dra.net"},
       {"cdiSpecDirs", &Config::cdi_spec_dirs,
        "Where the host's CDI specs are (the NVIDIA MOFED spec is looked for there)", "LIST",
        Check::kDirs},
@@ -296,9 +301,14 @@ std::string Expected(const Option& o) {
   } else if constexpr (std::is_same_v<T, int>) {
     return absl::StrCat("an integer from ", o.min, " to ", o.max);
   } else if constexpr (std::is_same_v<T, Strings>) {
-    return o.check == Check::kResources
-               ? absl::StrCat("a list of resource names like [", o.example, "]")
-               : std::string("a list of directory paths");
+    switch (o.check) {
+      case Check::kResources:
+        return absl::StrCat("a list of resource names like [", o.example, "]");
+      case Check::kDriverNames:
+        return absl::StrCat("a list of DRA driver names like [", o.example, "]");
+      default:
+        return "a list of directory paths";
+    }
   } else {
     std::string out = "one of ";
     for (const auto& [v, name] : EnumNames<T>()) {
@@ -313,9 +323,29 @@ absl::Status Mismatch(const std::string& expected, std::string_view got) {
   return absl::InvalidArgumentError(absl::StrCat("expected ", expected, ", got ", QuoteShort(got)));
 }
 
+// What one element of a list option must be.
+std::string ElementExpected(const Option& o) {
+  switch (o.check) {
+    case Check::kResources:
+      return absl::StrCat("a resource name like \"", o.example, "\"");
+    case Check::kDriverNames:
+      return absl::StrCat("a DRA driver name like \"", o.example, "\"");
+    default:
+      return "a directory path";
+  }
+}
+
 // One element of a list option.
 absl::Status CheckElement(const Option& o, std::string_view text) {
-  if (o.check == Check::kResources) {
+  if (o.check == Check::kDriverNames) {
+    // Also a file name: no '/' may lead out of plugins_registry.
+    bool ok = !text.empty();
+    for (char c : text) {
+      ok = ok && (std::islower(static_cast<unsigned char>(c)) ||
+                  std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '-');
+    }
+    if (!ok) return Mismatch(ElementExpected(o), text);
+  } else if (o.check == Check::kResources) {
     const size_t slash = text.find('/');
     bool ok = slash != std::string_view::npos && slash > 0 && slash + 1 < text.size() &&
               text.find('/', slash + 1) == std::string_view::npos;
@@ -323,9 +353,9 @@ absl::Status CheckElement(const Option& o, std::string_view text) {
       ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' ||
                   c == '/');
     }
-    if (!ok) return Mismatch(absl::StrCat("a resource name like \"", o.example, "\""), text);
+    if (!ok) return Mismatch(ElementExpected(o), text);
   } else if (text.empty()) {
-    return Mismatch("a directory path", text);
+    return Mismatch(ElementExpected(o), text);
   }
   return absl::OkStatus();
 }
@@ -570,10 +600,7 @@ absl::Status SetFromYaml(const Option& o, const YAML::Node& node, const std::str
             const YAML::Node item = node[i];
             const std::string subject = absl::StrCat(o.key, "[", i, "]");
             if (!item.IsScalar()) {
-              return NodeError(file, item, subject,
-                               o.check == Check::kResources
-                                   ? absl::StrCat("a resource name like \"", o.example, "\"")
-                                   : std::string("a directory path"));
+              return NodeError(file, item, subject, ElementExpected(o));
             }
             if (absl::Status s = CheckElement(o, item.Scalar()); !s.ok()) {
               return absl::InvalidArgumentError(
@@ -740,6 +767,7 @@ Config DefaultConfig() {
   c.cdi_handover = CdiHandover::kBoth;
   c.mofed_policy = MofedPolicy::kWarn;
   c.dra_policy = DraPolicy::kYield;
+  c.dra_drivers = Strings{kDraDriverName};
   c.cdi_spec_dirs = Strings{"/etc/cdi", "/var/run/cdi"};
   c.expected_efa_count = 0;
   c.sharing_replicas = 1;
@@ -936,6 +964,7 @@ DaemonOptions ToDaemonOptions(const Config& c) {
   o.cdi_handover = *d.cdi_handover;
   o.mofed_policy = *d.mofed_policy;
   o.dra_policy = *d.dra_policy;
+  o.dra_drivers = *d.dra_drivers;
   o.cdi_spec_dirs.assign(d.cdi_spec_dirs->begin(), d.cdi_spec_dirs->end());
   o.replicas = *d.sharing_replicas;
   o.resource_name =

@@ -56,6 +56,7 @@ struct Config {
   std::optional<CdiHandover> cdi_handover;
   std::optional<MofedPolicy> mofed_policy;
   std::optional<DraPolicy> dra_policy;
+  std::optional<std::vector<std::string>> dra_drivers;
   std::optional<std::vector<std::string>> cdi_spec_dirs;
   std::optional<int> expected_efa_count;  // 0: from the instance type
   std::optional<int> sharing_replicas;    // 1..kMaxReplicas (README, "Sharing")

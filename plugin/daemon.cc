@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "plugin/alignment/cdi_spec.h"
+#include "plugin/ops/orphan_reaper.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -621,12 +622,17 @@ int Daemon::Run() {
     return 1;
   }
   fds_->uevent = topology::OpenUeventSocket();
+  // As PID 1 of its container the daemon is handed the container's orphans
+  // (orphan_reaper.h): reaped on SIGCHLD, and once now for any handed over
+  // before this loop (or to the idle process it was exec'ed from).
+  const bool reap_orphans = options_.handle_signals && InheritsOrphans();
   if (options_.handle_signals) {
     sigset_t set;
     sigemptyset(&set);
-    for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+    for (int s : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&set, s);
     fds_->signal = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
   }
+  if (reap_orphans) ReapEndedChildren();
   const fs::path plugin_dir = options_.kubelet_dir / "device-plugins";
   std::error_code ec;
   fs::create_directories(plugin_dir, ec);
@@ -638,6 +644,10 @@ int Daemon::Run() {
     return 1;
   }
   Rescan();
+  // Alive from here on: /healthz must not wait for the first registration,
+  // which may block for kRegisterTimeout (the idle process answered 200
+  // until it exec'ed this one).
+  Heartbeat();
   if (late_binder_) {
     // Before serving: no PreStartContainer may bind an EFA a spec holds.
     late_binder_->Recover();
@@ -706,7 +716,9 @@ int Daemon::Run() {
       } else if (p.fd == fds_->signal) {
         signalfd_siginfo info;
         while (::read(fds_->signal, &info, sizeof info) == sizeof info) {
-          if (info.ssi_signo == SIGHUP) {
+          if (info.ssi_signo == SIGCHLD) {
+            if (reap_orphans) ReapEndedChildren();
+          } else if (info.ssi_signo == SIGHUP) {
             spdlog::info("SIGHUP: rescanning and registering again");
             Rescan();
             registered_ = false;

@@ -48,8 +48,9 @@ struct DaemonOptions {
   // A full rescan at least this often, whatever the uevent count says: no
   // state the periodic pass missed outlives its cause on a quiet node.
   std::chrono::milliseconds full_rescan_interval{300000};
-  // Take SIGTERM/SIGINT (stop) and SIGHUP (rescan and re-register) through
-  // a signalfd; the caller must have blocked them in every thread.
+  // Take SIGTERM/SIGINT (stop), SIGHUP (rescan and re-register) and
+  // SIGCHLD (reap orphans, as PID 1 only: plugin/ops/orphan_reaper.h)
+  // through a signalfd; the caller must have blocked them in every thread.
   bool handle_signals = false;
   // The PCI tree: an hwloc XML file, else hwloc reads the host (the parent
   // of roots.sysfs when that is a simulated ".../sys").
@@ -71,6 +72,8 @@ struct DaemonOptions {
   // MOFED on, and while the EFA DRA driver serves the node.
   MofedPolicy mofed_policy = MofedPolicy::kWarn;
   DraPolicy dra_policy = DraPolicy::kYield;
+  // The DRA drivers that hand out EFAs, by the name they register under.
+  std::vector<std::string> dra_drivers = {kDraDriverName};
   // Where the NVIDIA MOFED CDI spec may be (host paths, like the roots).
   std::vector<std::filesystem::path> cdi_spec_dirs = {"/etc/cdi", "/var/run/cdi"};
   // Sharing (README, "Sharing"): device IDs per EFA, and the resource name.
@@ -112,6 +115,9 @@ struct GuardStatus {
   bool withdrawn = false;
   // Checks done so far (at start, on changes, periodically).
   int checks = 0;
+  // MOFED checks that stopped at a bound (MofedReport::incomplete) and kept
+  // the previous verdict.
+  int mofed_incomplete = 0;
 };
 
 // Runs the plugin. One owner thread (the caller of Run) does all lifecycle
@@ -276,7 +282,10 @@ class Daemon {
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
   int kubelet_watch_ = -1;
   // Guards (owner thread).
+  std::unique_ptr<MofedGuard> mofed_guard_;  // from the first check on
   std::optional<MofedState> mofed_state_;
+  std::vector<std::string> mofed_hints_;  // as last logged
+  bool mofed_incomplete_logged_ = false;  // since the last complete check
   std::optional<bool> dra_present_;
   bool dra_yield_ = false;      // withdrawn while the DRA driver is present
   bool mofed_protect_ = false;  // every EFA held Unhealthy

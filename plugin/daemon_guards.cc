@@ -49,11 +49,49 @@ bool Daemon::CheckGuards() {
   status.dra_policy = options_.dra_policy;
 
   if (options_.mofed_policy != MofedPolicy::kOff) {
-    status.mofed = MofedGuard({options_.kubelet_dir / "device-plugins" / kCheckpointFile,
-                               options_.cdi_spec_dirs, options_.roots.proc,
-                               options_.kubelet_dir / "device-plugins"})
-                       .Check();
+    if (!mofed_guard_) {
+      // Kept: it remembers since when pod-resources leaves a container out.
+      mofed_guard_ = std::make_unique<MofedGuard>(MofedGuard::Options{
+          options_.kubelet_dir / "device-plugins" / kCheckpointFile, options_.cdi_spec_dirs,
+          options_.roots.proc, options_.kubelet_dir / "device-plugins",
+          options_.kubelet_dir / "pod-resources/kubelet.sock"});
+    }
+    status.mofed = mofed_guard_->Check(options_.clock->Now());
+    if (!status.mofed.incomplete.empty()) {
+      // A source stopped at a bound (time box, candidate cap, a file's
+      // size) and showed nothing: the last verdict stands, Unknown before
+      // the first.
+      MofedReport kept;
+      {
+        absl::MutexLock lock(&guard_mu_);
+        kept = guard_status_.mofed;
+      }
+      if (!mofed_state_) {
+        kept = status.mofed;
+        kept.state = MofedState::kUnknown;
+      }
+      kept.incomplete = status.mofed.incomplete;
+      if (!mofed_incomplete_logged_) {
+        spdlog::warn("MOFED guard: {}; {}", kept.incomplete,
+                     mofed_state_ ? fmt::format("the previous verdict ({}) stands",
+                                                MofedStateName(*mofed_state_))
+                                  : std::string("no verdict yet (unknown)"));
+        mofed_incomplete_logged_ = true;
+      }
+      status.mofed = std::move(kept);
+    } else {
+      mofed_incomplete_logged_ = false;
+    }
     const MofedState state = status.mofed.state;
+    if (status.mofed.hints != mofed_hints_) {
+      if (!status.mofed.hints.empty() && state != MofedState::kOn) {
+        spdlog::warn(
+            "{}. Not acted on: only a running container given MOFED (the kubelet checkpoint) "
+            "or the NVIDIA plugin's process shows MOFED on",
+            absl::StrJoin(status.mofed.hints, "; "));
+      }
+      mofed_hints_ = status.mofed.hints;
+    }
     if (mofed_state_ != state) {
       const bool protect = options_.mofed_policy == MofedPolicy::kProtect;
       if (state == MofedState::kOn) {
@@ -80,7 +118,7 @@ bool Daemon::CheckGuards() {
     }
   }
 
-  status.dra = DetectDraDriver(options_.kubelet_dir / kPluginsRegistryDir, kDraDriverName);
+  status.dra = DetectDraDrivers(options_.kubelet_dir / kPluginsRegistryDir, options_.dra_drivers);
   if (!status.dra.present && status.dra.refusing > 0) {
     // A driver binds its registration socket before it listens: the probe
     // at the bind is refused. Probe again soon, less often as it stays so.
@@ -95,7 +133,7 @@ bool Daemon::CheckGuards() {
       spdlog::warn(
           "the EFA DRA driver ({}) serves this node's EFAs ({}): {} until it goes, so that no EFA "
           "is given out twice (--dra-policy=ignore serves anyway)",
-          kDraDriverName, status.dra.evidence,
+          status.dra.driver, status.dra.evidence,
           registered_
               ? absl::StrCat("withdrawing ", options_.resource_name, " (advertising no devices)")
               : absl::StrCat("not registering ", options_.resource_name));
@@ -103,7 +141,7 @@ bool Daemon::CheckGuards() {
       spdlog::warn(
           "the EFA DRA driver ({}) serves this node's EFAs ({}), and the DRA policy is ignore: "
           "still serving {}; the same EFA may be given to a DRA claim and to a pod",
-          kDraDriverName, status.dra.evidence, options_.resource_name);
+          status.dra.driver, status.dra.evidence, options_.resource_name);
     } else if (dra_present_) {
       spdlog::info(
           "the EFA DRA driver is gone ({}){}", status.dra.evidence,
@@ -134,6 +172,7 @@ bool Daemon::CheckGuards() {
   status.withdrawn = yield;
   absl::MutexLock lock(&guard_mu_);
   status.checks = guard_status_.checks + 1;
+  status.mofed_incomplete = guard_status_.mofed_incomplete + !status.mofed.incomplete.empty();
   guard_status_ = std::move(status);
   return changed;
 }

@@ -65,7 +65,7 @@ ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& gu
   // serves as configured.
   if (guards.withdrawn) {
     return {true,
-            absl::StrCat("the EFA DRA driver (", kDraDriverName,
+            absl::StrCat("the EFA DRA driver (", guards.dra.driver,
                          ") serves this node's EFAs: ", resource,
                          " is withdrawn, as --dra-policy=yield asks (", guards.dra.evidence, ")")};
   }
@@ -239,6 +239,12 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
             g.withdrawn ? 1 : 0);
   AddSample(family("guard_checks_total", "Guard checks run.", MetricType::Counter),
             static_cast<double>(g.checks));
+  AddSample(family("mofed_checks_incomplete_total",
+                   "MOFED guard checks that stopped at a bound (the time box, the cap on "
+                   "nvidia-device-plugin processes read, a file's size) or for want of "
+                   "descriptors or memory, and kept the previous verdict.",
+                   MetricType::Counter),
+            static_cast<double>(g.mofed_incomplete));
   AddSample(family("checkpoint_entries_skipped",
                    "Entries of the kubelet checkpoint skipped at its latest read because they "
                    "cannot be parsed (the others are still used).",

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -34,6 +35,7 @@
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/logging.h"
 #include "plugin/ops/metrics.h"
+#include "plugin/ops/orphan_reaper.h"
 #include "plugin/ops/probes.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
@@ -51,6 +53,10 @@ std::atomic<SteadyClock::rep> heartbeat{0};
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The daemon's test before it execs this binary: reaching main() shows
+  // that the dynamic loader found every library and the static
+  // initialisers ran (plugin/main.cc, CheckIdleBinary).
+  if (argc == 2 && std::string_view(argv[1]) == "--check") return 0;
   std::string sysfs_root = "/sys", dev_root = "/dev", metrics_address, probe_address;
   std::string instance_type;
   int expected_efa_count = 0;
@@ -88,10 +94,11 @@ int main(int argc, char** argv) {
   limits.request_timeout = std::chrono::milliseconds(request_timeout_ms);
 
   // The daemon blocked these before exec (the mask is inherited): taken here
-  // through a signalfd as the daemon does.
+  // through a signalfd as the daemon does, SIGCHLD to reap the orphans it
+  // is handed as PID 1.
   sigset_t signals;
   sigemptyset(&signals);
-  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&signals, s);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -140,6 +147,8 @@ int main(int argc, char** argv) {
     }
     return !efa::topology::DiscoverEfaDevices(roots).devices.empty();
   };
+  const bool reap_orphans = efa::plugin::InheritsOrphans();
+  if (reap_orphans) efa::plugin::ReapEndedChildren();
   bool found = efa_present();  // one may have come since the daemon looked
   if (!found) spdlog::info("no EFA on this node; idle until one appears");
   while (!found) {
@@ -152,7 +161,9 @@ int main(int argc, char** argv) {
     }
     signalfd_siginfo info;
     while (::read(signal_fd, &info, sizeof info) == sizeof info) {
-      if (info.ssi_signo != SIGHUP) {
+      if (info.ssi_signo == SIGCHLD) {
+        if (reap_orphans) efa::plugin::ReapEndedChildren();
+      } else if (info.ssi_signo != SIGHUP) {
         spdlog::info("signal {}: stopping", info.ssi_signo);
         return 0;
       }

@@ -1,5 +1,9 @@
 // efa-k8s-device-plugin: the kubelet device plugin for AWS EFA.
+#include <poll.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +17,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/config.h"
@@ -75,16 +81,73 @@ int RunTopology(const Config& c, const std::string& format) {
   return 0;
 }
 
+// How long the idle binary may take to show that it starts: milliseconds
+// on any node; more means it hangs, and the daemon idles itself.
+constexpr int kIdleCheckTimeoutMs = 5000;
+
+// Whether the idle binary at `idle` can run: started with --check, it exits
+// 0 once the dynamic loader found its libraries and its static
+// initialisers ran. An exec that succeeded cannot be taken back (a missing
+// library fails after execve, in the new image, and the container would
+// exit and crash-loop), so it is tried in a child first. The error says
+// why not ("its check exited with status 127").
+absl::Status CheckIdleBinary(const fs::path& idle) {
+  std::string path = idle.string(), flag = "--check";
+  char* args[] = {path.data(), flag.data(), nullptr};
+  // The child starts with no signal blocked (the daemon blocks its own).
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, path.c_str(), nullptr, &attr, args, environ);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return absl::ErrnoToStatus(rc, "cannot start its check");
+  // Waited for on this (the owner) thread, the only one that reaps.
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  const int pidfd_errno = errno;
+  pollfd p{pidfd, POLLIN, 0};
+  int ready = 0;
+  while (pidfd >= 0 && (ready = ::poll(&p, 1, kIdleCheckTimeoutMs)) < 0 && errno == EINTR) {
+  }
+  if (pidfd >= 0) ::close(pidfd);
+  if (ready != 1) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (pidfd < 0) return absl::ErrnoToStatus(pidfd_errno, "cannot wait for its check (pidfd_open)");
+  if (ready != 1) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("its check did not end within ", kIdleCheckTimeoutMs, " ms"));
+  }
+  if (WIFSIGNALED(status)) {
+    return absl::UnavailableError(
+        absl::StrCat("its check was killed by signal ", WTERMSIG(status)));
+  }
+  if (WEXITSTATUS(status) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("its check exited with status ", WEXITSTATUS(status)));
+  }
+  return absl::OkStatus();
+}
+
 // On a node without EFA the daemon hands over to efa-k8s-device-plugin-idle,
 // installed beside it, which answers the probes and /metrics without
 // mapping gRPC and execs the daemon again (same PID, same command line and
-// environment) when an EFA appears. Returns when it cannot: without the
-// idle binary the daemon idles in its own loop.
+// environment) when an EFA appears. Returns when it cannot: without an idle
+// binary that runs, the daemon idles in its own loop.
 void ExecIdleProcess(const Config& c, int argc, char** argv) {
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   const fs::path idle = self.parent_path() / "efa-k8s-device-plugin-idle";
   if (ec || ::access(idle.c_str(), X_OK) != 0) return;
+  if (absl::Status runs = CheckIdleBinary(idle); !runs.ok()) {
+    spdlog::warn("cannot run {}: {}; idle in this process instead", idle.string(),
+                 std::string(runs.message()));
+    return;
+  }
   std::vector<std::string> args = {idle.string(),
                                    "--sysfs-root",
                                    *c.sysfs_root,
@@ -159,10 +222,11 @@ int main(int argc, char** argv) {
   // keep it on; the daemon's lock order is theirs.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Signals are taken by the owner loop through a signalfd: block them
-  // before any thread (gRPC's included) exists.
+  // before any thread (gRPC's included) exists. SIGCHLD too: as PID 1 the
+  // loop reaps orphans on it (plugin/ops/orphan_reaper.h).
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&set, s);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
   // gRPC polls every client channel's connection every 5 s from its timer

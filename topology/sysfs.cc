@@ -34,13 +34,6 @@ std::string Quote(std::string_view text) {
   return out + "\"";
 }
 
-// "64 MiB", "64 KiB" or "100 bytes": the largest unit that is exact.
-std::string SizeText(size_t bytes) {
-  if (bytes > 0 && bytes % (size_t{1} << 20) == 0) return absl::StrCat(bytes >> 20, " MiB");
-  if (bytes > 0 && bytes % 1024 == 0) return absl::StrCat(bytes >> 10, " KiB");
-  return absl::StrCat(bytes, " bytes");
-}
-
 std::string_view Trim(std::string_view t) {
   while (!t.empty() && absl::ascii_isspace(static_cast<unsigned char>(t.front())))
     t.remove_prefix(1);
@@ -53,6 +46,12 @@ absl::Status WithPath(const fs::path& path, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat(path.string(), ": ", status.message()));
 }
 }  // namespace
+
+std::string SizeText(size_t bytes) {
+  if (bytes > 0 && bytes % (size_t{1} << 20) == 0) return absl::StrCat(bytes >> 20, " MiB");
+  if (bytes > 0 && bytes % 1024 == 0) return absl::StrCat(bytes >> 10, " KiB");
+  return absl::StrCat(bytes, " bytes");
+}
 
 namespace {
 // Payloads of PathError's statuses: the errno, and whether read() gave it.
@@ -129,6 +128,11 @@ absl::StatusOr<std::pair<uint32_t, uint32_t>> ParseDevNumbers(std::string_view t
       absl::StrCat("expected a device number like \"231:192\", got ", Quote(text)));
 }
 
+absl::Status TooLargeError(const fs::path& path, size_t max_bytes) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(path.string(), ": larger than ", SizeText(max_bytes)));
+}
+
 absl::StatusOr<std::string> ReadFileBounded(const fs::path& path, size_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return PathError(path, errno);
@@ -145,8 +149,7 @@ absl::StatusOr<std::string> ReadFileBounded(const fs::path& path, size_t max_byt
     }
     if (n == 0) break;
     if (static_cast<size_t>(n) > max_bytes - data.size()) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat(path.string(), ": larger than ", SizeText(max_bytes)));
+      status = TooLargeError(path, max_bytes);
       break;
     }
     data.append(buf, static_cast<size_t>(n));

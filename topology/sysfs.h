@@ -52,6 +52,13 @@ absl::StatusOr<std::vector<std::string>> ListDirectory(const std::filesystem::pa
 // names `path`.
 absl::StatusOr<std::filesystem::path> ResolvePath(const std::filesystem::path& path);
 
+// "64 MiB", "64 KiB" or "100 bytes": the largest unit that is exact.
+std::string SizeText(size_t bytes);
+
+// "<path>: larger than 64 KiB" (ResourceExhausted): what a read that stops
+// at its bound says. `max_bytes` is shown in the largest exact unit.
+absl::Status TooLargeError(const std::filesystem::path& path, size_t max_bytes);
+
 // "<path>: <strerror(err)>" with the status code that fits errno; the
 // errno itself is kept in the status (ErrnoOf), since a status code lumps
 // errnos together (EIO and EAGAIN are both Unavailable).

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <system_error>
@@ -73,12 +74,23 @@ bool IsDraRegistrationName(std::string_view file_name, std::string_view driver) 
 }
 
 DraReport DetectDraDriver(const fs::path& registry_dir, std::string_view driver) {
+  return DetectDraDrivers(registry_dir, {std::string(driver)});
+}
+
+DraReport DetectDraDrivers(const fs::path& registry_dir, const std::vector<std::string>& drivers) {
   DraReport report;
+  if (drivers.empty()) {
+    report.evidence = "no DRA driver to look for (draDrivers is empty)";
+    return report;
+  }
   std::error_code ec;
   std::vector<std::string> stale;
   for (fs::directory_iterator it(registry_dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (!IsDraRegistrationName(name, driver)) continue;
+    auto driver = std::find_if(drivers.begin(), drivers.end(), [&](const std::string& d) {
+      return IsDraRegistrationName(name, d);
+    });
+    if (driver == drivers.end()) continue;
     struct stat st;
     if (::stat(it->path().c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     if (int err = ProbeSocket(it->path()); err != 0) {
@@ -88,11 +100,12 @@ DraReport DetectDraDriver(const fs::path& registry_dir, std::string_view driver)
       continue;
     }
     report.present = true;
-    report.evidence = absl::StrCat(it->path().string(), ": the ", std::string(driver),
+    report.driver = *driver;
+    report.evidence = absl::StrCat(it->path().string(), ": the ", *driver,
                                    " DRA driver's registration socket accepts connections");
     return report;
   }
-  report.evidence = stale.empty() ? absl::StrCat("no ", std::string(driver),
+  report.evidence = stale.empty() ? absl::StrCat("no ", absl::StrJoin(drivers, " or "),
                                                  " registration socket in ", registry_dir.string())
                                   : absl::StrJoin(stale, "; ");
   return report;

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -39,6 +40,8 @@ std::string_view DraPolicyName(DraPolicy policy);
 
 struct DraReport {
   bool present = false;
+  // The driver whose socket accepts connections, while present.
+  std::string driver = {};
   // Human-readable: the socket that shows the driver, or why none counts
   // ("<dir>/dra.net-reg.sock: refuses connections (stale)", "no dra.net
   // registration socket in <dir>").
@@ -60,5 +63,12 @@ bool IsDraRegistrationName(std::string_view file_name, std::string_view driver);
 // directory means no driver.
 DraReport DetectDraDriver(const std::filesystem::path& registry_dir,
                           std::string_view driver = kDraDriverName);
+
+// As DetectDraDriver, for any of `drivers` (configured: draDrivers): the
+// first socket found that accepts a connection makes the report present
+// and names its driver. A driver registered under another name is not
+// seen.
+DraReport DetectDraDrivers(const std::filesystem::path& registry_dir,
+                           const std::vector<std::string>& drivers);
 
 }  // namespace efa::plugin

@@ -24,9 +24,12 @@ constexpr size_t kHeaderSize = 32;
 constexpr uint8_t kFlagsVersionInline = 0x2;
 // The module info is framed by two 16-byte sentinels.
 constexpr size_t kSentinel = 16;
-// Bounds on what is read from a binary: section headers and the section.
-constexpr uint64_t kMaxTableBytes = 1 << 20;
-constexpr uint64_t kMaxSectionBytes = 1 << 20;
+// Bounds on what is read from a binary, which may be any process's: the
+// section headers (64 bytes each; a Go binary has 14 to 40 sections), their
+// names (a few hundred bytes) and the build info (the module list: 22 KiB
+// for terraform's 250 modules, about 100 bytes a module).
+constexpr uint64_t kMaxTableBytes = 64 << 10;
+constexpr uint64_t kMaxSectionBytes = 64 << 10;
 
 // Reads a uvarint-prefixed string at the front of `data` and drops it.
 bool TakeString(std::string_view& data, std::string_view* out) {
@@ -116,7 +119,7 @@ absl::StatusOr<GoBuildInfo> ParseGoBuildInfo(std::string_view section) {
 absl::StatusOr<GoBuildInfo> ReadGoBuildInfo(const std::filesystem::path& path) {
   Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (file.fd < 0) return topology::PathError(path, errno);
-  auto fail = [&](const char* what) {
+  auto fail = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", what));
   };
   std::string header;
@@ -151,12 +154,16 @@ absl::StatusOr<GoBuildInfo> ReadGoBuildInfo(const std::filesystem::path& path) {
     const uint64_t name = Le(section(i), 4);
     if (name >= names.size() || std::strcmp(names.c_str() + name, ".go.buildinfo") != 0) continue;
     std::string data;
-    const uint64_t size = std::min(Le(section(i) + 32, 8), kMaxSectionBytes);
+    const uint64_t size = Le(section(i) + 32, 8);
+    if (size > kMaxSectionBytes) {
+      return fail(
+          absl::StrCat(".go.buildinfo section larger than ", topology::SizeText(kMaxSectionBytes)));
+    }
     if (!ReadAt(file.fd, Le(section(i) + 24, 8), size, &data)) {
       return fail("unreadable .go.buildinfo section");
     }
     auto info = ParseGoBuildInfo(data);
-    if (!info.ok()) return fail(std::string(info.status().message()).c_str());
+    if (!info.ok()) return fail(info.status().message());
     return info;
   }
   return fail("no .go.buildinfo section");

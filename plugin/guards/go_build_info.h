@@ -28,9 +28,10 @@ struct GoBuildInfo {
 absl::StatusOr<GoBuildInfo> ParseGoBuildInfo(std::string_view section);
 
 // Reads the .go.buildinfo section of the ELF64 little-endian executable at
-// `path` (only the headers and that section are read) and parses it. Errors
-// name the path: "<path>: not a 64-bit little-endian ELF file",
-// "<path>: no .go.buildinfo section", "<path>: Permission denied".
+// `path` (only the headers and that section are read, each at most 64 KiB)
+// and parses it. Errors name the path: "<path>: not a 64-bit little-endian
+// ELF file", "<path>: no .go.buildinfo section", "<path>: .go.buildinfo
+// section larger than 64 KiB", "<path>: Permission denied".
 absl::StatusOr<GoBuildInfo> ReadGoBuildInfo(const std::filesystem::path& path);
 
 }  // namespace efa::plugin

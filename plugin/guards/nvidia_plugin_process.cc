@@ -27,15 +27,67 @@ namespace {
 
 constexpr std::string_view kMofedFlag = "mofed-enabled";
 constexpr std::string_view kMofedEnv = "MOFED_ENABLED=";
-// cmdline and environ are limited by ARG_MAX (a quarter of the stack limit),
-// /proc/net/unix by the node's sockets (about 100 bytes each): far below this.
-constexpr size_t kMaxProcFileBytes = size_t{16} << 20;
+// Bounds on what one process can make a scan read. argv[0] is a path
+// (PATH_MAX 4096), so a name is told from a command line's first 4 KiB; the
+// Uid: line is in the first lines of status (about 1.5 KiB in all). The
+// NVIDIA plugin's command line is its flags, a few hundred bytes; a pod's
+// environment is a few KiB, tens with a namespace's service links.
+// net/unix has about 100 bytes per unix socket of the process's network
+// namespace (the host's, for a hostNetwork pod: thousands at most). A
+// tenant can make cmdline and environ 2 MiB together (ARG_MAX, a quarter of
+// an 8 MiB stack), more with a larger stack limit.
+constexpr size_t kNameBytes = 4096;
+constexpr size_t kMaxStatusBytes = 4096;
+constexpr size_t kMaxCmdlineBytes = size_t{64} << 10;
+constexpr size_t kMaxEnvironBytes = size_t{256} << 10;
+constexpr size_t kMaxNetUnixBytes = size_t{4} << 20;
 
-// Reads a whole /proc file; nullopt when it cannot be opened or read.
-std::optional<std::string> ReadProcFile(const fs::path& path) {
-  absl::StatusOr<std::string> data = topology::ReadFileBounded(path, kMaxProcFileBytes);
-  if (!data.ok()) return std::nullopt;
-  return *std::move(data);
+// The first `max_bytes` of a file, and whether it holds more.
+struct Prefix {
+  std::string bytes;
+  bool truncated = false;
+};
+
+// Reads at most `max_bytes` + 1 bytes of a /proc file (which may come a
+// page per read); nullopt when it cannot be opened or read.
+std::optional<Prefix> ReadPrefix(const fs::path& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  Prefix prefix;
+  char buf[4096];
+  bool ok = true;
+  while (prefix.bytes.size() <= max_bytes) {
+    const size_t want = std::min(sizeof buf, max_bytes + 1 - prefix.bytes.size());
+    const ssize_t n = ::read(fd, buf, want);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ok = n == 0;
+      break;
+    }
+    prefix.bytes.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (!ok) return std::nullopt;
+  if (prefix.bytes.size() > max_bytes) {
+    prefix.bytes.resize(max_bytes);
+    prefix.truncated = true;
+  }
+  return prefix;
+}
+
+// The real UID of /proc/<pid>/status's "Uid:" line (real, effective,
+// saved, filesystem); nullopt when unreadable or absent.
+std::optional<long> RealUid(const fs::path& status) {
+  std::optional<Prefix> text = ReadPrefix(status, kMaxStatusBytes);
+  if (!text) return std::nullopt;
+  for (absl::string_view line : absl::StrSplit(text->bytes, '\n')) {
+    if (!absl::ConsumePrefix(&line, "Uid:")) continue;
+    std::vector<absl::string_view> ids = absl::StrSplit(line, '\t', absl::SkipEmpty());
+    long uid;
+    if (ids.empty() || !absl::SimpleAtoi(ids[0], &uid)) return std::nullopt;
+    return uid;
+  }
+  return std::nullopt;
 }
 
 // __SO_ACCEPTCON in /proc/net/unix's Flags: a listening socket.
@@ -139,7 +191,8 @@ std::optional<bool> EffectiveMofed(const NvidiaPluginProcess& process) {
 }
 
 absl::StatusOr<std::string> HeldNvidiaPluginSocket(const fs::path& pid_dir,
-                                                   const fs::path& device_plugin_dir) {
+                                                   const fs::path& device_plugin_dir,
+                                                   std::chrono::steady_clock::time_point deadline) {
   // The plugin's sockets as this daemon sees them: file identity -> path.
   std::map<std::pair<dev_t, ino_t>, fs::path> sockets;
   std::error_code ec;
@@ -157,8 +210,8 @@ absl::StatusOr<std::string> HeldNvidiaPluginSocket(const fs::path& pid_dir,
   // The listening unix sockets of the process's network namespace whose
   // path names an NVIDIA plugin socket: socket inode -> path as bound.
   const fs::path net_unix = pid_dir / "net/unix";
-  std::optional<std::string> table = ReadProcFile(net_unix);
-  if (!table) return topology::PathError(net_unix, errno);
+  absl::StatusOr<std::string> table = topology::ReadFileBounded(net_unix, kMaxNetUnixBytes);
+  if (!table.ok()) return table.status();
   std::map<std::string, std::string> listening;
   for (absl::string_view line : absl::StrSplit(*table, '\n', absl::SkipEmpty())) {
     // "Num: RefCount Protocol Flags Type St Inode Path"
@@ -204,6 +257,11 @@ absl::StatusOr<std::string> HeldNvidiaPluginSocket(const fs::path& pid_dir,
   // lists every process's).
   const fs::path fd_dir = pid_dir / "fd";
   for (fs::directory_iterator it(fd_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    // A root process may hold a million descriptors.
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(fd_dir.string(), ": not read by the deadline"));
+    }
     std::error_code link_ec;
     const std::string target = fs::read_symlink(it->path(), link_ec).string();
     if (!link_ec && absl::StartsWith(target, "socket:[") && absl::EndsWith(target, "]") &&
@@ -215,39 +273,94 @@ absl::StatusOr<std::string> HeldNvidiaPluginSocket(const fs::path& pid_dir,
   return absl::NotFoundError(absl::StrCat("holds no socket of ", found));
 }
 
-absl::StatusOr<std::vector<NvidiaPluginProcess>> FindNvidiaPluginProcesses(
-    const fs::path& proc_root, const fs::path& device_plugin_dir) {
+absl::StatusOr<NvidiaPluginScan> FindNvidiaPluginProcesses(const fs::path& proc_root,
+                                                           const fs::path& device_plugin_dir,
+                                                           const ProcessScanLimits& limits) {
   std::error_code ec;
   fs::directory_iterator it(proc_root, ec);
   if (ec) return topology::PathError(proc_root, ec.value());
-  std::vector<NvidiaPluginProcess> found;
+  NvidiaPluginScan scan;
+  size_t entries = 0;
+  auto past_deadline = [&] { return std::chrono::steady_clock::now() >= limits.deadline; };
+  auto stopped = [&] {
+    return absl::DeadlineExceededError(absl::StrCat(
+        proc_root.string(), ": the scan stopped at its time box after ", entries, " entries"));
+  };
   for (; it != fs::directory_iterator(); it.increment(ec)) {
     if (ec) break;
+    if (past_deadline()) return stopped();
+    ++entries;
     int pid;
     if (!ParseNumber(it->path().filename().native(), &pid)) continue;
     // A process may exit at any point below: whatever is gone is skipped.
-    std::optional<std::string> cmdline = ReadProcFile(it->path() / "cmdline");
-    if (!cmdline || !IsNvidiaPluginCommand(*cmdline)) continue;
+    // The name first: it rules out nearly every process for 4 KiB.
+    const fs::path cmdline_path = it->path() / "cmdline";
+    std::optional<Prefix> cmdline = ReadPrefix(cmdline_path, kNameBytes);
+    if (!cmdline || !IsNvidiaPluginCommand(cmdline->bytes) ||
+        (cmdline->truncated && cmdline->bytes.find('\0') == std::string::npos)) {
+      continue;
+    }
+    // Anyone can take the name; only root's processes are read further.
+    if (RealUid(it->path() / "status") != 0) {
+      ++scan.not_root;
+      continue;
+    }
+    if (scan.processes.size() >= limits.max_candidates) {
+      ++scan.over_cap;
+      continue;
+    }
+    if (cmdline->truncated) cmdline = ReadPrefix(cmdline_path, kMaxCmdlineBytes);
+    if (!cmdline) continue;
     NvidiaPluginProcess process;
     process.pid = pid;
-    process.mofed_flag = MofedFlagFromCmdline(*cmdline);
-    if (std::optional<std::string> environ = ReadProcFile(it->path() / "environ")) {
-      process.environ_readable = true;
-      process.mofed_env = MofedEnvFromEnviron(*environ);
+    if (past_deadline()) return stopped();
+    absl::StatusOr<std::string> socket =
+        HeldNvidiaPluginSocket(it->path(), device_plugin_dir, limits.deadline);
+    if (absl::IsDeadlineExceeded(socket.status())) return stopped();
+    if (cmdline->truncated) {
+      // The last --mofed-enabled may lie beyond the bound: no verdict from
+      // this one, and none from the scan if it is the plugin.
+      const std::string too_large(
+          topology::TooLargeError(cmdline_path, kMaxCmdlineBytes).message());
+      if (socket.ok()) {
+        scan.incomplete = absl::StrCat(too_large, " (process ", pid, " holds ", *socket, ")");
+        continue;
+      }
+      process.untrusted = too_large;
+      scan.processes.push_back(std::move(process));
+      continue;
     }
-    if (auto info = ReadGoBuildInfo(it->path() / "exe");
-        info.ok() && info->main_version != "(devel)") {
-      process.version = info->main_version;
-    }
-    if (auto socket = HeldNvidiaPluginSocket(it->path(), device_plugin_dir); socket.ok()) {
+    if (socket.ok()) {
       process.plugin_socket = *socket;
     } else {
       process.untrusted = std::string(socket.status().message());
     }
-    found.push_back(std::move(process));
+    process.mofed_flag = MofedFlagFromCmdline(cmdline->bytes);
+    if (past_deadline()) return stopped();
+    if (std::optional<Prefix> environ = ReadPrefix(it->path() / "environ", kMaxEnvironBytes)) {
+      // Beyond the bound only a mention in the part read counts (Go reads
+      // the first); the entry cut at the bound is dropped.
+      std::string_view whole = environ->bytes;
+      if (environ->truncated) whole = whole.substr(0, whole.rfind('\0') + 1);
+      process.mofed_env = MofedEnvFromEnviron(whole);
+      process.environ_readable = !environ->truncated || process.mofed_env.has_value();
+    }
+    if (past_deadline()) return stopped();
+    if (auto info = ReadGoBuildInfo(it->path() / "exe");
+        info.ok() && info->main_version != "(devel)") {
+      process.version = info->main_version;
+    }
+    scan.processes.push_back(std::move(process));
   }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
-  return found;
+  if (ec) return topology::PathError(proc_root, ec.value());
+  if (scan.over_cap > 0 && scan.incomplete.empty()) {
+    scan.incomplete =
+        absl::StrCat(proc_root.string(), ": ", scan.over_cap, " more ", kNvidiaPluginCommand,
+                     " processes run by root than the ", limits.max_candidates, " read");
+  }
+  std::sort(scan.processes.begin(), scan.processes.end(),
+            [](const auto& a, const auto& b) { return a.pid < b.pid; });
+  return scan;
 }
 
 }  // namespace efa::plugin

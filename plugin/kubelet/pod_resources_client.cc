@@ -5,7 +5,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "topology/sysfs.h"
 
 namespace efa::plugin {
 
@@ -38,8 +40,10 @@ std::shared_ptr<v1::PodResourcesLister::Stub> PodResourcesClient::Stub() {
   }
   if (!present_) return nullptr;
   if (!stub_) {
-    stub_ = v1::PodResourcesLister::NewStub(
-        grpc::CreateChannel("unix:" + socket_.string(), grpc::InsecureChannelCredentials()));
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(options_.max_answer_bytes);
+    stub_ = v1::PodResourcesLister::NewStub(grpc::CreateCustomChannel(
+        "unix:" + socket_.string(), grpc::InsecureChannelCredentials(), args));
   }
   return stub_;
 }
@@ -67,6 +71,14 @@ absl::StatusOr<v1::ListPodResourcesResponse> PodResourcesClient::List(bool rate_
     // in reconnect backoff long after the new socket is up.
     absl::MutexLock lock(&mu_);
     if (stub_ == stub) stub_.reset();
+  }
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+      absl::StrContains(status.error_message(), "larger than max")) {
+    // gRPC's own words name neither the input nor the unit.
+    return absl::ResourceExhaustedError(
+        absl::StrCat(socket_.string(), ": List: answer larger than ",
+                     topology::SizeText(static_cast<size_t>(options_.max_answer_bytes)),
+                     ", refused (", status.error_message(), ")"));
   }
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       absl::StrCat(socket_.string(), ": List: ", status.error_message()));

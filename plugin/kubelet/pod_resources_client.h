@@ -19,19 +19,29 @@
 
 namespace efa::plugin {
 
+// The largest List answer read: what the kubelet's own clients of the API
+// accept (test/e2e_node/util.go, defaultPodResourcesMaxSize). A pod's entry
+// is its names and its containers' devices, CPUs and memory, about 1 KiB;
+// the kubelet sends answers of any size (grpc-go's server has no send
+// limit), and any tenant's pods are in it.
+inline constexpr int kMaxPodResourcesAnswerBytes = 16 << 20;
+
 class PodResourcesClient {
  public:
   struct Options {
     std::chrono::milliseconds timeout{250};
     double max_qps = 20;  // leaves most of the kubelet's 100 QPS to others
     double burst = 5;
+    // A larger answer is refused (RESOURCE_EXHAUSTED) and not read.
+    int max_answer_bytes = kMaxPodResourcesAnswerBytes;
   };
   PodResourcesClient(std::filesystem::path socket, Options options);
 
   // Lists every pod's devices. Fails with UNAVAILABLE (socket absent, at
   // once, or kubelet down), DEADLINE_EXCEEDED (slower than the timeout),
   // RESOURCE_EXHAUSTED (over our own limit when `rate_limited`, or the
-  // kubelet's), each message naming the socket. Calls that are not
+  // kubelet's, or an answer over max_answer_bytes: "<socket>: List: answer
+  // larger than 16 MiB, refused (...)"), each message naming the socket. Calls that are not
   // rate-limited still spend a token. Thread-safe.
   absl::StatusOr<v1::ListPodResourcesResponse> List(bool rate_limited = true);
 

@@ -449,8 +449,9 @@ if "$HELM_BIN" template aws-efa-k8s-device-plugin "$CHART" -n kube-system >"$TMP
 else fail "release named after the chart renders" "$(cat "$TMP/release.err")"; fi
 
 expect_render all -f "$ROOT/test/helm/values-all.yaml"
-expect all 'sorted(config)' '["alignment", "cdiDir", "cdiHandover", "cdiSpecDirs", "counterInterval", "deviceHealth", "deviceHealthAdminErrors", "deviceHealthHoldDown", "deviceHealthKeepAliveTimeout", "draPolicy", "expectedEfaCount", "gpuResources", "httpRequestTimeout", "idleTimeout", "instanceType", "logFormat", "logLevel", "metricsAddress", "metricsMaxConnections", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "probeMaxConnections", "reportNuma", "rescanInterval", "sharingRenameByDefault", "sharingReplicas", "topologyXml", "version"]'
+expect all 'sorted(config)' '["alignment", "cdiDir", "cdiHandover", "cdiSpecDirs", "counterInterval", "deviceHealth", "deviceHealthAdminErrors", "deviceHealthHoldDown", "deviceHealthKeepAliveTimeout", "draDrivers", "draPolicy", "expectedEfaCount", "gpuResources", "httpRequestTimeout", "idleTimeout", "instanceType", "logFormat", "logLevel", "metricsAddress", "metricsMaxConnections", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "probeMaxConnections", "reportNuma", "rescanInterval", "sharingRenameByDefault", "sharingReplicas", "topologyXml", "version"]'
 expect all '[config["sharingReplicas"], config["sharingRenameByDefault"]]' '[4, true]'
+expect all 'config["draDrivers"]' '["dra.net", "efa.dra.example.com"]'
 expect all '[config[k] for k in ("counterInterval", "idleTimeout", "deviceHealth", "deviceHealthKeepAliveTimeout", "deviceHealthAdminErrors", "deviceHealthHoldDown")]' '["30s", "30m", true, "2m", 20, "10m"]'
 expect all 'mounts["/etc/efa-topology"]["readOnly"]' 'true'
 expect all '[len(set(v["name"] for v in pod["volumes"])) == len(pod["volumes"]), len(mounts) == len(c["volumeMounts"])]' '[true, true]'
@@ -472,6 +473,7 @@ expect_reject schema-port '/metrics/port' --set metrics.port=70000
 expect_reject schema-port-type '/metrics/port' --set-string metrics.port=http
 expect_reject schema-policy '/guards/mofed/policy' --set guards.mofed.policy=block
 expect_reject schema-dra '/guards/dra/policy' --set guards.dra.policy=share
+expect_reject schema-dra-drivers '/guards/dra/drivers/0' --set-json 'guards.dra.drivers=["../dra.net"]'
 expect_reject schema-replicas '/sharing/replicas' --set sharing.replicas=0
 expect_reject schema-loglevel '/config/logLevel' --set config.logLevel=verbose
 expect_reject schema-duration '/config/rescanInterval' --set config.rescanInterval=10

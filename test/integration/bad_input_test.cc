@@ -886,9 +886,11 @@ TEST_CASE("Unreadable, looping and garbage process files leave the others' findi
   fs::create_directories(dir.path() / "proc/500");
   WriteFile(dir.path() / "proc/500/cmdline",
             std::string("nvidia-device-plugin\0", 21) + std::string(3 << 20, 'a'));
+  WriteFile(dir.path() / "proc/500/status", FakeProc::Status("nvidia-device-plugin", 0));
   fs::create_directories(dir.path() / "proc/self");
-  auto found = FindNvidiaPluginProcesses(dir.path() / "proc", dir.path() / "device-plugins");
-  REQUIRE(found.ok());
+  auto scan = FindNvidiaPluginProcesses(dir.path() / "proc", dir.path() / "device-plugins");
+  REQUIRE(scan.ok());
+  const std::vector<NvidiaPluginProcess>* found = &scan->processes;
   REQUIRE(found->size() == 4);
   CHECK((*found)[0].pid == 100);
   CHECK((*found)[0].mofed_flag == false);
@@ -901,4 +903,8 @@ TEST_CASE("Unreadable, looping and garbage process files leave the others' findi
   CHECK(EffectiveMofed((*found)[2]) == std::nullopt);
   CHECK((*found)[3].pid == 500);
   CHECK((*found)[3].mofed_flag == std::nullopt);
+  // Read up to its bound only, and not trusted (it holds no plugin socket).
+  CHECK((*found)[3].untrusted ==
+        (dir.path() / "proc/500/cmdline").string() + ": larger than 64 KiB");
+  CHECK(scan->incomplete.empty());
 }

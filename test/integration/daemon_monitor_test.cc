@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "test/bench/http_flood.h"
+#include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/integration/fake_clock.h"
 #include "test/plugin/exposition.h"
@@ -36,13 +37,15 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
+using efa::testing::AcceleratorKind;
 using efa::testing::AdvanceOnePass;
+using efa::testing::FakeAcceleratorPlugin;
+using efa::testing::FakeAcceleratorPluginOptions;
 using efa::testing::FakeClock;
 using efa::testing::FakeDraDriver;
 using efa::testing::FakeKubelet;
 using efa::testing::ParseMetrics;
 using efa::testing::SummarizeExposition;
-using efa::testing::WriteFileAtomically;
 
 namespace {
 
@@ -65,9 +68,10 @@ HttpReply HttpGet(uint16_t port, const std::string& path) {
   return {result->status, result->get_header_value("Content-Type"), result->body};
 }
 
-// A simulated node with the fake kubelet, the daemon on a thread and its
-// monitor serving HTTP on free loopback ports, as main() does: every route
-// on the metrics address, the probes on the probe address.
+// A simulated node with the fake kubelet (its pod-resources API too), the
+// daemon on a thread and its monitor serving HTTP on free loopback ports, as
+// main() does: every route on the metrics address, the probes on the probe
+// address.
 class MonitoredNode {
  public:
   explicit MonitoredNode(const std::string& machine,
@@ -75,7 +79,9 @@ class MonitoredNode {
                          MofedPolicy mofed_policy = MofedPolicy::kWarn,
                          AlignmentMode alignment = AlignmentMode::kBestEffort,
                          const Clock* clock = nullptr)
-      : sim_(machine), kubelet_(sim_.path() / "kubelet/device-plugins") {
+      : machine_(machine),
+        sim_(machine),
+        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")) {
     if (prepare) prepare(sim_);
     REQUIRE(kubelet_.Start().ok());
     // Watched only when they exist at start (as on a node).
@@ -110,11 +116,13 @@ class MonitoredNode {
     thread_.join();
   }
 
+  const std::string& machine() const { return machine_; }
   SimRoot& sim() { return sim_; }
   FakeKubelet& kubelet() { return kubelet_; }
   Daemon& daemon() { return *daemon_; }
   fs::path cdi_dir() const { return sim_.path() / "var/run/cdi"; }
   fs::path registry() const { return sim_.path() / "kubelet/plugins_registry"; }
+  fs::path device_plugin_dir() const { return sim_.path() / "kubelet/device-plugins"; }
 
   HttpReply Get(const std::string& path) { return HttpGet(http_->port(), path); }
   uint16_t metrics_port() const { return http_->port(); }
@@ -144,6 +152,7 @@ class MonitoredNode {
   }
 
  private:
+  const std::string machine_;
   SimRoot sim_;
   FakeKubelet kubelet_;
   std::unique_ptr<DaemonMonitor> monitor_;
@@ -170,6 +179,32 @@ grpc::Status Allocate(FakeKubelet& kubelet, std::initializer_list<const char*> i
   for (const char* id : ids) c->add_devices_ids(id);
   v1beta1::AllocateResponse response;
   return kubelet.Allocate(kEfa, request, &response);
+}
+
+// The NVIDIA device plugin of the node's GPUs with MOFED on (as v0.19.0 to
+// v0.19.2 by default), registered with the node's kubelet. MOFED is on once
+// the kubelet admits a GPU container from it: checkpointed and listed by
+// pod-resources (the MOFED CDI spec on disk is only a hint).
+std::unique_ptr<FakeAcceleratorPlugin> StartMofedGpuPlugin(MonitoredNode& node) {
+  FakeAcceleratorPluginOptions options;
+  options.kind = AcceleratorKind::kNvidiaGpu;
+  options.device_plugin_dir = node.device_plugin_dir();
+  options.mofed_enabled = true;
+  const auto machine = efa::sim::FindMachine(node.machine());
+  REQUIRE(machine.ok());
+  auto gpus = std::make_unique<FakeAcceleratorPlugin>(*machine, options);
+  REQUIRE(gpus->Start().ok());
+  REQUIRE(
+      node.kubelet().WaitForStreaming(FakeAcceleratorPlugin::kNvidiaGpuResource, true, kDeadline));
+  return gpus;
+}
+
+// Admits a running container holding one GPU as `uid`.
+void AdmitGpuPod(MonitoredNode& node, const std::string& uid) {
+  REQUIRE(node.kubelet()
+              .AdmitContainer("train-" + uid, "default", uid, "cuda",
+                              {{FakeAcceleratorPlugin::kNvidiaGpuResource, 1}})
+              .ok());
 }
 
 }  // namespace
@@ -240,11 +275,10 @@ TEST_CASE("Readiness and the guard metrics follow the MOFED conflict and the DRA
                               {"efa_device_plugin_dra_driver_present", 0},
                               {"efa_device_plugin_withdrawn", 0}})));
 
-  // The NVIDIA MOFED CDI spec appears (policy warn): a conflict, shown in
-  // the metrics; the daemon still serves as configured, so still ready.
-  const fs::path spec = node.cdi_dir() / "k8s.device-plugin.nvidia.com-mofed.json";
-  WriteFileAtomically(spec,
-                      R"({"cdiVersion":"0.5.0","kind":"k8s.device-plugin.nvidia.com/mofed"})");
+  // A GPU container is given MOFED (policy warn): a conflict, shown in the
+  // metrics; the daemon still serves as configured, so still ready.
+  const auto gpus = StartMofedGpuPlugin(node);
+  AdmitGpuPod(node, "uid-mofed");
   REQUIRE(node.daemon().WaitForGuardStatusForTest(
       [](const GuardStatus& s) { return s.mofed.state == MofedState::kOn; }, kDeadline));
   CHECK(node.Get("/readyz").status == 200);
@@ -253,7 +287,10 @@ TEST_CASE("Readiness and the guard metrics follow the MOFED conflict and the DRA
                               {"efa_device_plugin_mofed_state{state=\"on\"}", 1},
                               {"efa_device_plugin_efas_held_unhealthy", 0},
                               {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
-  fs::remove(spec);
+  // The pod goes: the kubelet rewrites the checkpoint without it.
+  REQUIRE(node.kubelet().RemovePod("uid-mofed").ok());
+  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
+                              {"efa_device_plugin_mofed_state{state=\"on\"}", 0}})));
   CHECK(
       node.WaitReply("/readyz", 200, "ok: vpc.amazonaws.com/efa is registered with the kubelet\n"));
 
@@ -283,15 +320,16 @@ TEST_CASE("Under policy protect the MOFED metrics and health go on, off and on a
           "[monitor][daemon][concurrency]") {
   MonitoredNode node("p4d.24xlarge", nullptr, MofedPolicy::kProtect);
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  const fs::path spec = node.cdi_dir() / "k8s.device-plugin.nvidia.com-mofed.json";
+  const auto gpus = StartMofedGpuPlugin(node);
   for (int round = 0; round < 2; ++round) {
     CAPTURE(round);
     CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
                                 {"efa_device_plugin_efas_held_unhealthy", 0},
                                 {"efa_device_plugin_devices{health=\"healthy\"}", 4},
                                 {"efa_device_plugin_devices{health=\"unhealthy\"}", 0}})));
-    WriteFileAtomically(spec,
-                        R"({"cdiVersion":"0.5.0","kind":"k8s.device-plugin.nvidia.com/mofed"})");
+    // A GPU container given MOFED is admitted, then its pod goes.
+    const std::string uid = "uid-train-" + std::to_string(round);
+    AdmitGpuPod(node, uid);
     CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"on\"}", 1},
                                 {"efa_device_plugin_efas_held_unhealthy", 1},
                                 {"efa_device_plugin_devices{health=\"healthy\"}", 0},
@@ -299,7 +337,7 @@ TEST_CASE("Under policy protect the MOFED metrics and health go on, off and on a
     // What the kubelet is told agrees with the metric.
     const auto list = node.daemon().advertised();
     for (const auto& d : list.devices()) CHECK(d.health() == "Unhealthy");
-    fs::remove(spec);
+    REQUIRE(node.kubelet().RemovePod(uid).ok());
   }
   CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
                               {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
@@ -406,6 +444,7 @@ TEST_CASE("Readiness follows serving as configured, not guard findings", "[monit
   // The DRA driver under ignore: serving beside it, as configured.
   GuardStatus dra;
   dra.dra.present = true;
+  dra.dra.driver = "dra.net";
   dra.dra.evidence = "sock";
   CHECK(Readiness(true, 4, dra).ok);
   // Under yield: withdrawn and unregistered, as configured.
@@ -688,6 +727,10 @@ const std::string kExposition =
     "(bound), kept for a restarted container (kept), PreStartContainer failures (failed), "
     "bindings released (released), recovered from the CDI dir at start (recovered), and release "
     "passes the kubelet's records could not decide (undecided).\"\n"
+    "efa_device_plugin_mofed_checks_incomplete counter \"MOFED guard checks that stopped at a "
+    "bound (the time box, the cap on nvidia-device-plugin processes read, a file's size) or for "
+    "want of descriptors or memory, and kept the previous verdict.\"\n"
+    "  efa_device_plugin_mofed_checks_incomplete_total{}\n"
     "efa_device_plugin_mofed_state gauge \"1 for the NVIDIA MOFED guard's current state (off, "
     "on, unknown); all 0 with the policy off.\"\n"
     "  efa_device_plugin_mofed_state{state=\"off\"}\n"

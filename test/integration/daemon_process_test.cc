@@ -4,6 +4,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/inotify.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -20,7 +23,9 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
@@ -129,6 +134,42 @@ long long Threads(pid_t pid) {
     if (line.rfind("Threads:", 0) == 0) return std::stoll(line.substr(8));
   }
   return -1;
+}
+
+// The processes whose parent is `parent` and whose command is `comm` (any
+// when empty), by PID (as /proc/<pid>/stat says, in this PID namespace).
+std::vector<pid_t> Children(pid_t parent, const std::string& comm = "") {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = ReadAll(entry.path() / "stat");
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    // "pid (comm) state ppid ..."
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && (comm.empty() || stat.substr(open + 1, close - open - 1) == comm)) {
+      out.push_back(std::stoi(name));
+    }
+  }
+  return out;
+}
+
+// The PID of `pid` inside its own (innermost) PID namespace: the last field
+// of NSpid in /proc/<pid>/status; 0 when unknown.
+pid_t InnermostPid(pid_t pid) {
+  std::istringstream in(ReadAll("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("NSpid:", 0) != 0) continue;
+    std::istringstream fields(line.substr(6));
+    pid_t last = 0;
+    for (pid_t p; fields >> p;) last = p;
+    return last;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -291,8 +332,12 @@ TEST_CASE(
   REQUIRE(kubelet.Start().ok());
   const fs::path log = sim.path() / "daemon.log";
   // Installed beside the daemon, the idle process takes over (same PID);
-  // alone, the daemon idles in its own loop.
-  const bool alone = GENERATE(false, true);
+  // alone, or beside an idle binary that cannot run (a library missing in a
+  // custom image: the loader exits 127 after the exec), the daemon idles in
+  // its own loop.
+  enum class Idle { kInstalled, kAbsent, kBroken };
+  const Idle idle = GENERATE(Idle::kInstalled, Idle::kAbsent, Idle::kBroken);
+  const bool alone = idle != Idle::kInstalled;
   fs::path binary = EFA_PLUGIN_BINARY;
   if (alone) {
     binary = sim.path() / "bin/efa-k8s-device-plugin";
@@ -300,7 +345,13 @@ TEST_CASE(
     fs::copy_file(EFA_PLUGIN_BINARY, binary);
   }
   const fs::path idle_binary = binary.parent_path() / "efa-k8s-device-plugin-idle";
-  INFO((alone ? "the daemon alone" : "with the idle process"));
+  if (idle == Idle::kBroken) {
+    efa::testing::WriteFile(idle_binary, "#!/bin/sh\nexit 127\n");
+    fs::permissions(idle_binary, fs::perms::owner_all);
+  }
+  INFO((idle == Idle::kInstalled ? "with the idle process"
+        : idle == Idle::kAbsent  ? "the daemon alone"
+                                 : "beside an idle binary that cannot run"));
   ChildProcess daemon(
       {binary.string(), "--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
        "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
@@ -311,6 +362,10 @@ TEST_CASE(
   const fs::path exe = "/proc/" + std::to_string(daemon.pid()) + "/exe";
   CHECK(fs::read_symlink(exe) == (alone ? binary : idle_binary));
   CHECK(absl::StrContains(ReadAll(log), "handing over to") != alone);
+  CHECK(absl::StrContains(ReadAll(log),
+                          "cannot run " + idle_binary.string() +
+                              ": its check exited with status 127; idle in this process "
+                              "instead") == (idle == Idle::kBroken));
   // Idle: no plugin socket, no gRPC threads (the loop and the two HTTP
   // listeners' event loops).
   const fs::path socket = kubelet_dir / "device-plugins/aws-efa-device-plugin.sock";
@@ -344,4 +399,108 @@ TEST_CASE(
   CHECK(fs::read_symlink(exe) == binary);
   daemon.Signal(SIGTERM);
   CHECK(daemon.Wait(10s) == 0);
+}
+
+TEST_CASE(
+    "The daemon binary exec'ed back by the idle process answers /healthz while its first "
+    "registration waits",
+    "[daemon][process][concurrency]") {
+  SimRoot sim("no-efa");
+  SimRoot p4d("p4d.24xlarge");
+  const fs::path kubelet_dir = sim.path() / "kubelet";
+  const fs::path log = sim.path() / "daemon.log";
+  // A kubelet that takes the connection and never answers: Register waits
+  // for its whole deadline (10 s).
+  fs::create_directories(kubelet_dir / "device-plugins");
+  const int kubelet = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(kubelet >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = (kubelet_dir / "device-plugins/kubelet.sock").string();
+  REQUIRE(path.size() < sizeof addr.sun_path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  REQUIRE(::bind(kubelet, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(kubelet, 16) == 0);
+  ChildProcess daemon(DaemonArgs(sim, "info", "127.0.0.1:0", {"--rescan-interval", "100ms"}), log);
+  REQUIRE(WaitForLogLine(log, "no EFA on this node; idle until one appears", kDeadline));
+  REQUIRE(absl::StrContains(ReadAll(log), "handing over to"));
+
+  // An EFA appears: the idle process execs the daemon, which serves and
+  // registers.
+  fs::remove_all(sim.sys());
+  fs::copy(p4d.sys(), sim.sys(), fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  for (int n = 0; n < 4; ++n) sim.RestoreUverbs(n);
+  REQUIRE(WaitForLogLine(log, "serving the device plugin API on", kDeadline));
+  const auto serving = std::chrono::steady_clock::now();
+  // The daemon's own listener (its "serving /metrics" line is the last).
+  httplib::Client client("127.0.0.1", MetricsPort(log));
+  auto health = client.Get("/healthz");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+  CHECK(absl::StartsWith(health->body, "ok: the owner loop ran "));
+  // Asked while the registration still waited.
+  CHECK(std::chrono::steady_clock::now() - serving < 5s);
+  CHECK_FALSE(absl::StrContains(ReadAll(log), "registration with"));
+  CHECK(daemon.Stop(kDeadline + 10s) == 0);
+  ::close(kubelet);
+}
+
+TEST_CASE("As PID 1 of its PID namespace the daemon binary and the idle process reap orphans",
+          "[daemon][process][concurrency]") {
+  if (::geteuid() != 0) {
+    WARN("not run: a PID namespace of its own (unshare --pid) needs root");
+    return;
+  }
+  // With an EFA the daemon stays; without, the idle process takes its PID.
+  const bool efa = GENERATE(true, false);
+  INFO((efa ? "the daemon" : "the idle process"));
+  SimRoot sim(efa ? "p4d.24xlarge" : "no-efa");
+  FakeKubelet kubelet(FakeKubelet::ForKubeletDir(sim.path() / "kubelet"));
+  REQUIRE(kubelet.Start().ok());
+  const fs::path log = sim.path() / "daemon.log";
+  // --kill-child: the daemon goes with unshare, should the test fail.
+  std::vector<std::string> args = {"/usr/bin/unshare", "--fork",       "--pid",
+                                   "--mount-proc",     "--kill-child", "--"};
+  for (const std::string& a : DaemonArgs(sim, "debug", "")) args.push_back(a);
+  ChildProcess unshare(args, log);
+  if (efa) {
+    REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
+  } else {
+    REQUIRE(WaitForLogLine(log, "no EFA on this node; idle until one appears", kDeadline));
+  }
+  // unshare's one child is the daemon, PID 1 inside.
+  std::vector<pid_t> init = Children(unshare.pid(), "efa-k8s-device-");  // comm: 15 bytes
+  REQUIRE(init.size() == 1);
+  REQUIRE(InnermostPid(init[0]) == 1);
+
+  // As `kubectl exec` does: a shell entered into the container's PID
+  // namespace starts a process in the background and exits; its child is
+  // handed to PID 1. The shell prints the child's PID: the child may not
+  // have exec'ed sleep yet (its name is still the shell's), but it was
+  // handed over before the shell's exit reached nsenter, which waits for it.
+  const fs::path exec_log = sim.path() / "exec.log";
+  ChildProcess exec({"/usr/bin/nsenter", "--target", std::to_string(init[0]), "--pid", "--",
+                     "/bin/sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!; exit 0"},
+                    exec_log);
+  REQUIRE(exec.Wait(kDeadline) == 0);
+  const std::string printed = ReadAll(exec_log);
+  INFO("the shell printed " << printed);
+  pid_t inside = 0;
+  REQUIRE(absl::SimpleAtoi(absl::StripAsciiWhitespace(printed), &inside));
+  REQUIRE(inside > 1);
+  pid_t orphan = 0;  // its PID here
+  for (pid_t child : Children(init[0])) {
+    if (InnermostPid(child) == inside) orphan = child;
+  }
+  REQUIRE(orphan > 0);
+
+  // It ends: PID 1 reaps it (else it stays a zombie for ever).
+  REQUIRE(::kill(orphan, SIGTERM) == 0);
+  CHECK(WaitForLogLine(log, absl::StrCat("reaped process ", inside, " (killed by signal 15)"),
+                       kDeadline));
+  const std::vector<pid_t> left = Children(init[0]);
+  CHECK(std::find(left.begin(), left.end(), orphan) == left.end());
+  // A clean stop; unshare exits with its child's status.
+  REQUIRE(::kill(init[0], SIGTERM) == 0);
+  CHECK(unshare.Wait(kDeadline) == 0);
 }

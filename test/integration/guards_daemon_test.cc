@@ -4,8 +4,10 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "plugin/daemon.h"
@@ -49,7 +51,7 @@ class GuardedNode {
   explicit GuardedNode(MofedPolicy mofed, DraPolicy dra = DraPolicy::kYield,
                        std::chrono::milliseconds rescan = 10s)
       : sim_("p4d.24xlarge"),
-        kubelet_(sim_.path() / "kubelet/device-plugins"),
+        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
         proc_(sim_.path() / "proc") {
     REQUIRE(kubelet_.Start().ok());
     fs::create_directories(registry());
@@ -70,6 +72,8 @@ class GuardedNode {
 
   // Before Start(): the daemon reads clock() instead of the real clock.
   void UseFakeClock() { options_.clock = &clock_; }
+  // Before Start(): the daemon's options.
+  DaemonOptions& options() { return options_; }
   void Start() {
     daemon_ = std::make_unique<Daemon>(options_);
     thread_ = std::thread([this] { daemon_->Run(); });
@@ -309,8 +313,40 @@ TEST_CASE("A corrupt checkpoint makes the MOFED state unknown and the daemon kee
   CHECK(node.WaitAll("Unhealthy"));
 }
 
-TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy under protect",
+TEST_CASE("A checkpoint over its size bound keeps the MOFED verdict, logged and counted",
           "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  node.RestartKubeletWithCheckpoint(MofedEnv());
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Unhealthy"));
+  const int checks = node.daemon().guard_status().checks;
+  CHECK(node.daemon().guard_status().mofed_incomplete == 0);
+
+  // Replaced behind the kubelet's back by a file over the bound: not read,
+  // so not proof that the MOFED pod is gone.
+  const fs::path big = node.checkpoint().string() + ".big";
+  { std::ofstream out(big); }
+  fs::resize_file(big, (size_t{64} << 20) + 1);
+  fs::rename(big, node.checkpoint());
+  REQUIRE(node.WaitStatus(
+      [checks](const GuardStatus& s) { return s.checks > checks && s.mofed_incomplete > 0; }));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.incomplete == node.checkpoint().string() + ": larger than 64 MiB");
+  CHECK(status.mofed.state == MofedState::kOn);
+  CHECK(status.efas_held_unhealthy);
+  CHECK(node.All("Unhealthy"));
+
+  // Readable again without MOFED: the verdict follows.
+  node.RestartKubeletWithCheckpoint(NoMofed());
+  CHECK(node.WaitAll("Healthy"));
+  CHECK(node.daemon().guard_status().mofed.incomplete.empty());
+}
+
+TEST_CASE(
+    "The MOFED CDI spec appearing in a CDI directory is reported as a hint and does not turn "
+    "EFAs Unhealthy under protect",
+    "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
   node.Start();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
@@ -318,11 +354,54 @@ TEST_CASE("The MOFED CDI spec appearing in a CDI directory turns EFAs Unhealthy 
   const fs::path spec = node.cdi_dir() / "k8s.device-plugin.nvidia.com-mofed.json";
   WriteFileAtomically(spec,
                       R"({"cdiVersion":"0.5.0","kind":"k8s.device-plugin.nvidia.com/mofed"})");
+  // Left behind by an NVIDIA plugin that ran with MOFED once: a hint.
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.mofed.hints.size() == 1; }));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.hints[0] ==
+        spec.string() +
+            ": the NVIDIA MOFED CDI spec is installed (a hint: the NVIDIA device plugin has or had "
+            "MOFED on; no container counted was given it)");
+  CHECK(status.mofed.state == MofedState::kOff);
+  CHECK_FALSE(status.efas_held_unhealthy);
+  CHECK(node.All("Healthy"));
+  CHECK(AllocateOne(node.kubelet(), "rdmap16s27").ok());
+  fs::remove(spec);
+  CHECK(node.WaitStatus([](const GuardStatus& s) { return s.mofed.hints.empty(); }));
+}
+
+TEST_CASE(
+    "Under protect a deleted MOFED pod's entry left in the checkpoint stops counting once "
+    "pod-resources has left it out for the confirmation time",
+    "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  node.UseFakeClock();
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+  // A pod deleted after it was given MOFED: the kubelet keeps its entry in
+  // memory until its next UpdateAllocatedDevices, and in the file until its
+  // next write after that (kubelet pkg/kubelet/cm/devicemanager/manager.go:
+  // writeCheckpoint's callers); pod-resources no longer lists it.
+  const auto deleted = nlohmann::json::parse(FakeCheckpointJson({Gpu("uid-gone", true, false)}));
+  node.kubelet().AddCheckpointEntryForTest(deleted["Data"]["PodDeviceEntries"][0].dump());
+  // The node's other pods (in production at least this daemon's own) are
+  // listed; this admission writes the checkpoint.
+  REQUIRE(node.kubelet().AdmitContainer("user", "default", "uid-user", "main", {{kEfa, 1}}).ok());
   REQUIRE(node.WaitAll("Unhealthy"));
   CHECK(node.daemon().guard_status().mofed.evidence[0] ==
-        spec.string() + ": the NVIDIA MOFED CDI spec is installed");
-  fs::remove(spec);
-  CHECK(node.WaitAll("Healthy"));
+        node.checkpoint().string() +
+            ": pod uid-gone container \"cuda\" (nvidia.com/gpu) has env NVIDIA_MOFED=enabled");
+  // Left out of pod-resources for the confirmation time: it no longer
+  // counts, though the file still has it.
+  CHECK(node.PassUntil([&] { return node.All("Healthy"); }));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.state == MofedState::kOff);
+  CHECK_FALSE(status.efas_held_unhealthy);
+  REQUIRE(status.mofed.evidence.size() >= 2);  // the checkpoint's two first
+  CHECK(status.mofed.evidence[1].starts_with(
+      node.checkpoint().string() +
+      ": pod uid-gone container \"cuda\" (nvidia.com/gpu) has env NVIDIA_MOFED=enabled, but "
+      "pod-resources has not listed it for "));
 }
 
 TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the periodic check",
@@ -348,6 +427,26 @@ TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the 
 
   node.proc().RemoveProcess(4242);
   CHECK(node.PassUntil([&] { return node.All("Healthy"); }));
+}
+
+TEST_CASE("Among 10,000 nvidia-device-plugin processes the daemon finds the plugin's MOFED",
+          "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kProtect);
+  const std::vector<std::string> fake = {"nvidia-device-plugin", "--mofed-enabled"};
+  for (int pid = 1000; pid < 10999; ++pid) node.proc().AddNamedProcess(pid, fake, 1000);
+  node.proc().AddProcess(30000, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.17.0",
+                         node.device_plugin_dir() / "nvidia-gpu.sock");
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Unhealthy"));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.mofed.state == MofedState::kOn);
+  // A slow first scan (a cold page cache, a sanitizer build) may stop at its
+  // time box; that only delays the verdict (counted as incomplete, previous
+  // verdict kept) and a later scan finds the plugin.
+  CHECK(std::find(status.mofed.evidence.begin(), status.mofed.evidence.end(),
+                  "process 30000 (nvidia-device-plugin v0.17.0): command line sets "
+                  "--mofed-enabled=true") != status.mofed.evidence.end());
 }
 
 TEST_CASE("A process that only calls itself nvidia-device-plugin does not make EFAs Unhealthy",
@@ -400,6 +499,35 @@ TEST_CASE("A dra.net registration socket withdraws the resource, and its going r
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
   CHECK(node.WaitAll("Healthy"));
   CHECK_FALSE(node.daemon().guard_status().withdrawn);
+}
+
+TEST_CASE(
+    "The DRA guard withdraws the resource for a configured driver of another name, not for an "
+    "unlisted dra.net",
+    "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kWarn);
+  // dra.net here serves ENA interfaces only; the EFAs' driver is another.
+  node.options().dra_drivers = {"efa.dra.example.com"};
+  node.Start();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+
+  const int checks = node.daemon().guard_status().checks;
+  FakeDraDriver dranet(node.registry());
+  dranet.Start();
+  REQUIRE(node.WaitCheckAfter(checks));  // the new socket was looked at
+  CHECK_FALSE(node.daemon().guard_status().dra.present);
+  CHECK(node.All("Healthy"));
+
+  FakeDraDriver efa(node.registry(), "efa.dra.example.com-reg.sock");
+  efa.Start();
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return d.empty(); }, kDeadline));
+  const GuardStatus status = node.daemon().guard_status();
+  CHECK(status.withdrawn);
+  CHECK(status.dra.driver == "efa.dra.example.com");
+  efa.Stop();
+  CHECK(node.WaitAll("Healthy"));
 }
 
 TEST_CASE("With the DRA driver present at start the daemon registers only once it goes",

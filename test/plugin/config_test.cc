@@ -179,6 +179,7 @@ TEST_CASE("Every option parses from the file", "[config]") {
       "cdiHandover: annotation\n"
       "mofedPolicy: protect\n"
       "draPolicy: ignore\n"
+      "draDrivers: [dra.net, efa.dra.example.com]\n"
       "cdiSpecDirs: [/etc/cdi]\n"
       "expectedEfaCount: 31\n"
       "sharingReplicas: 4\n"
@@ -216,6 +217,7 @@ TEST_CASE("Every option parses from the file", "[config]") {
   want.cdi_handover = CdiHandover::kAnnotation;
   want.mofed_policy = MofedPolicy::kProtect;
   want.dra_policy = DraPolicy::kIgnore;
+  want.dra_drivers = std::vector<std::string>{"dra.net", "efa.dra.example.com"};
   want.cdi_spec_dirs = std::vector<std::string>{"/etc/cdi"};
   want.expected_efa_count = 31;
   want.sharing_replicas = 4;
@@ -247,6 +249,7 @@ TEST_CASE("Every option parses from the file", "[config]") {
   CHECK(ToDaemonOptions(DefaultConfig()).cdi_handover == CdiHandover::kBoth);
   CHECK(o.mofed_policy == MofedPolicy::kProtect);
   CHECK(o.dra_policy == DraPolicy::kIgnore);
+  CHECK(o.dra_drivers == std::vector<std::string>{"dra.net", "efa.dra.example.com"});
   CHECK(o.cdi_spec_dirs == std::vector<fs::path>{"/etc/cdi"});
   CHECK(o.replicas == 4);
   CHECK(o.resource_name == "vpc.amazonaws.com/efa.shared");
@@ -303,6 +306,7 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "cdiHandover: both\n"
         "mofedPolicy: warn\n"
         "draPolicy: yield\n"
+        "draDrivers: [\"dra.net\"]\n"
         "cdiSpecDirs: [\"/etc/cdi\", \"/var/run/cdi\"]\n"
         "expectedEfaCount: 0\n"
         "sharingReplicas: 1\n"
@@ -324,7 +328,7 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "probeMaxConnections=16 httpRequestTimeout=3s alignment=best-effort "
         "gpuResources=[nvidia.com/gpu] neuronResources=[aws.amazon.com/neuron] "
         "neuroncoreResources=[aws.amazon.com/neuroncore] neuroncoresPerDevice=0 "
-        "cdiDir=/var/run/cdi cdiHandover=both mofedPolicy=warn draPolicy=yield "
+        "cdiDir=/var/run/cdi cdiHandover=both mofedPolicy=warn draPolicy=yield draDrivers=[dra.net] "
         "cdiSpecDirs=[/etc/cdi,/var/run/cdi] expectedEfaCount=0 sharingReplicas=1 "
         "sharingRenameByDefault=false counterInterval=15s idleTimeout=10m deviceHealth=false "
         "deviceHealthKeepAliveTimeout=1m deviceHealthAdminErrors=10 deviceHealthHoldDown=5m");
@@ -392,6 +396,12 @@ TEST_CASE("Invalid configuration files are refused with the place, the key and w
       {"version: v1\nsysfsRoot: \"\"\n", "config.yaml:2:12: sysfsRoot: expected a path, got \"\""},
       {"version: v1\nmofedPolicy: {mode: warn}\n",
        "config.yaml:2:14: mofedPolicy: expected one of warn, protect, off, got a mapping"},
+      {"version: v1\ndraDrivers: [dra.net, ../dra.net]\n",
+       "config.yaml:2:23: draDrivers[1]: expected a DRA driver name like \"dra.net\", got "
+       "\"../dra.net\""},
+      {"version: v1\ndraDrivers: dra.net\n",
+       "config.yaml:2:13: draDrivers: expected a list of DRA driver names like [dra.net], got "
+       "\"dra.net\""},
       {"version: v1\ncdiSpecDirs: [/etc/cdi, \"\"]\n",
        "config.yaml:2:25: cdiSpecDirs[1]: expected a directory path, got \"\""},
       {"version: v1\ninstanceType: p5 48xlarge\n",

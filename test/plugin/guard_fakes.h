@@ -210,10 +210,11 @@ class FakeProc {
   // <device-plugins>/nvidia-gpu.sock: its root is "/", net/unix lists the
   // socket and fd/3 is it. Each file is replaced atomically and cmdline
   // last, so that a reader never sees the new command line with the old
-  // environment or binary.
+  // environment or binary. `uid` is the real UID in status (the effective,
+  // saved and filesystem ones are the same).
   void AddProcess(int pid, const std::vector<std::string>& argv,
                   const std::vector<std::string>& env, const std::string& version = "",
-                  const std::filesystem::path& listens_on = {}) {
+                  const std::filesystem::path& listens_on = {}, int uid = 0) {
     const std::filesystem::path dir = root_ / std::to_string(pid);
     std::filesystem::create_directories(dir);
     std::error_code ec;
@@ -240,9 +241,30 @@ class FakeProc {
                        "github.com/NVIDIA/k8s-device-plugin", version));
     }
     WriteFileAtomically(dir / "environ", Join(env));
+    WriteFileAtomically(dir / "status", Status(argv.empty() ? "" : argv[0], uid));
     WriteFileAtomically(dir / "cmdline", Join(argv));
   }
   void RemoveProcess(int pid) { std::filesystem::remove_all(root_ / std::to_string(pid)); }
+  // Adds a process of which only cmdline and status are there (the other
+  // files gone, as when it exits during a scan): cheap enough for thousands.
+  void AddNamedProcess(int pid, const std::vector<std::string>& argv, int uid) {
+    const std::filesystem::path dir = root_ / std::to_string(pid);
+    std::filesystem::create_directories(dir);
+    WriteFileAtomically(dir / "status", Status(argv.empty() ? "" : argv[0], uid));
+    WriteFileAtomically(dir / "cmdline", Join(argv));
+  }
+
+  // The head of /proc/<pid>/status as the kernel writes it
+  // (fs/proc/array.c, task_state): the name is the executed file's base name
+  // (here argv[0]'s) cut to 15 bytes (TASK_COMM_LEN), then "Uid:" real,
+  // effective, saved, filesystem.
+  static std::string Status(const std::string& argv0, int uid) {
+    const std::string name = std::filesystem::path(argv0).filename().string().substr(0, 15);
+    const std::string id = std::to_string(uid);
+    return "Name:\t" + name + "\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t1\nNgid:\t0\n" +
+           "Pid:\t1\nPPid:\t0\nTracerPid:\t0\nUid:\t" + id + "\t" + id + "\t" + id + "\t" + id +
+           "\nGid:\t" + id + "\t" + id + "\t" + id + "\t" + id + "\n";
+  }
 
  private:
   static std::string Join(const std::vector<std::string>& fields) {

@@ -153,6 +153,9 @@ defaults win; the options the chart's mounts depend on are always written.
 {{- with .Values.guards.dra.policy }}
 {{- $_ := set $cfg "draPolicy" . }}
 {{- end }}
+{{- if not (kindIs "invalid" .Values.guards.dra.drivers) }}
+{{- $_ := set $cfg "draDrivers" .Values.guards.dra.drivers }}
+{{- end }}
 {{- $sysfs := include "efa.sysfsRoot" . }}
 {{- if ne $sysfs "/sys" }}
 {{- $_ := set $cfg "sysfsRoot" $sysfs }}

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "plugin/alignment/cdi_spec.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/log_capture.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/machine_spec.h"
 #include "test/sim/sim_root.h"
@@ -222,6 +223,29 @@ TEST_CASE("Recovery keeps two specs that bind one EFA, and reports it",
   CHECK(binder.Bindings().empty());
   CHECK(binder.counts().released == 2);
   CHECK(fs::is_empty(node.cdi_dir()));
+}
+
+TEST_CASE("Recovery refuses a spec over its size bound, naming it, and keeps the others",
+          "[late-binding]") {
+  Node node;
+  fs::create_directories(node.cdi_dir());
+  std::vector<efa::topology::EfaDevice> a = {node.table().devices[0]};
+  std::ofstream(node.cdi_dir() / CdiSpecFileName("claim-a")) << CdiSpecJson("claim-a", a);
+  // Named as ours, but far larger than any spec we write (a few hundred
+  // bytes): not read past its bound.
+  const fs::path big = node.cdi_dir() / CdiSpecFileName("claim-b");
+  std::ofstream(big) << CdiSpecJson("claim-b", a) << std::string(64 << 10, ' ');
+  efa::testing::LogCapture log;
+  LateBinder binder(node.Options());
+  CHECK(binder.Recover() == 1);
+  CHECK(binder.Bindings().count("claim-a") == 1);
+  CHECK(binder.Bindings().count("claim-b") == 0);
+  const std::vector<std::string> lines = log.Take();
+  CHECK(std::find(lines.begin(), lines.end(),
+                  "[error] late binding: cannot recover a binding from " + big.string() +
+                      ": larger than 64 KiB; removed it: its EFAs are unknown and its container "
+                      "gets new ones at its next start") != lines.end());
+  CHECK_FALSE(fs::exists(big));
 }
 
 TEST_CASE("A restarted kubelet's empty pod-resources List releases no binding it checkpointed",

@@ -63,6 +63,36 @@ TEST_CASE("DetectDraDriver finds a listening dra.net registration socket", "[dra
   CHECK_FALSE(DetectDraDriver(registry).present);
 }
 
+TEST_CASE("DetectDraDrivers sees the configured drivers and no other", "[dra]") {
+  TempDir dir;
+  const auto registry = dir.path() / "plugins_registry";
+  const std::vector<std::string> configured = {"dra.net", "efa.dra.example.com"};
+  CHECK(DetectDraDrivers(registry, configured).evidence ==
+        "no dra.net or efa.dra.example.com registration socket in " + registry.string());
+
+  // A driver of another name: seen only when configured.
+  FakeDraDriver efa(registry, "efa.dra.example.com-reg.sock");
+  efa.Start();
+  auto seen = DetectDraDrivers(registry, configured);
+  CHECK(seen.present);
+  CHECK(seen.driver == "efa.dra.example.com");
+  CHECK(seen.evidence == efa.socket_path().string() +
+                             ": the efa.dra.example.com DRA driver's registration socket accepts "
+                             "connections");
+  CHECK_FALSE(DetectDraDrivers(registry, {"dra.net"}).present);
+  efa.Stop();
+
+  // dra.net installed for ENA interfaces only: left out of the list, it is
+  // not seen.
+  FakeDraDriver dranet(registry);
+  dranet.Start();
+  CHECK(DetectDraDrivers(registry, configured).driver == "dra.net");
+  CHECK_FALSE(DetectDraDrivers(registry, {"efa.dra.example.com"}).present);
+  CHECK(DetectDraDrivers(registry, {}).evidence ==
+        "no DRA driver to look for (draDrivers is empty)");
+  CHECK_FALSE(DetectDraDrivers(registry, {}).present);
+}
+
 TEST_CASE("DetectDraDriver ignores a stale socket and a plain file", "[dra]") {
   TempDir dir;
   const auto registry = dir.path() / "plugins_registry";

@@ -1,6 +1,9 @@
 #include "plugin/guards/mofed_guard.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -109,7 +112,7 @@ TEST_CASE("A corrupt checkpoint makes the MOFED state unknown, a missing one doe
   CHECK(missing.findings == Findings{(dir.path() / "cp").string() + ": absent"});
 }
 
-TEST_CASE("The NVIDIA MOFED CDI spec in any spec directory shows MOFED on", "[mofed]") {
+TEST_CASE("The NVIDIA MOFED CDI spec in any spec directory is a hint, not MOFED on", "[mofed]") {
   TempDir dir;
   const auto etc = dir.path() / "etc/cdi", run = dir.path() / "var/run/cdi";
   std::filesystem::create_directories(etc);
@@ -119,18 +122,24 @@ TEST_CASE("The NVIDIA MOFED CDI spec in any spec directory shows MOFED on", "[mo
         Findings{"no NVIDIA MOFED CDI spec in " + etc.string() + ", " + run.string()});
 
   WriteFileAtomically(run / "k8s.device-plugin.nvidia.com-mofed.json", "{}");
+  // Left behind when MOFED was turned off, it proves nothing by itself.
   auto json = MofedFromCdiSpecDirs({etc, run});
-  CHECK(json.state == MofedState::kOn);
-  CHECK(json.findings == Findings{(run / "k8s.device-plugin.nvidia.com-mofed.json").string() +
-                                  ": the NVIDIA MOFED CDI spec is installed"});
+  CHECK(json.state == MofedState::kOff);
+  CHECK(json.findings.empty());
+  CHECK(json.hints == Findings{(run / "k8s.device-plugin.nvidia.com-mofed.json").string() +
+                               ": the NVIDIA MOFED CDI spec is installed (a hint: the NVIDIA "
+                               "device plugin has or had MOFED on; no container counted was "
+                               "given it)"});
+  CHECK(CombineMofedEvidence({json}).hints == json.hints);
+  CHECK(CombineMofedEvidence({json}).state == MofedState::kOff);
 
   std::filesystem::remove(run / "k8s.device-plugin.nvidia.com-mofed.json");
   WriteFileAtomically(etc / "k8s.device-plugin.nvidia.com-mofed.yaml", "cdiVersion: 0.5.0\n");
-  CHECK(MofedFromCdiSpecDirs({etc, run}).state == MofedState::kOn);
+  CHECK(MofedFromCdiSpecDirs({etc, run}).hints.size() == 1);
   // Other NVIDIA specs are not MOFED.
   std::filesystem::remove(etc / "k8s.device-plugin.nvidia.com-mofed.yaml");
   WriteFileAtomically(etc / "k8s.device-plugin.nvidia.com-gpu.json", "{}");
-  CHECK(MofedFromCdiSpecDirs({etc, run}).state == MofedState::kOff);
+  CHECK(MofedFromCdiSpecDirs({etc, run}).hints.empty());
 }
 
 TEST_CASE("An nvidia-device-plugin process with the flag shows MOFED on, without it off",
@@ -145,7 +154,8 @@ TEST_CASE("An nvidia-device-plugin process with the flag shows MOFED on, without
   };
   auto none = report();
   CHECK(none.state == MofedState::kOff);
-  CHECK(none.findings == Findings{"no nvidia-device-plugin process under " + proc.root().string()});
+  CHECK(none.findings ==
+        Findings{"no nvidia-device-plugin process run by root under " + proc.root().string()});
 
   proc.AddProcess(4242, {"nvidia-device-plugin", "--fail-on-init-error=false"}, {"PATH=/bin"}, "",
                   socket);
@@ -252,9 +262,9 @@ TEST_CASE("Without a visible procfs the process source is only a finding", "[mof
 
 TEST_CASE("CombineMofedEvidence: on beats unknown beats off, and the deciding sources are evidence",
           "[mofed]") {
-  const MofedEvidence off{MofedState::kOff, {"off"}};
-  const MofedEvidence on{MofedState::kOn, {"on"}};
-  const MofedEvidence unknown{MofedState::kUnknown, {"unknown"}};
+  const MofedEvidence off{MofedState::kOff, {"off"}, {}, {}};
+  const MofedEvidence on{MofedState::kOn, {"on"}, {}, {}};
+  const MofedEvidence unknown{MofedState::kUnknown, {"unknown"}, {}, {}};
   CHECK(CombineMofedEvidence({}).state == MofedState::kOff);
   auto a = CombineMofedEvidence({off, unknown});
   CHECK(a.state == MofedState::kUnknown);
@@ -272,14 +282,15 @@ TEST_CASE("MofedGuard reads every configured source", "[mofed]") {
   const auto cdi = dir.path() / "etc/cdi";
   FakeProc proc(dir.path() / "proc");
   MofedGuard guard({checkpoint, {cdi}, proc.root(), checkpoint.parent_path()});
-  auto absent = guard.Check();
+  const std::chrono::steady_clock::time_point t0;
+  auto absent = guard.Check(t0);
   CHECK(absent.state == MofedState::kOff);
   CHECK(absent.evidence ==
         Findings{checkpoint.string() + ": absent", "no NVIDIA MOFED CDI spec in " + cdi.string(),
-                 "no nvidia-device-plugin process under " + proc.root().string()});
+                 "no nvidia-device-plugin process run by root under " + proc.root().string()});
 
   WriteFileAtomically(checkpoint, "{\"Data\":{\"PodDeviceEntries\":[{\"AllocResp\":\"%%\"}]}}");
-  auto unknown = guard.Check();
+  auto unknown = guard.Check(t0);
   CHECK(unknown.state == MofedState::kUnknown);
   CHECK(unknown.evidence[0] ==
         checkpoint.string() +
@@ -287,13 +298,115 @@ TEST_CASE("MofedGuard reads every configured source", "[mofed]") {
 
   proc.AddProcess(9, {"nvidia-device-plugin", "-mofed-enabled=true"}, {}, "",
                   checkpoint.parent_path() / "nvidia-gpu.sock");
-  auto on = guard.Check();
+  auto on = guard.Check(t0);
   CHECK(on.state == MofedState::kOn);
   CHECK(on.evidence[0] ==
         "process 9 (nvidia-device-plugin version unknown): command line sets "
         "--mofed-enabled=true");
 
-  CHECK(MofedGuard({}).Check().state == MofedState::kOff);  // nothing configured
+  CHECK(MofedGuard({}).Check(t0).state == MofedState::kOff);  // nothing configured
+}
+
+namespace {
+
+// A List answer: pods of containers, each with its devices of one resource.
+struct ListedContainer {
+  std::string pod, container, resource;
+  std::vector<std::string> ids;
+};
+v1::ListPodResourcesResponse ListOf(const std::vector<ListedContainer>& containers) {
+  v1::ListPodResourcesResponse list;
+  for (const ListedContainer& c : containers) {
+    v1::PodResources* pod = list.add_pod_resources();
+    pod->set_name(c.pod);
+    pod->set_namespace_("default");
+    v1::ContainerResources* container = pod->add_containers();
+    container->set_name(c.container);
+    // As kubelet 1.20 answers: one ContainerDevices per NUMA node.
+    for (const std::string& id : c.ids) {
+      v1::ContainerDevices* d = container->add_devices();
+      d->set_resource_name(c.resource);
+      d->add_device_ids(id);
+    }
+  }
+  return list;
+}
+
+KubeletCheckpoint Parsed(const std::vector<FakeCheckpointEntry>& entries) {
+  return ParseCheckpoint(FakeCheckpointJson(entries), kPath).value();
+}
+
+}  // namespace
+
+TEST_CASE("ListedEntries matches checkpoint entries to listed containers by their devices",
+          "[mofed]") {
+  FakeCheckpointEntry init = Gpu("p1", true, false);
+  init.container = "fetch";  // an init container: List leaves it out
+  init.device_ids = {{0, {"GPU-init"}}};
+  const KubeletCheckpoint checkpoint = Parsed({
+      Gpu("p1", true, false),                                                  // 0: listed
+      init,                                                                    // 1: its pod is
+      Gpu("p2", true, false),                                                  // 2: gone
+      {"p3", "cuda", "nvidia.com/gpu", {{0, {"GPU-a"}}, {1, {"GPU-b"}}}, {}},  // 3: half listed
+  });
+  CHECK(ListedEntries(checkpoint, ListOf({{"train", "cuda", "nvidia.com/gpu", {"GPU-p1"}},
+                                          {"other", "cuda", "nvidia.com/gpu", {"GPU-a"}},
+                                          {"efa", "cuda", "vpc.amazonaws.com/efa", {"GPU-p2"}}})) ==
+        std::set<size_t>{0, 1});
+  CHECK(ListedEntries(checkpoint, ListOf({{"x", "c", "nvidia.com/gpu", {"GPU-b", "GPU-a"}}})) ==
+        std::set<size_t>{3});
+}
+
+TEST_CASE(
+    "A MOFED entry stops counting only once successful, non-empty answers leave it out over "
+    "the confirmation time",
+    "[mofed]") {
+  using std::chrono::seconds;
+  const KubeletCheckpoint checkpoint = Parsed({Gpu("p1", false, false), Gpu("p2", true, false)});
+  const auto& mofed = checkpoint.entries[1];
+  const std::chrono::steady_clock::time_point t0;
+  const auto other = ListOf({{"train", "cuda", "nvidia.com/gpu", {"GPU-p1"}}});
+  const auto both = ListOf({{"train", "cuda", "nvidia.com/gpu", {"GPU-p1"}},
+                            {"mofed", "cuda", "nvidia.com/gpu", {"GPU-p2"}}});
+  GoneContainers gone(seconds(30));
+  auto state = [&] { return MofedFromCheckpoint(checkpoint, kPath, &gone).state; };
+
+  gone.Update(checkpoint, other, t0);
+  CHECK_FALSE(gone.GoneFor(mofed));
+  CHECK(state() == MofedState::kOn);
+  // Neither an error nor an empty answer (a restarted kubelet) tells
+  // anything: not gone, however late.
+  gone.Update(checkpoint, absl::UnavailableError("/k/pod-resources/kubelet.sock: down"),
+              t0 + seconds(40));
+  CHECK_FALSE(gone.GoneFor(mofed));
+  CHECK(MofedFromCheckpoint(checkpoint, kPath, &gone).findings ==
+        Findings{std::string(kPath) +
+                     ": pod p2 container \"cuda\" (nvidia.com/gpu) has env NVIDIA_MOFED=enabled",
+                 "cannot tell which of these containers still run (/k/pod-resources/kubelet.sock: "
+                 "down): each counts"});
+  gone.Update(checkpoint, v1::ListPodResourcesResponse(), t0 + seconds(50));
+  CHECK_FALSE(gone.GoneFor(mofed));
+  CHECK(state() == MofedState::kOn);
+  // Listed again in between: the absence starts over.
+  gone.Update(checkpoint, both, t0 + seconds(55));
+  gone.Update(checkpoint, other, t0 + seconds(60));
+  gone.Update(checkpoint, other, t0 + seconds(89));
+  CHECK_FALSE(gone.GoneFor(mofed));
+  CHECK(state() == MofedState::kOn);
+  // Left out by two answers 30 s apart: gone.
+  gone.Update(checkpoint, other, t0 + seconds(90));
+  CHECK(gone.GoneFor(mofed) == std::chrono::milliseconds(30000));
+  CHECK_FALSE(gone.GoneFor(checkpoint.entries[0]));
+  const MofedEvidence evidence = MofedFromCheckpoint(checkpoint, kPath, &gone);
+  CHECK(evidence.state == MofedState::kOff);
+  CHECK(evidence.findings ==
+        Findings{std::string(kPath) +
+                     ": 1 NVIDIA container, none with NVIDIA_MOFED or the MOFED CDI device",
+                 std::string(kPath) +
+                     ": pod p2 container \"cuda\" (nvidia.com/gpu) has env NVIDIA_MOFED=enabled, "
+                     "but pod-resources has not listed it for 30 s: gone, ignored"});
+  // Without pod-resources every entry counts, as before.
+  CHECK(MofedFromCheckpoint(checkpoint, kPath).state == MofedState::kOn);
 }
 
 TEST_CASE("MOFED policies parse by name", "[mofed]") {
@@ -304,4 +417,67 @@ TEST_CASE("MOFED policies parse by name", "[mofed]") {
         "mofed policy \"block\": expected warn, protect or off");
   CHECK(MofedPolicyName(MofedPolicy::kProtect) == "protect");
   CHECK(MofedStateName(MofedState::kUnknown) == "unknown");
+}
+
+TEST_CASE(
+    "10,000 fake nvidia-device-plugin processes do not delay a guard pass beyond its time box",
+    "[mofed]") {
+  TempDir dir;
+  FakeProc proc(dir.path() / "proc");
+  const auto plugins = dir.path() / "device-plugins";
+  // 9,995 of tenants, 4 of root without the plugin's socket, then the
+  // plugin with MOFED on: 5 candidates, within the cap.
+  const std::vector<std::string> fake = {"nvidia-device-plugin", "--mofed-enabled"};
+  for (int pid = 1000; pid < 10995; ++pid) proc.AddNamedProcess(pid, fake, 1000);
+  for (int pid = 20000; pid < 20004; ++pid) proc.AddNamedProcess(pid, fake, 0);
+  proc.AddProcess(30000, {"/usr/bin/nvidia-device-plugin", "--mofed-enabled"}, {}, "v0.17.0",
+                  plugins / "nvidia-gpu.sock");
+  // What one step past the deadline may take (a file read) on a loaded machine.
+  constexpr auto kSlack = std::chrono::milliseconds(250);
+
+  // With the default box the pass ends within it (done or cut short: an
+  // optimized build scans all 10,000 in about 200 ms, a sanitized one may
+  // not).
+  const auto start = std::chrono::steady_clock::now();
+  const MofedReport boxed =
+      MofedGuard({{}, {}, proc.root(), plugins}).Check(std::chrono::steady_clock::now());
+  const auto took = std::chrono::steady_clock::now() - start;
+  INFO("the pass took " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                        << " ms" << (boxed.incomplete.empty() ? "" : " (cut short)"));
+  CHECK(took < kMofedCheckTimeBox + kSlack);
+  CHECK((boxed.state == MofedState::kOn || !boxed.incomplete.empty()));
+
+  // Given the time, the scan finds the root plugin among them.
+  const MofedReport whole =
+      MofedGuard({{}, {}, proc.root(), plugins, {}, kMofedGoneAfter, std::chrono::seconds(60)})
+          .Check(std::chrono::steady_clock::now());
+  CHECK(whole.incomplete.empty());
+  CHECK(whole.state == MofedState::kOn);
+  auto has = [&](const std::string& finding) {
+    return std::find(whole.evidence.begin(), whole.evidence.end(), finding) != whole.evidence.end();
+  };
+  CHECK(
+      has("process 30000 (nvidia-device-plugin v0.17.0): command line sets "
+          "--mofed-enabled=true"));
+  CHECK(has("9995 nvidia-device-plugin processes not run by root under " + proc.root().string() +
+            ": ignored"));
+
+  // A time box far shorter than the scan: it stops there, and says so.
+  const auto box = std::chrono::milliseconds(2);
+  const auto cut_start = std::chrono::steady_clock::now();
+  const MofedReport cut = MofedGuard({{}, {}, proc.root(), plugins, {}, kMofedGoneAfter, box})
+                              .Check(std::chrono::steady_clock::now());
+  CHECK(std::chrono::steady_clock::now() - cut_start < box + kSlack);
+  CHECK(cut.incomplete.starts_with(proc.root().string() +
+                                   ": the scan stopped at its time box after "));
+}
+
+TEST_CASE("A checkpoint over its size bound proves nothing and names itself", "[mofed]") {
+  TempDir dir;
+  const auto checkpoint = dir.path() / "kubelet_internal_checkpoint";
+  { std::ofstream out(checkpoint); }
+  std::filesystem::resize_file(checkpoint, (size_t{64} << 20) + 1);
+  const MofedReport report =
+      MofedGuard({checkpoint, {}, {}, {}}).Check(std::chrono::steady_clock::now());
+  CHECK(report.incomplete == checkpoint.string() + ": larger than 64 MiB");
 }

@@ -167,8 +167,9 @@ TEST_CASE("FindNvidiaPluginProcesses reads a fake procfs", "[nvidia]") {
   proc.AddProcess(77, {"/usr/bin/nvidia-device-plugin"}, {"MOFED_ENABLED=false"});
   std::filesystem::create_directories(dir.path() / "proc/sys");  // not a process
 
-  auto found = FindNvidiaPluginProcesses(proc.root(), plugins);
-  REQUIRE(found.ok());
+  auto scan = FindNvidiaPluginProcesses(proc.root(), plugins);
+  REQUIRE(scan.ok());
+  const std::vector<NvidiaPluginProcess>* found = &scan->processes;
   REQUIRE(found->size() == 2);
   CHECK((*found)[0].pid == 77);
   CHECK((*found)[0].mofed_flag == std::nullopt);
@@ -251,10 +252,14 @@ TEST_CASE("A real nvidia-device-plugin process is trusted only when it holds the
   // A tenant's process with the same name and flag and its own socket of
   // the same name elsewhere.
   NamedProcess tenant(dir.path() / "tenant/nvidia-gpu.sock");
+  if (::getuid() != 0) {
+    WARN("not root: the scan reads only root's processes, so none of these");
+    return;
+  }
   auto found = FindNvidiaPluginProcesses("/proc", plugins);
   REQUIRE(found.ok());
   std::map<int, NvidiaPluginProcess> by_pid;
-  for (const auto& p : *found) by_pid[p.pid] = p;
+  for (const auto& p : found->processes) by_pid[p.pid] = p;
   REQUIRE(by_pid.count(plugin.pid()));
   REQUIRE(by_pid.count(tenant.pid()));
   CHECK(by_pid[plugin.pid()].mofed_flag == true);
@@ -264,4 +269,61 @@ TEST_CASE("A real nvidia-device-plugin process is trusted only when it holds the
   // It sees the plugin's socket in its network namespace, but does not hold it.
   CHECK(by_pid[tenant.pid()].untrusted ==
         "holds no socket of " + (plugins / "nvidia-gpu.sock").string());
+}
+
+TEST_CASE("A scan reads only root's nvidia-device-plugin processes, at most its cap of them",
+          "[nvidia]") {
+  TempDir dir;
+  FakeProc proc(dir.path() / "proc");
+  const auto plugins = dir.path() / "device-plugins";
+  // A tenant's process with the name and the flag.
+  proc.AddProcess(10, {"nvidia-device-plugin", "--mofed-enabled"}, {}, "", {}, 1000);
+  // A setuid-root one: effective UID 0, real UID 1000.
+  proc.AddNamedProcess(11, {"nvidia-device-plugin"}, 0);
+  efa::testing::WriteFileAtomically(dir.path() / "proc/11/status",
+                                    "Name:\tnvidia-device-p\nUid:\t1000\t0\t0\t0\n");
+  for (int pid = 20; pid < 30; ++pid) proc.AddNamedProcess(pid, {"nvidia-device-plugin"}, 0);
+
+  auto capped = FindNvidiaPluginProcesses(proc.root(), plugins, {.max_candidates = 3});
+  REQUIRE(capped.ok());
+  CHECK(capped->not_root == 2);
+  CHECK(capped->processes.size() == 3);
+  CHECK(capped->over_cap == 7);
+  CHECK(capped->incomplete ==
+        proc.root().string() +
+            ": 7 more nvidia-device-plugin processes run by root than the 3 read");
+  for (const NvidiaPluginProcess& p : capped->processes) CHECK(p.pid >= 20);
+
+  auto all = FindNvidiaPluginProcesses(proc.root(), plugins, {.max_candidates = 10});
+  REQUIRE(all.ok());
+  CHECK(all->processes.size() == 10);
+  CHECK(all->over_cap == 0);
+  CHECK(all->incomplete.empty());
+}
+
+TEST_CASE("The plugin's command line beyond its bound makes the scan incomplete", "[nvidia]") {
+  TempDir dir;
+  FakeProc proc(dir.path() / "proc");
+  const auto plugins = dir.path() / "device-plugins";
+  const std::string flags(70000, 'x');
+  proc.AddProcess(42, {"nvidia-device-plugin", flags, "--mofed-enabled"}, {}, "",
+                  plugins / "nvidia-gpu.sock");
+  auto scan = FindNvidiaPluginProcesses(proc.root(), plugins);
+  REQUIRE(scan.ok());
+  CHECK(scan->processes.empty());
+  CHECK(scan->incomplete == (proc.root() / "42/cmdline").string() +
+                                ": larger than 64 KiB (process 42 holds " +
+                                (plugins / "nvidia-gpu.sock").string() + ")");
+}
+
+TEST_CASE("A scan past its deadline stops, naming the procfs", "[nvidia]") {
+  TempDir dir;
+  FakeProc proc(dir.path() / "proc");
+  proc.AddNamedProcess(20, {"nvidia-device-plugin"}, 0);
+  auto scan = FindNvidiaPluginProcesses(proc.root(), dir.path() / "device-plugins",
+                                        {.deadline = std::chrono::steady_clock::now()});
+  REQUIRE_FALSE(scan.ok());
+  CHECK(scan.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(scan.status().message() ==
+        proc.root().string() + ": the scan stopped at its time box after 0 entries");
 }

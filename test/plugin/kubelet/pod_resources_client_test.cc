@@ -172,3 +172,33 @@ TEST_CASE("PodResourcesClient limits its own rate, but not calls that must not w
   CHECK(kubelet_over.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(kubelet_over.status().message().find(k.socket() + ": List: ") == 0);
 }
+
+TEST_CASE("PodResourcesClient refuses a List answer over its bound, naming the socket",
+          "[kubelet]") {
+  Kubelet k;
+  // Pod names may be 253 characters; 8 pods of 100 make an answer over 1 KiB.
+  for (char c = 'a'; c < 'a' + 8; ++c) k.Admit(std::string(100, c), 1);
+  PodResourcesClient unbounded(k.socket(), Patient());
+  auto whole = unbounded.List(false);
+  REQUIRE(whole.ok());
+  const size_t size = whole->ByteSizeLong();
+  REQUIRE(size > 1024);
+
+  PodResourcesClient::Options options = Patient();
+  options.max_answer_bytes = 1024;
+  PodResourcesClient client(k.socket(), options);
+  auto over = client.List(false);
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.status().code() == absl::StatusCode::kResourceExhausted);
+  const std::string message(over.status().message());
+  CHECK(message.find(k.socket() + ": List: answer larger than 1 KiB, refused (") == 0);
+  CHECK(message.find("(" + std::to_string(size) + " vs. 1024)") != std::string::npos);
+
+  // Under the bound again: the same client reads it.
+  for (char c = 'a'; c < 'a' + 6; ++c) {
+    REQUIRE(k.kubelet.RemovePod("uid-" + std::string(100, c)).ok());
+  }
+  auto under = ListUntilOk(client);
+  REQUIRE(under.ok());
+  CHECK(Listed(*under).size() == 2);
+}

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 #include "test/descriptor_table_full.h"
+#include "test/log_capture.h"
 #include "test/sanitized.h"
 #include "test/sim/sim_root.h"
 #include "topology/efa_discovery.h"
@@ -23,6 +23,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
+using efa::testing::LogCapture;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -31,31 +32,6 @@ namespace {
 constexpr char kEfa0[] = "rdmap16s27";
 constexpr char kEfa1[] = "rdmap32s27";
 constexpr char kEfa2[] = "rdmap144s27";
-
-// Captures what the default logger writes while it lives.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    sink->set_pattern("[%l] %v");
-    auto logger = std::make_shared<spdlog::logger>("capture", sink);
-    logger->set_level(spdlog::level::info);
-    spdlog::set_default_logger(logger);
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  // The lines logged since the last call.
-  std::vector<std::string> Take() {
-    std::vector<std::string> lines;
-    std::istringstream in(out_.str());
-    for (std::string line; std::getline(in, line);) lines.push_back(line);
-    out_.str("");
-    return lines;
-  }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
 
 // A monitor of a simulated p4d whose clock the test moves.
 struct Node {

@@ -23,7 +23,7 @@ using efa::testing::ReadFile;
 
 namespace {
 
-const fs::path kTestdata = fs::path(__FILE__).parent_path() / "testdata/topology";
+const fs::path kTestdata = EFA_TOPOLOGY_TESTDATA;
 
 // Compares `actual` with the expected file, or writes it when asked to.
 void CheckExpected(const std::string& name, const std::string& actual) {
