@@ -104,6 +104,8 @@ Daemon::Daemon(DaemonOptions options)
     late.resources = options_.accelerator_resources;
     late.now = [this] { return options_.clock->Now(); };
     late.release_after = options_.late_release_after;
+    late.recheck_every = options_.late_recheck_every;
+    late.refresh_checkpoint = [this] { service_.Resend(); };
     late.on_bound = [this] {
       report_requested_ = true;  // judge the new binding now, not at the next rescan
       Wake();

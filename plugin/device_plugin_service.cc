@@ -253,10 +253,21 @@ void DevicePluginService::SetDevices(std::vector<topology::EfaDevice> devices,
   table_ = std::move(table);
   if (google::protobuf::util::MessageDifferencer::Equals(*list, *list_)) return;
   list_ = std::move(list);
+  PumpStreamsLocked();
+}
+
+void DevicePluginService::PumpStreamsLocked() {
   for (Stream* s : streams_) {
     s->AssertServiceLocked();
     s->Pump();
   }
+}
+
+void DevicePluginService::Resend() {
+  absl::MutexLock lock(&mu_);
+  // A stream sends whenever list_ is another object (Stream::Pump).
+  list_ = std::make_shared<const v1beta1::ListAndWatchResponse>(*list_);
+  PumpStreamsLocked();
 }
 
 v1beta1::ListAndWatchResponse DevicePluginService::CurrentList() const {

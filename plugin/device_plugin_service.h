@@ -106,6 +106,11 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   // answers with a CDI device (named as `handover` says) and
   // PreStartContainer calls `binder`. Set before serving.
   void SetLateBinding(PreStartBinder binder, CdiHandover handover = CdiHandover::kBoth);
+  // Sends the current list again on every open ListAndWatch stream, although
+  // it has not changed: the kubelet rewrites its device checkpoint on every
+  // ListAndWatch message (devicemanager/manager.go,
+  // genericDeviceUpdateCallback). Thread-safe.
+  void Resend();
   // The devices served now. Thread-safe.
   std::shared_ptr<const topology::DeviceTable> Table() const { return table(); }
   // The ListAndWatch message for the current devices. Thread-safe.
@@ -150,6 +155,8 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   class Stream;
   friend class Stream;
   void StreamDone(Stream* stream);
+  // Lets every open stream send list_ if it has not yet.
+  void PumpStreamsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<const topology::DeviceTable> table() const;
   // The table once its host model is loaded (or kModelWait passed).
   std::shared_ptr<const topology::DeviceTable> TableWithModel() const;
