@@ -40,9 +40,10 @@ enum class Check {
 
 template <typename T>
 using Field = std::optional<T> Config::*;
-using AnyField = std::variant<Field<std::string>, Field<bool>, Field<milliseconds>, Field<int>,
-                              Field<Strings>, Field<LogLevel>, Field<LogFormat>,
-                              Field<AlignmentMode>, Field<MofedPolicy>, Field<DraPolicy>>;
+using AnyField =
+    std::variant<Field<std::string>, Field<bool>, Field<milliseconds>, Field<int>, Field<Strings>,
+                 Field<LogLevel>, Field<LogFormat>, Field<AlignmentMode>, Field<CdiHandover>,
+                 Field<MofedPolicy>, Field<DraPolicy>>;
 
 struct Option {
   std::string key;  // YAML key; the flag and the variable follow from it
@@ -137,6 +138,11 @@ const std::vector<Option>& Options() {
       {"neuroncoresPerDevice", &Config::neuroncores_per_device,
        "NeuronCores per Neuron device (0: by instance family)", "N", Check::kNone, 64},
       {"cdiDir", &Config::cdi_dir, "Where late binding writes its CDI specs", "PATH", Check::kPath},
+      {"cdiHandover", &Config::cdi_handover,
+       "How late binding names a container's CDI device to the kubelet: cdi-devices (the "
+       "cdi_devices field, kubelet 1.28+), annotation (a cdi.k8s.io/ annotation, any kubelet) or "
+       "both",
+       "HOW"},
       {"mofedPolicy", &Config::mofed_policy,
        "When the NVIDIA device plugin has MOFED on: warn, protect (also report every EFA "
        "Unhealthy) or off",
@@ -210,6 +216,14 @@ const std::vector<std::pair<AlignmentMode, std::string>>& EnumNames() {
       {AlignmentMode::kBestEffort, "best-effort"},
       {AlignmentMode::kLateBinding, "late-binding"},
       {AlignmentMode::kOff, "off"}};
+  return *names;
+}
+template <>
+const std::vector<std::pair<CdiHandover, std::string>>& EnumNames() {
+  static const auto* names = new std::vector<std::pair<CdiHandover, std::string>>{
+      {CdiHandover::kBoth, "both"},
+      {CdiHandover::kCdiDevices, "cdi-devices"},
+      {CdiHandover::kAnnotation, "annotation"}};
   return *names;
 }
 template <>
@@ -750,6 +764,7 @@ Config DefaultConfig() {
   c.neuroncore_resources = Strings{"aws.amazon.com/neuroncore"};
   c.neuroncores_per_device = 0;
   c.cdi_dir = "/var/run/cdi";
+  c.cdi_handover = CdiHandover::kBoth;
   c.mofed_policy = MofedPolicy::kWarn;
   c.dra_policy = DraPolicy::kYield;
   c.dra_drivers = Strings{kDraDriverName};
@@ -946,6 +961,7 @@ DaemonOptions ToDaemonOptions(const Config& c) {
   o.accelerator_resources.neuroncore = *d.neuroncore_resources;
   o.accelerator_resources.neuroncores_per_device = *d.neuroncores_per_device;
   o.cdi_dir = *d.cdi_dir;
+  o.cdi_handover = *d.cdi_handover;
   o.mofed_policy = *d.mofed_policy;
   o.dra_policy = *d.dra_policy;
   o.dra_drivers = *d.dra_drivers;

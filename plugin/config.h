@@ -53,6 +53,7 @@ struct Config {
   std::optional<std::vector<std::string>> neuroncore_resources;
   std::optional<int> neuroncores_per_device;  // 0: by instance family
   std::optional<std::string> cdi_dir;
+  std::optional<CdiHandover> cdi_handover;
   std::optional<MofedPolicy> mofed_policy;
   std::optional<DraPolicy> dra_policy;
   std::optional<std::vector<std::string>> dra_drivers;

@@ -104,6 +104,8 @@ Daemon::Daemon(DaemonOptions options)
     late.resources = options_.accelerator_resources;
     late.now = [this] { return options_.clock->Now(); };
     late.release_after = options_.late_release_after;
+    late.recheck_every = options_.late_recheck_every;
+    late.refresh_checkpoint = [this] { service_.Resend(); };
     late.on_bound = [this] {
       report_requested_ = true;  // judge the new binding now, not at the next rescan
       Wake();
@@ -112,7 +114,8 @@ Daemon::Daemon(DaemonOptions options)
     service_.SetLateBinding(
         [this](const topology::DeviceTable& table, const std::vector<std::string>& kubelet_ids) {
           return late_binder_->PreStart(table, kubelet_ids);
-        });
+        },
+        options_.cdi_handover);
   }
   if (late_binder_ || options_.replicas > 1) {
     aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {

@@ -66,6 +66,11 @@ struct DaemonOptions {
   // How long a late binding's container must stay absent from the kubelet's
   // records before the binding is released (LateBinderOptions).
   std::chrono::milliseconds late_release_after = LateBinderOptions().release_after;
+  // While bindings exist, how often the kubelet's records are read again
+  // (LateBinderOptions).
+  std::chrono::milliseconds late_recheck_every = LateBinderOptions().recheck_every;
+  // How late binding's Allocate answer names the CDI device.
+  CdiHandover cdi_handover = CdiHandover::kBoth;
   // Guards (README, "Guards"): what to do when the NVIDIA device plugin has
   // MOFED on, and while the EFA DRA driver serves the node.
   MofedPolicy mofed_policy = MofedPolicy::kWarn;

@@ -157,11 +157,18 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
 }
 
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainerLate(
-    const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request) {
+    const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request,
+    CdiHandover handover) {
   if (auto checked = AllocateContainer(table, request); !checked.ok()) return checked.status();
   v1beta1::ContainerAllocateResponse response;
-  std::vector<std::string> ids(request.devices_ids().begin(), request.devices_ids().end());
-  response.add_cdi_devices()->set_name(CdiDeviceName(ClaimName(std::move(ids))));
+  const std::string claim = ClaimName(
+      std::vector<std::string>(request.devices_ids().begin(), request.devices_ids().end()));
+  if (handover != CdiHandover::kAnnotation) {
+    response.add_cdi_devices()->set_name(CdiDeviceName(claim));
+  }
+  if (handover != CdiHandover::kCdiDevices) {
+    (*response.mutable_annotations())[CdiAnnotationKey(claim)] = CdiDeviceName(claim);
+  }
   return response;
 }
 
@@ -246,10 +253,21 @@ void DevicePluginService::SetDevices(std::vector<topology::EfaDevice> devices,
   table_ = std::move(table);
   if (google::protobuf::util::MessageDifferencer::Equals(*list, *list_)) return;
   list_ = std::move(list);
+  PumpStreamsLocked();
+}
+
+void DevicePluginService::PumpStreamsLocked() {
   for (Stream* s : streams_) {
     s->AssertServiceLocked();
     s->Pump();
   }
+}
+
+void DevicePluginService::Resend() {
+  absl::MutexLock lock(&mu_);
+  // A stream sends whenever list_ is another object (Stream::Pump).
+  list_ = std::make_shared<const v1beta1::ListAndWatchResponse>(*list_);
+  PumpStreamsLocked();
 }
 
 v1beta1::ListAndWatchResponse DevicePluginService::CurrentList() const {
@@ -290,7 +308,10 @@ void DevicePluginService::SetTargetFinder(TargetFinder finder) {
   target_finder_ = std::move(finder);
 }
 
-void DevicePluginService::SetLateBinding(PreStartBinder binder) { binder_ = std::move(binder); }
+void DevicePluginService::SetLateBinding(PreStartBinder binder, CdiHandover handover) {
+  binder_ = std::move(binder);
+  handover_ = handover;
+}
 
 void DevicePluginService::SetStreamEndCallback(std::function<void()> callback) {
   on_stream_end_ = std::move(callback);
@@ -374,8 +395,8 @@ grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerCont
   absl::flat_hash_set<std::string> requested;
   for (int i = 0; i < request->container_requests_size(); ++i) {
     const v1beta1::ContainerAllocateRequest& req = request->container_requests(i);
-    auto container =
-        binder_ ? AllocateContainerLate(*devices, req) : AllocateContainer(*devices, req);
+    auto container = binder_ ? AllocateContainerLate(*devices, req, handover_)
+                             : AllocateContainer(*devices, req);
     for (const std::string& id : req.devices_ids()) {
       if (!container.ok()) break;
       if (!requested.insert(id).second) {

@@ -33,6 +33,21 @@ inline constexpr char kUnhealthy[] = "Unhealthy";
 // predicts). Called on gRPC threads; must not block for long.
 using TargetFinder = std::function<Targets(const topology::HostModel& model)>;
 
+// How the late-binding Allocate answer names the claim's CDI device to the
+// kubelet (README, "Late binding").
+enum class CdiHandover {
+  // Both of the below. Runtimes that read both (containerd 1.7.2+ and 2.x,
+  // CRI-O) inject a device named twice once.
+  kBoth,
+  // The cdi_devices field: passed on by kubelet 1.28+ (DevicePluginCDIDevices)
+  // in the CRI's CDIDevices; older kubelets drop it.
+  kCdiDevices,
+  // A cdi.k8s.io/ annotation: every kubelet copies an Allocate answer's
+  // annotations into the container's CRI config, and a runtime with CDI on
+  // (containerd 1.7 with enable_cdi, 2.x; CRI-O) injects the devices it names.
+  kAnnotation,
+};
+
 // Late binding: binds physical EFAs for the kubelet's device IDs at
 // PreStartContainer (plugin/alignment/late_binder.h). Called on gRPC threads.
 using PreStartBinder = std::function<absl::Status(const topology::DeviceTable& table,
@@ -57,10 +72,13 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
 
 // The late-binding Allocate answer for one container: the request checked as
 // AllocateContainer does, answered with only the CDI device
-// vpc.amazonaws.com/efa=<claim> of its IDs (plugin/alignment/cdi_spec.h); the device
-// nodes and environment come from the claim's CDI spec. Pure.
+// vpc.amazonaws.com/efa=<claim> of its IDs (plugin/alignment/cdi_spec.h), named
+// as `handover` says: in cdi_devices, in the annotation
+// cdi.k8s.io/vpc.amazonaws.com-efa_<claim>, or both. The device nodes and
+// environment come from the claim's CDI spec. Pure.
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainerLate(
-    const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request);
+    const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request,
+    CdiHandover handover);
 
 class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService {
  public:
@@ -85,9 +103,14 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   // accelerators. Set before serving.
   void SetTargetFinder(TargetFinder finder);
   // Turns late binding on: the options ask for PreStartContainer, Allocate
-  // answers with a CDI device and PreStartContainer calls `binder`. Set
-  // before serving.
-  void SetLateBinding(PreStartBinder binder);
+  // answers with a CDI device (named as `handover` says) and
+  // PreStartContainer calls `binder`. Set before serving.
+  void SetLateBinding(PreStartBinder binder, CdiHandover handover = CdiHandover::kBoth);
+  // Sends the current list again on every open ListAndWatch stream, although
+  // it has not changed: the kubelet rewrites its device checkpoint on every
+  // ListAndWatch message (devicemanager/manager.go,
+  // genericDeviceUpdateCallback). Thread-safe.
+  void Resend();
   // The devices served now. Thread-safe.
   std::shared_ptr<const topology::DeviceTable> Table() const { return table(); }
   // The ListAndWatch message for the current devices. Thread-safe.
@@ -132,6 +155,8 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   class Stream;
   friend class Stream;
   void StreamDone(Stream* stream);
+  // Lets every open stream send list_ if it has not yet.
+  void PumpStreamsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<const topology::DeviceTable> table() const;
   // The table once its host model is loaded (or kModelWait passed).
   std::shared_ptr<const topology::DeviceTable> TableWithModel() const;
@@ -149,6 +174,7 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   std::function<void()> on_stream_end_;
   TargetFinder target_finder_;
   PreStartBinder binder_;  // set: late binding
+  CdiHandover handover_ = CdiHandover::kBoth;
   RpcObserver* rpc_observer_ = nullptr;
 };
 

@@ -74,6 +74,10 @@ std::string CdiSpecFileName(const std::string& claim) {
   return absl::StrCat(kCdiSpecPrefix, claim, kCdiSpecSuffix);
 }
 
+std::string CdiAnnotationKey(const std::string& claim) {
+  return absl::StrCat(kCdiAnnotationPrefix, kCdiSpecPrefix, claim);
+}
+
 std::string ClaimOfSpecFile(const std::string& file_name) {
   if (!absl::StartsWith(file_name, kCdiSpecPrefix) || !absl::EndsWith(file_name, kCdiSpecSuffix)) {
     return "";

@@ -38,6 +38,9 @@ inline constexpr char kEnvPciAddresses[] = "EFA_PCI_ADDRESSES";
 // Spec files are <prefix><claim><suffix>.
 inline constexpr char kCdiSpecPrefix[] = "vpc.amazonaws.com-efa_";
 inline constexpr char kCdiSpecSuffix[] = ".json";
+// Runtimes inject the CDI devices named in a container annotation whose key
+// starts with this (the CDI library's AnnotationPrefix).
+inline constexpr char kCdiAnnotationPrefix[] = "cdi.k8s.io/";
 
 // The claim of a container's EFA allocation: "claim-" and 16 hex digits of
 // a 64-bit FNV-1a hash of the sorted device IDs the kubelet gave it. The
@@ -51,6 +54,13 @@ std::string CdiDeviceName(const std::string& claim);
 
 // "vpc.amazonaws.com-efa_<claim>.json".
 std::string CdiSpecFileName(const std::string& claim);
+
+// "cdi.k8s.io/vpc.amazonaws.com-efa_<claim>", the annotation naming the claim's
+// CDI device. As the CDI library's AnnotationKey(plugin, id) makes them: a
+// name unique per plugin and allocation (the kubelet keeps the first of two
+// equal keys in one container), at most 63 characters, alphanumeric at both
+// ends and [A-Za-z0-9_.-] between.
+std::string CdiAnnotationKey(const std::string& claim);
 
 // The claim a spec file name is for, or "" when it is not one of ours.
 std::string ClaimOfSpecFile(const std::string& file_name);

@@ -157,11 +157,15 @@ std::optional<std::set<std::string>> LateBinder::LiveClaims(
     }
   }
   std::set<std::string> claims = checkpointed.claims;
-  if (list.ok()) {
-    for (const ContainerDevices& c :
-         ContainersWithDevices(*list, options_.resources, options_.efa_resource)) {
-      if (!c.efas.empty()) claims.insert(ClaimName(c.efas));
-    }
+  if (list.ok()) claims.merge(ListedClaims(*list));
+  return claims;
+}
+
+std::set<std::string> LateBinder::ListedClaims(const v1::ListPodResourcesResponse& list) const {
+  std::set<std::string> claims;
+  for (const ContainerDevices& c :
+       ContainersWithDevices(list, options_.resources, options_.efa_resource)) {
+    if (!c.efas.empty()) claims.insert(ClaimName(c.efas));
   }
   return claims;
 }
@@ -212,13 +216,35 @@ std::optional<std::chrono::steady_clock::time_point> LateBinder::ReleaseGone() {
     generation = generation_;
   }
   const auto list = pod_resources_.List();
-  const auto live = LiveClaims(list, ReadCheckpointed(""));
-  absl::MutexLock lock(&mu_);
-  if (!live) {
-    for (auto& [claim, binding] : bindings_) binding.absent_since.reset();
-    return std::nullopt;
+  const Checkpointed checkpointed = ReadCheckpointed("");
+  const auto live = LiveClaims(list, checkpointed);
+  const std::set<std::string> listed = list.ok() ? ListedClaims(*list) : std::set<std::string>{};
+  bool refresh = false;
+  std::optional<std::chrono::steady_clock::time_point> due;
+  {
+    absl::MutexLock lock(&mu_);
+    if (live) {
+      due = ReleaseLocked(*live, generation);
+    } else {
+      for (auto& [claim, binding] : bindings_) binding.absent_since.reset();
+    }
+    if (live && list.ok()) {
+      // A deleted pod's entries stay in the file until the kubelet writes it
+      // again; an init container's stay for its pod's life (once is enough).
+      std::set<std::string> stale;
+      for (const auto& [claim, binding] : bindings_) {
+        if (checkpointed.claims.count(claim) && !listed.count(claim)) stale.insert(claim);
+      }
+      refresh = !stale.empty() && stale != checkpoint_only_;
+      checkpoint_only_ = std::move(stale);
+    }
+    if (!bindings_.empty()) {
+      const auto recheck = options_.now() + options_.recheck_every;
+      due = std::min(due.value_or(recheck), recheck);
+    }
   }
-  return ReleaseLocked(*live, generation);
+  if (refresh && options_.refresh_checkpoint) options_.refresh_checkpoint();
+  return due;
 }
 
 absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& described,

@@ -21,7 +21,14 @@
 // never lists init containers (it walks pod.Spec.Containers), while the
 // checkpoint keeps both; the checkpoint keeps a deleted pod's entries until
 // the kubelet's next admission (devicemanager UpdateAllocatedDevices), while
-// List drops them at once. A checkpoint that cannot be read, or with an EFA
+// List drops them at once. The kubelet writes nothing when a pod is deleted,
+// so while bindings exist List is asked every `recheck_every`; List makes the
+// kubelet drop a deleted pod's allocations in memory (server_v1.go calls
+// UpdateAllocatedDevices, which does so only once its pod sources are
+// ready), and when List lacks a container the checkpoint holds, the daemon
+// resends its device list (`refresh_checkpoint`): the kubelet rewrites the
+// checkpoint from memory on every ListAndWatch message. A checkpoint that
+// cannot be read, or with an EFA
 // entry it had to skip, decides nothing: it is logged once and counted
 // (`undecided`), and the bindings are kept.
 #pragma once
@@ -65,6 +72,13 @@ struct LateBinderOptions {
   // is released: longer than a kubelet restart takes to refill pod-resources
   // from the API server (seconds), and short beside a pod's life.
   std::chrono::milliseconds release_after{10000};
+  // While bindings exist, how often the kubelet's records are read again
+  // (a pod's deletion changes no file the daemon watches).
+  std::chrono::milliseconds recheck_every{15000};
+  // Asks the kubelet to rewrite its checkpoint (the daemon resends its
+  // device list); called, outside any lock, when List newly lacks bound
+  // containers the checkpoint holds. Null: nothing.
+  std::function<void()> refresh_checkpoint;
   // The time the release confirmation counts on (tests move a fake one).
   std::function<std::chrono::steady_clock::time_point()> now = [] {
     return std::chrono::steady_clock::now();
@@ -112,8 +126,8 @@ class LateBinder {
   // Releases every binding older than this call whose container has been
   // absent from the kubelet's records (header comment) for release_after,
   // deleting its spec; a binding absent for the first time is noted. Returns
-  // when to call again to confirm the bindings noted, or nullopt when none
-  // is. Thread-safe.
+  // when to call again (to confirm the bindings noted, else recheck_every
+  // later), or nullopt when nothing is bound. Thread-safe.
   std::optional<std::chrono::steady_clock::time_point> ReleaseGone();
 
   // The physical EFAs bound for a container holding `kubelet_ids` (in PCI
@@ -156,6 +170,8 @@ class LateBinder {
   // The claims of the containers holding EFAs now: the checkpoint's and, when
   // `list` succeeded, List's; nullopt when the checkpoint cannot tell (then
   // logged once and counted).
+  // The claims of List's containers.
+  std::set<std::string> ListedClaims(const v1::ListPodResourcesResponse& list) const;
   std::optional<std::set<std::string>> LiveClaims(
       const absl::StatusOr<v1::ListPodResourcesResponse>& list, const Checkpointed& checkpointed);
   // Releases the bindings older than `generation` confirmed absent from
@@ -180,6 +196,9 @@ class LateBinder {
   // Why the kubelet's records decided nothing at the latest pass ("": they
   // did), to log each cause once.
   std::string undecided_ ABSL_GUARDED_BY(mu_);
+  // The bound claims the checkpoint held and List did not at the latest pass
+  // that had both (the checkpoint is refreshed when this set changes).
+  std::set<std::string> checkpoint_only_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace efa::plugin

@@ -137,7 +137,7 @@ EOF
 
 # --- components -------------------------------------------------------------
 start_containerd() {
-  mkdir -p "$CONTAINERD_DIR" "$CNI_DIR/net.d"
+  mkdir -p "$CONTAINERD_DIR" "$CNI_DIR/net.d" "$E2E_CDI_DIR"
   # restrict_oom_score_adj: these VMs lack CAP_SYS_RESOURCE (runc otherwise dies
   # with "can't get final child's PID from pipe: EOF"). Every path is below the
   # state dir, so `down` can remove all of it.
@@ -153,6 +153,10 @@ state = "$CONTAINERD_DIR/state"
   sandbox_image = "$E2E_PAUSE_IMAGE"
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
+  # CDI devices named in the CRI config's CDIDevices or in cdi.k8s.io/
+  # annotations (kubelet 1.20 passes a device plugin's annotations on).
+  enable_cdi = true
+  cdi_spec_dirs = ["$E2E_CDI_DIR"]
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -172,7 +176,11 @@ EOF
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$E2E_POD_SUBNET"}]],
             "dataDir": "$CNI_DIR/ipam"}}]}
 EOF
-  e2e_start containerd containerd --config "$CONTAINERD_DIR/config.toml"
+  # containerd 1.7 (Debian 12's 1.6 has no CDI), its shims first in PATH.
+  local bin
+  bin="$("$here/fetch-containerd.sh")" || e2e_die "cannot fetch containerd 1.7 (test/e2e/fetch-containerd.sh)"
+  e2e_log "$("$bin/containerd" --version)"
+  PATH="$bin:$PATH" e2e_start containerd "$bin/containerd" --config "$CONTAINERD_DIR/config.toml"
   e2e_wait_for 30 "containerd to serve $E2E_CONTAINERD_SOCK" \
     ctr --address "$E2E_CONTAINERD_SOCK" version || e2e_die "containerd did not start (see $E2E_LOGS/containerd.log)"
 }

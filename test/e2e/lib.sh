@@ -15,6 +15,9 @@ E2E_LOGS="$E2E_CACHE/logs"
 E2E_NODE="efa-e2e"                 # node name (kubelet --hostname-override)
 E2E_KUBELET_DIR="/var/lib/kubelet" # kubelet 1.20 hard-codes its device-plugins dir below it
 E2E_CONTAINERD_SOCK="$E2E_STATE/containerd/containerd.sock"
+# The one CDI spec dir of the cluster's containerd (not the host's /etc/cdi or
+# /var/run/cdi: nothing on the host feeds the test); the daemon writes there.
+E2E_CDI_DIR="$E2E_STATE/cdi"
 E2E_KUBECONFIG="$E2E_STATE/admin.kubeconfig"
 E2E_PAUSE_IMAGE="localhost/efa-e2e/pause:1"
 E2E_POD_IMAGE="localhost/efa-e2e/busybox:1"

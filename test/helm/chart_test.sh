@@ -259,6 +259,10 @@ checks latebinding
 expect_render latebinding-dir --set alignment.mode=late-binding --set alignment.cdiDir=/run/efa-cdi
 expect latebinding-dir '[host_mounts["/run/efa-cdi"], host_mounts["/var/run/cdi"]]' '[["/run/efa-cdi", false], ["/var/run/cdi", true]]'
 expect latebinding-dir 'config["cdiDir"]' '/run/efa-cdi'
+expect latebinding 'config.get("cdiHandover")' 'None'
+expect_render latebinding-handover --set alignment.mode=late-binding --set alignment.cdiHandover=cdi-devices
+expect latebinding-handover 'config["cdiHandover"]' 'cdi-devices'
+checks latebinding-handover
 expect latebinding-dir 'sorted(v["name"] for v in pod["volumes"] if "cdi" in v["name"])' '["cdi-dir", "cdi-spec-0-etc-cdi", "cdi-spec-1-var-run-cdi"]'
 checks latebinding-dir
 
@@ -445,7 +449,7 @@ if "$HELM_BIN" template aws-efa-k8s-device-plugin "$CHART" -n kube-system >"$TMP
 else fail "release named after the chart renders" "$(cat "$TMP/release.err")"; fi
 
 expect_render all -f "$ROOT/test/helm/values-all.yaml"
-expect all 'sorted(config)' '["alignment", "cdiDir", "cdiSpecDirs", "counterInterval", "deviceHealth", "deviceHealthAdminErrors", "deviceHealthHoldDown", "deviceHealthKeepAliveTimeout", "draDrivers", "draPolicy", "expectedEfaCount", "gpuResources", "httpRequestTimeout", "idleTimeout", "instanceType", "logFormat", "logLevel", "metricsAddress", "metricsMaxConnections", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "probeMaxConnections", "reportNuma", "rescanInterval", "sharingRenameByDefault", "sharingReplicas", "topologyXml", "version"]'
+expect all 'sorted(config)' '["alignment", "cdiDir", "cdiHandover", "cdiSpecDirs", "counterInterval", "deviceHealth", "deviceHealthAdminErrors", "deviceHealthHoldDown", "deviceHealthKeepAliveTimeout", "draDrivers", "draPolicy", "expectedEfaCount", "gpuResources", "httpRequestTimeout", "idleTimeout", "instanceType", "logFormat", "logLevel", "metricsAddress", "metricsMaxConnections", "mofedPolicy", "neuronResources", "neuroncoreResources", "neuroncoresPerDevice", "probeAddress", "probeMaxConnections", "reportNuma", "rescanInterval", "sharingRenameByDefault", "sharingReplicas", "topologyXml", "version"]'
 expect all '[config["sharingReplicas"], config["sharingRenameByDefault"]]' '[4, true]'
 expect all 'config["draDrivers"]' '["dra.net", "efa.dra.example.com"]'
 expect all '[config[k] for k in ("counterInterval", "idleTimeout", "deviceHealth", "deviceHealthKeepAliveTimeout", "deviceHealthAdminErrors", "deviceHealthHoldDown")]' '["30s", "30m", true, "2m", 20, "10m"]'
@@ -464,6 +468,7 @@ else fail "helm install --dry-run=client renders NOTES.txt" "$(cat "$TMP/notes.t
 # --- the schema rejects wrong types -------------------------------------------------
 expect_reject schema-bool '/config/reportNuma' --set-string config.reportNuma=yes
 expect_reject schema-enum '/alignment/mode' --set alignment.mode=fast
+expect_reject schema-handover '/alignment/cdiHandover' --set alignment.cdiHandover=env
 expect_reject schema-port '/metrics/port' --set metrics.port=70000
 expect_reject schema-port-type '/metrics/port' --set-string metrics.port=http
 expect_reject schema-policy '/guards/mofed/policy' --set guards.mofed.policy=block

@@ -205,6 +205,8 @@ class LateNode {
   }
 
   bool late() const { return options_.alignment == AlignmentMode::kLateBinding; }
+  // The next StartDaemon's options.
+  DaemonOptions& options() { return options_; }
   FakeKubelet& kubelet() { return kubelet_; }
   Daemon& daemon() { return *daemon_; }
   const efa::plugin::LateBinder& binder() { return *daemon_->late_binder(); }
@@ -386,6 +388,28 @@ TEST_CASE("Late binding releases a binding when its pod leaves the checkpoint",
     INFO(metrics);
     CHECK(metrics.find(line) != std::string::npos);
   }
+}
+
+TEST_CASE(
+    "Late binding releases a deleted pod's binding on a quiet node, where the kubelet keeps its "
+    "checkpoint entries until it next writes the file",
+    "[late-binding][daemon][concurrency]") {
+  LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  node.StopDaemon();
+  node.options().late_recheck_every = std::chrono::milliseconds(200);
+  node.StartDaemon();
+  REQUIRE(node.Admit("u1", 1, 4, true).ok());
+  REQUIRE(node.Admit("u2", 1, 4, false).ok());
+  const fs::path spec1 = node.SpecOf("u1");
+  REQUIRE(fs::exists(spec1));
+  // As the kubelet: the file keeps u1's entries until its next write, and
+  // no admission comes to write it.
+  REQUIRE(node.kubelet().RemovePod("u1", FakeKubelet::CheckpointWrite::kAsKubelet).ok());
+  REQUIRE(node.binder().WaitForCountsForTest(
+      [](const LateBindingCounts& c) { return c.released >= 1; }, kDeadline));
+  CHECK_FALSE(fs::exists(spec1));
+  CHECK(fs::exists(node.SpecOf("u2")));
+  CHECK(node.binder().BoundEfas(node.Tokens("u2")) == node.PhysicalEfas("u2"));
 }
 
 TEST_CASE("Late binding releases bindings although a checkpoint entry cannot be parsed",

@@ -122,6 +122,29 @@ TEST_CASE("An empty metrics address from the environment turns the endpoints off
   CHECK(c->origin.at("metricsAddress") == "EFA_METRICS_ADDRESS");
 }
 
+TEST_CASE("The CDI handover is named by its value in a flag, the environment or the file",
+          "[config]") {
+  const std::vector<std::pair<std::string, CdiHandover>> values = {
+      {"both", CdiHandover::kBoth},
+      {"cdi-devices", CdiHandover::kCdiDevices},
+      {"annotation", CdiHandover::kAnnotation}};
+  for (const auto& [name, value] : values) {
+    INFO(name);
+    auto c = Resolve({"--cdi-handover", name});
+    REQUIRE(c.ok());
+    CHECK(ToDaemonOptions(c->config).cdi_handover == value);
+    c = Resolve({}, {{"EFA_CDI_HANDOVER", name}});
+    REQUIRE(c.ok());
+    CHECK(ToDaemonOptions(c->config).cdi_handover == value);
+    CHECK(c->ToYaml().find("\ncdiHandover: " + name + "  # from EFA_CDI_HANDOVER\n") !=
+          std::string::npos);
+  }
+  auto c = Resolve({"--cdi-handover=annotations"});
+  REQUIRE_FALSE(c.ok());
+  CHECK(Message(c.status()) ==
+        "--cdi-handover: expected one of both, cdi-devices, annotation, got \"annotations\"");
+}
+
 TEST_CASE("A null value in the file counts as not given", "[config]") {
   auto c = ParseConfigYaml("version: v1\nlogLevel:\ngpuResources: ~\ninstanceType: null\n",
                            "config.yaml");
@@ -153,6 +176,7 @@ TEST_CASE("Every option parses from the file", "[config]") {
       "neuroncoreResources:\n  - aws.amazon.com/neuroncore\n"
       "neuroncoresPerDevice: 4\n"
       "cdiDir: /run/cdi\n"
+      "cdiHandover: annotation\n"
       "mofedPolicy: protect\n"
       "draPolicy: ignore\n"
       "draDrivers: [dra.net, efa.dra.example.com]\n"
@@ -190,6 +214,7 @@ TEST_CASE("Every option parses from the file", "[config]") {
   want.neuroncore_resources = std::vector<std::string>{"aws.amazon.com/neuroncore"};
   want.neuroncores_per_device = 4;
   want.cdi_dir = "/run/cdi";
+  want.cdi_handover = CdiHandover::kAnnotation;
   want.mofed_policy = MofedPolicy::kProtect;
   want.dra_policy = DraPolicy::kIgnore;
   want.dra_drivers = std::vector<std::string>{"dra.net", "efa.dra.example.com"};
@@ -219,6 +244,9 @@ TEST_CASE("Every option parses from the file", "[config]") {
   CHECK(o.accelerator_resources.neuron.empty());
   CHECK(o.accelerator_resources.neuroncores_per_device == 4);
   CHECK(o.cdi_dir == "/run/cdi");
+  CHECK(o.cdi_handover == CdiHandover::kAnnotation);
+  // Both by default: older kubelets read only the annotation (README, "Late binding").
+  CHECK(ToDaemonOptions(DefaultConfig()).cdi_handover == CdiHandover::kBoth);
   CHECK(o.mofed_policy == MofedPolicy::kProtect);
   CHECK(o.dra_policy == DraPolicy::kIgnore);
   CHECK(o.dra_drivers == std::vector<std::string>{"dra.net", "efa.dra.example.com"});
@@ -275,6 +303,7 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "neuroncoreResources: [\"aws.amazon.com/neuroncore\"]\n"
         "neuroncoresPerDevice: 0\n"
         "cdiDir: \"/var/run/cdi\"\n"
+        "cdiHandover: both\n"
         "mofedPolicy: warn\n"
         "draPolicy: yield\n"
         "draDrivers: [\"dra.net\"]\n"
@@ -299,7 +328,7 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "probeMaxConnections=16 httpRequestTimeout=3s alignment=best-effort "
         "gpuResources=[nvidia.com/gpu] neuronResources=[aws.amazon.com/neuron] "
         "neuroncoreResources=[aws.amazon.com/neuroncore] neuroncoresPerDevice=0 "
-        "cdiDir=/var/run/cdi mofedPolicy=warn draPolicy=yield draDrivers=[dra.net] "
+        "cdiDir=/var/run/cdi cdiHandover=both mofedPolicy=warn draPolicy=yield draDrivers=[dra.net] "
         "cdiSpecDirs=[/etc/cdi,/var/run/cdi] expectedEfaCount=0 sharingReplicas=1 "
         "sharingRenameByDefault=false counterInterval=15s idleTimeout=10m deviceHealth=false "
         "deviceHealthKeepAliveTimeout=1m deviceHealthAdminErrors=10 deviceHealthHoldDown=5m");
@@ -342,6 +371,9 @@ TEST_CASE("Invalid configuration files are refused with the place, the key and w
       {"version: v1\nalignment: strict\n",
        "config.yaml:2:12: alignment: expected one of best-effort, late-binding, off, got "
        "\"strict\""},
+      {"version: v1\ncdiHandover: cdi-cri\n",
+       "config.yaml:2:14: cdiHandover: expected one of both, cdi-devices, annotation, got "
+       "\"cdi-cri\""},
       {"version: v1\ngpuResources: nvidia.com/gpu\n",
        "config.yaml:2:15: gpuResources: expected a list of resource names like "
        "[nvidia.com/gpu], got \"nvidia.com/gpu\""},

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <map>
 
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment/cdi_spec.h"
@@ -17,7 +18,8 @@ using namespace efa::plugin;
 namespace {
 
 struct LatePlugin {
-  explicit LatePlugin(const efa::sim::SimRoot& sim) : service(DevicePluginService::Options{true}) {
+  explicit LatePlugin(const efa::sim::SimRoot& sim, CdiHandover handover = CdiHandover::kBoth)
+      : service(DevicePluginService::Options{true}) {
     service.SetDevices(efa::topology::DiscoverEfaDevices(sim.roots()).devices);
     service.SetLateBinding(
         [this](const efa::topology::DeviceTable& table, const std::vector<std::string>& ids) {
@@ -25,7 +27,8 @@ struct LatePlugin {
           calls.push_back(ids);
           tables.push_back(table.devices.size());
           return result;
-        });
+        },
+        handover);
     const fs::path socket = sim.path() / "plugin.sock";
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
@@ -79,8 +82,13 @@ TEST_CASE("Late binding asks for PreStartContainer and answers Allocate with a C
   REQUIRE(response.container_responses_size() == 1);
   const auto& c = response.container_responses(0);
   REQUIRE(c.cdi_devices_size() == 1);
-  CHECK(c.cdi_devices(0).name() ==
-        "vpc.amazonaws.com/efa=" + ClaimName({"rdmap16s27", "rdmap32s27"}));
+  const std::string device = "vpc.amazonaws.com/efa=" + ClaimName({"rdmap16s27", "rdmap32s27"});
+  CHECK(c.cdi_devices(0).name() == device);
+  // By default also as an annotation, for kubelets before 1.28.
+  CHECK(
+      std::map<std::string, std::string>(c.annotations().begin(), c.annotations().end()) ==
+      std::map<std::string, std::string>{
+          {"cdi.k8s.io/vpc.amazonaws.com-efa_" + ClaimName({"rdmap16s27", "rdmap32s27"}), device}});
   CHECK(c.devices_size() == 0);
   CHECK(c.envs_size() == 0);
   CHECK(c.mounts_size() == 0);
@@ -136,4 +144,41 @@ TEST_CASE("Late-binding PreStartContainer hands the IDs to the binder and return
   grpc::Status status = plugin.PreStart({"rdmap16s27"});
   CHECK(status.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
   CHECK(status.error_message() == "cannot bind claim-x");
+}
+
+TEST_CASE("Late-binding Allocate names the CDI device in the field, the annotation or both",
+          "[late-binding][concurrency]") {
+  efa::sim::SimRoot sim("p4d.24xlarge");
+  const std::string claim = ClaimName({"rdmap16s27", "rdmap32s27"});
+  const std::string device = "vpc.amazonaws.com/efa=" + claim;
+  const std::string key = "cdi.k8s.io/vpc.amazonaws.com-efa_" + claim;
+  struct Case {
+    CdiHandover handover;
+    std::vector<std::string> cdi_devices;
+    std::map<std::string, std::string> annotations;
+  };
+  const std::vector<Case> cases = {
+      {CdiHandover::kBoth, {device}, {{key, device}}},
+      {CdiHandover::kCdiDevices, {device}, {}},
+      {CdiHandover::kAnnotation, {}, {{key, device}}},
+  };
+  for (const Case& want : cases) {
+    INFO("handover " << static_cast<int>(want.handover));
+    LatePlugin plugin(sim, want.handover);
+    v1beta1::AllocateResponse response;
+    REQUIRE(plugin.Allocate({"rdmap32s27", "rdmap16s27"}, &response).ok());
+    REQUIRE(response.container_responses_size() == 1);
+    const auto& c = response.container_responses(0);
+    std::vector<std::string> cdi_devices;
+    for (const auto& d : c.cdi_devices()) cdi_devices.push_back(d.name());
+    CHECK(cdi_devices == want.cdi_devices);
+    CHECK(std::map<std::string, std::string>(c.annotations().begin(), c.annotations().end()) ==
+          want.annotations);
+    CHECK(c.devices_size() == 0);
+    CHECK(c.envs_size() == 0);
+    CHECK(c.mounts_size() == 0);
+    // Bad IDs are refused in every mode.
+    response.Clear();
+    CHECK(plugin.Allocate({"nope"}, &response).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  }
 }

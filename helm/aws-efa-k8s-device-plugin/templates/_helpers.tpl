@@ -140,6 +140,9 @@ defaults win; the options the chart's mounts depend on are always written.
 {{- end }}
 {{- if include "efa.lateBinding" . }}
 {{- $_ := set $cfg "cdiDir" .Values.alignment.cdiDir }}
+{{- with .Values.alignment.cdiHandover }}
+{{- $_ := set $cfg "cdiHandover" . }}
+{{- end }}
 {{- end }}
 {{- with .Values.guards.mofed.policy }}
 {{- $_ := set $cfg "mofedPolicy" . }}

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -42,6 +43,28 @@ TEST_CASE("A claim is named by the set of the kubelet's IDs, in any order", "[la
   CHECK(ClaimOfSpecFile("vpc.amazonaws.com-efa_.json").empty());
   CHECK(ClaimOfSpecFile("k8s.device-plugin.nvidia.com-mofed.json").empty());
   CHECK(ClaimOfSpecFile(".vpc.amazonaws.com-efa_claim-1.json.abcdef.tmp").empty());
+}
+
+TEST_CASE("The CDI annotation key keeps the CDI library's rules for any claim", "[late-binding]") {
+  CHECK(CdiAnnotationKey("claim-594ddaedef8ff370") ==
+        "cdi.k8s.io/vpc.amazonaws.com-efa_claim-594ddaedef8ff370");
+  // The rules of AnnotationKey() in the CDI library (pkg/cdi/annotations.go),
+  // which runtimes parse the annotation with: after the prefix, at most 63
+  // characters, alphanumeric at both ends, [A-Za-z0-9_.-] between.
+  const std::string prefix = "cdi.k8s.io/";
+  for (const auto& ids : std::vector<std::vector<std::string>>{
+           {"rdmap79s0"}, {"rdmap79s0::63", "rdmap80s0::0"}, {std::string(300, 'x')}}) {
+    const std::string key = CdiAnnotationKey(ClaimName(ids));
+    INFO(key);
+    REQUIRE(key.rfind(prefix, 0) == 0);
+    const std::string name = key.substr(prefix.size());
+    CHECK(name.size() <= 63);
+    CHECK(std::isalnum(static_cast<unsigned char>(name.front())));
+    CHECK(std::isalnum(static_cast<unsigned char>(name.back())));
+    for (char c : name) {
+      CHECK((std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'));
+    }
+  }
 }
 
 TEST_CASE("The CDI spec names the uverbs nodes and the env of best-effort Allocate",

@@ -93,6 +93,14 @@ class Node {
 
   // Moves the binders' clock on.
   void Advance(std::chrono::milliseconds d) { *now_ += d; }
+  // What ReleaseGone returns when it has no release to confirm.
+  std::chrono::steady_clock::time_point Recheck() const {
+    return *now_ + LateBinderOptions().recheck_every;
+  }
+  // What ReleaseGone returns when it noted a binding absent just now.
+  std::chrono::steady_clock::time_point Confirm() const {
+    return *now_ + LateBinderOptions().release_after;
+  }
 
   fs::path cdi_dir() const { return sim_.path() / "cdi"; }
   fs::path kubelet_dir() const { return sim_.path() / "kubelet"; }
@@ -265,7 +273,7 @@ TEST_CASE("A restarted kubelet's empty pod-resources List releases no binding it
   efa::testing::FakeKubelet kubelet(efa::testing::FakeKubelet::ForKubeletDir(node.kubelet_dir()));
   REQUIRE(kubelet.Start().ok());
   for (int look = 0; look < 3; ++look) {
-    CHECK_FALSE(binder.ReleaseGone().has_value());
+    CHECK(binder.ReleaseGone() == node.Recheck());
     node.Advance(std::chrono::minutes(1));
   }
   CHECK(binder.Bindings() == bound);
@@ -300,17 +308,49 @@ TEST_CASE("A binding is released after two looks without its container, release_
   // Back in the kubelet's records (a read in between was wrong): the
   // confirmation starts over.
   node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(0)), Entry("uid-1", kEfa, node.Group(1))});
-  CHECK_FALSE(binder.ReleaseGone().has_value());
+  CHECK(binder.ReleaseGone() == node.Recheck());
   node.WriteCheckpoint({Entry("uid-1", kEfa, node.Group(1))});
-  REQUIRE(binder.ReleaseGone().has_value());
+  CHECK(binder.ReleaseGone() == node.Confirm());
   node.Advance(after - std::chrono::milliseconds(1));
   binder.ReleaseGone();
   CHECK(binder.Bindings().size() == 2);
   node.Advance(std::chrono::milliseconds(1));
-  CHECK_FALSE(binder.ReleaseGone().has_value());
+  CHECK(binder.ReleaseGone() == node.Recheck());  // uid-1's remains
   CHECK(binder.Bindings().size() == 1);
   CHECK_FALSE(fs::exists(binder.SpecPath(ClaimName(node.Group(0)))));
   CHECK(binder.counts().released == 1);
+}
+
+TEST_CASE(
+    "Bound containers the checkpoint holds and List lacks ask the kubelet once to rewrite its "
+    "checkpoint",
+    "[late-binding][concurrency]") {
+  Node node;
+  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(0)), Entry("uid-1", kEfa, node.Group(1))});
+  int refreshes = 0;
+  LateBinderOptions options = node.Options();
+  options.refresh_checkpoint = [&refreshes] { ++refreshes; };
+  options.pod_resources.burst = 100;  // every pass asks List
+  LateBinder binder(options);
+  REQUIRE(binder.PreStart(node.table(), node.Group(0)).ok());
+  // Without pod-resources nothing is asked: the checkpoint alone decides.
+  CHECK(binder.ReleaseGone() == node.Recheck());
+  CHECK(refreshes == 0);
+  // List answers without uid-0 (deleted, or an init container).
+  efa::testing::FakeKubelet kubelet(efa::testing::FakeKubelet::ForKubeletDir(node.kubelet_dir()));
+  REQUIRE(kubelet.Start().ok());
+  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(0)), Entry("uid-1", kEfa, node.Group(1))});
+  CHECK(binder.ReleaseGone() == node.Recheck());
+  CHECK(refreshes == 1);
+  // The same set again (an init container's entry stays for its pod's life).
+  node.Advance(std::chrono::minutes(1));
+  CHECK(binder.ReleaseGone() == node.Recheck());
+  CHECK(refreshes == 1);
+  // Another bound container in the same state: asked again.
+  REQUIRE(binder.PreStart(node.table(), node.Group(1)).ok());
+  CHECK(binder.ReleaseGone() == node.Recheck());
+  CHECK(refreshes == 2);
+  CHECK(binder.Bindings().size() == 2);
 }
 
 TEST_CASE("The kubelet giving a binding's IDs to another container releases it at once",
@@ -346,13 +386,13 @@ TEST_CASE(
   };
   write_with(kEfa);
   for (int look = 0; look < 3; ++look) {
-    CHECK_FALSE(binder.ReleaseGone().has_value());
+    CHECK(binder.ReleaseGone() == node.Recheck());
     node.Advance(std::chrono::minutes(1));
   }
   CHECK(binder.Bindings().size() == 1);
   CHECK(binder.counts().undecided == 3);
   write_with("example.com/widget");
-  REQUIRE(binder.ReleaseGone().has_value());
+  CHECK(binder.ReleaseGone() == node.Confirm());
   node.Advance(std::chrono::minutes(1));
   binder.ReleaseGone();
   CHECK(binder.Bindings().empty());
