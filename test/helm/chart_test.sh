@@ -168,17 +168,11 @@ if out="$("$HELM_BIN" lint --strict "$CHART" -f "$ROOT/test/helm/values-all.yaml
   pass "helm lint --strict -f values-all.yaml (every value set)"
 else fail "helm lint --strict -f values-all.yaml (every value set)" "$out"; fi
 
-# --- versions agree -------------------------------------------------------------
+# --- versions ------------------------------------------------------------------
+# That they agree with CMake's is test/release/version_test.sh's to check;
+# here the default image tag must be the appVersion.
 app_version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$CHART/Chart.yaml")"
 chart_version="$(sed -n 's/^version: *//p' "$CHART/Chart.yaml")"
-cmake_version="$(sed -n 's/^project([^)]*VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")"
-docker_version="$(sed -n 's/^ARG VERSION=\(.*\)$/\1/p' "$ROOT/Dockerfile")"
-if [ -n "$app_version" ] && [ "$app_version" == "$cmake_version" ] && [ "$app_version" == "$docker_version" ]; then
-  pass "appVersion $app_version = CMake project VERSION = Dockerfile VERSION"
-else
-  fail "appVersion = CMake project VERSION = Dockerfile VERSION" \
-       "Chart.yaml $app_version, CMakeLists.txt $cmake_version, Dockerfile $docker_version"
-fi
 
 # --- defaults --------------------------------------------------------------------
 expect_render default
@@ -567,6 +561,47 @@ $(cat "$TMP/$name.config.yaml")"; fi
     else fail "bind-hostip: the daemon takes [$ip]:9400 from EFA_METRICS_ADDRESS" "$out"; fi
   done
 fi
+
+# --- the release: the chart packaged and indexed (scripts/release.sh) ------------
+# Without the image; a published index with an earlier release is merged.
+release="$TMP/release"
+mkdir -p "$release" "$TMP/published"
+cat >"$TMP/published/index.yaml" <<'INDEX'
+apiVersion: v1
+entries:
+  aws-efa-k8s-device-plugin:
+  - apiVersion: v2
+    name: aws-efa-k8s-device-plugin
+    version: 0.0.1
+    appVersion: 0.0.1
+    digest: 0000000000000000000000000000000000000000000000000000000000000000
+    urls: [https://charts.example.test/efa/aws-efa-k8s-device-plugin-0.0.1.tgz]
+generated: "2026-01-01T00:00:00Z"
+INDEX
+package="aws-efa-k8s-device-plugin-$chart_version.tgz"
+if out="$(HELM="$HELM_BIN" EFA_RELEASE_SKIP_IMAGE=1 EFA_RELEASE_DIR="$release" "$ROOT/scripts/release.sh" \
+            --url https://charts.example.test/efa --merge "$TMP/published/index.yaml" 2>&1)"; then
+  pass "release.sh (EFA_RELEASE_SKIP_IMAGE=1) runs"
+  files="$(find "$release" -mindepth 1 -printf '%f\n' | sort | paste -sd' ')"
+  if [ "$files" = "SHA256SUMS $package index.yaml" ]; then pass "release: SHA256SUMS $package index.yaml"
+  else fail "release: SHA256SUMS $package index.yaml" "got $files"; fi
+  if out="$(cd "$release" && sha256sum -c SHA256SUMS 2>&1)" && [ "$(grep -c ': OK$' <<<"$out")" = 2 ]; then
+    pass "release: sha256sum -c SHA256SUMS (2 files)"
+  else fail "release: sha256sum -c SHA256SUMS (2 files)" "$out"; fi
+  # Each entry: version, appVersion, URLs, whether its digest is the package's.
+  got="$("$PY" - "$release/index.yaml" "$release/$package" 2>&1 <<'PY'
+import hashlib, json, sys, yaml
+index = yaml.safe_load(open(sys.argv[1]))
+digest = hashlib.sha256(open(sys.argv[2], "rb").read()).hexdigest()
+print(json.dumps([[e["version"], e["appVersion"], e["urls"], e["digest"] == digest]
+                  for e in index["entries"]["aws-efa-k8s-device-plugin"]]))
+PY
+)"
+  entries='[["'"$chart_version"'", "'"$app_version"'", ["https://charts.example.test/efa/'"$package"'"], true], ["0.0.1", "0.0.1", ["https://charts.example.test/efa/aws-efa-k8s-device-plugin-0.0.1.tgz"], false]]'
+  if [ "$got" = "$entries" ]; then pass "release: index.yaml lists this chart (its URL and digest) and the published 0.0.1"
+  else fail "release: index.yaml lists this chart (its URL and digest) and the published 0.0.1" "expected: $entries
+got:      $got"; fi
+else fail "release.sh (EFA_RELEASE_SKIP_IMAGE=1) runs" "$out"; fi
 
 echo "chart_test: $(( $(date +%s) - start )) s with $HELM_BIN"
 echo "$passed passed, $failed failed"
