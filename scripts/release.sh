@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
     --url) [ $# -ge 2 ] || die "--url needs a URL"; url="$2"; shift 2 ;;
     --merge) [ $# -ge 2 ] || die "--merge needs the published index.yaml"; merge="$2"; shift 2 ;;
     --out) [ $# -ge 2 ] || die "--out needs a directory"; out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) [ -z "$asked" ] || die "one VERSION only (got '$asked' and '$1')"; asked="$1"; shift ;;
   esac
@@ -49,8 +49,15 @@ scripts/version.sh check "$version" >&2
 helm="${HELM:-helm}"
 command -v "$helm" >/dev/null ||
   die "helm ('$helm') not found: install helm 3.8 or later, or set HELM=/path/to/helm"
-[ -z "$merge" ] || [ -f "$merge" ] || die "--merge $merge: no such file (the published index.yaml)"
 started=$SECONDS
+if [ -n "$merge" ]; then
+  # A copy: the published index may be the one in DIR, which goes below.
+  [ -f "$merge" ] || die "--merge $merge: no such file (the published index.yaml)"
+  published="$(mktemp)"
+  trap 'rm -f "$published"' EXIT
+  cp "$merge" "$published"
+  merge="$published"
+fi
 
 # The artifacts of an earlier run go, so the index and the checksums cover
 # this release only (an earlier version's package would be indexed again).
