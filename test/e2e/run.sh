@@ -21,8 +21,8 @@
 # 8 pods of 1 GPU + 4 EFA and 16 of 1 EFA at once, each pod's device nodes
 # and env, the GPU pods aligned. Also a CTest test (e2e_real_kubelet, label
 # e2e), which sets EFA_E2E_BUILD_DIR to its own build dir.
-# Needs root. Environment: EFA_E2E_IMAGE_TAR (the image as `podman save`
-# writes it, as scripts/image.sh does; checks 9 and 10 are skipped, and say
+# Needs root. Environment: EFA_E2E_IMAGE_TAR (the image archive scripts/image.sh
+# writes, or one of `podman save`; checks 9 and 10 are skipped, and say
 # so, without it: scripts/test.sh runs them with --all), EFA_E2E_BUILD_DIR (default
 # build/e2e; a configured dir is used as it is), EFA_E2E_JOBS (build jobs,
 # default 1), EFA_E2E_CACHE, EFA_E2E_STATE;
@@ -925,8 +925,11 @@ import_plugin_image() {
   local tar="${EFA_E2E_IMAGE_TAR:-}" ref
   [ -n "$tar" ] || why "EFA_E2E_IMAGE_TAR is not set: build the image from the Dockerfile with podman (see IMAGE-BUILD.md), 'podman save' it and give the archive's path" || return 1
   [ -s "$tar" ] || why "EFA_E2E_IMAGE_TAR=$tar is not a file" || return 1
-  ref="$(tar -xOf "$tar" manifest.json 2>/dev/null | jq -r '.[0].RepoTags[0] // empty')"
-  [ -n "$ref" ] || why "$tar is not a docker archive with a tag (podman save IMAGE -o FILE makes one)" || return 1
+  # scripts/image.sh saves an OCI archive of a manifest list (its name in
+  # index.json); `podman save` a docker archive (its name in manifest.json).
+  ref="$(tar -xOf "$tar" index.json 2>/dev/null | jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"] // empty')"
+  [ -n "$ref" ] || ref="$(tar -xOf "$tar" manifest.json 2>/dev/null | jq -r '.[0].RepoTags[0] // empty')"
+  [ -n "$ref" ] || why "$tar is neither an OCI archive with a named index (scripts/image.sh makes one) nor a docker archive with a tag (podman save IMAGE -o FILE)" || return 1
   ctr --address "$E2E_CONTAINERD_SOCK" -n k8s.io images import "$tar" >>"$E2E_LOGS/images.log" 2>&1 \
     || why "ctr images import $tar failed (see $E2E_LOGS/images.log)" || return 1
   PLUGIN_IMAGE="$ref"

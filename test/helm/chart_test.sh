@@ -207,9 +207,9 @@ expect default 'c["ports"]' '[{"containerPort": 8080, "name": "metrics", "protoc
 expect default 'c["livenessProbe"]["httpGet"]' '{"path": "/healthz", "port": "probes"}'
 expect default 'c["readinessProbe"]["httpGet"]' '{"path": "/readyz", "port": "probes"}'
 expect default 'len(ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"])' '64'
-# Scheduling: no instance-type list; Linux nodes of the image's architecture
-# (amd64), not Fargate, hybrid or EKS Auto Mode (AWS's own EFA plugin runs there).
-expect default 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}]}]'
+# Scheduling: no instance-type list; Linux nodes of the image's architectures
+# (amd64, arm64), not Fargate, hybrid or EKS Auto Mode (AWS's own EFA plugin runs there).
+expect default 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}]}]'
 expect default '"node.kubernetes.io/instance-type" in str(ds)' 'false'
 expect default '[t["key"] for t in pod["tolerations"]]' '["CriticalAddonsOnly", "nvidia.com/gpu", "aws.amazon.com/neuron", "aws.amazon.com/efa"]'
 expect default 'pod["priorityClassName"]' 'system-node-critical'
@@ -217,6 +217,27 @@ expect default 'ds["spec"]["updateStrategy"]' '{"rollingUpdate": {"maxUnavailabl
 expect default 'c["resources"]["requests"]' '{"cpu": "10m", "memory": "32Mi"}'
 expect default '"nodeSelector" in pod' 'false'
 checks default
+
+# The image the chart names holds every architecture the chart places it on:
+# checked on the image scripts/image.sh built (the manifest list in its OCI
+# archive; scripts/test.sh --all builds it before this test runs).
+image_tar="${EFA_IMAGE_TAR:-$ROOT/build/image/efa-k8s-device-plugin.tar}"
+if [ -s "$image_tar" ]; then
+  placed="$(q default 'sorted(next(e["values"] for e in terms[0]["matchExpressions"] if e["key"] == "kubernetes.io/arch"))')"
+  built="$("$PY" - "$image_tar" <<'PY'
+import json, sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    index = json.load(t.extractfile("index.json"))
+    digest = index["manifests"][0]["digest"].split(":")[1]
+    inner = json.load(t.extractfile("blobs/sha256/" + digest))
+print(sorted(m["platform"]["architecture"] for m in inner.get("manifests", [])))
+PY
+)"
+  if [ "$placed" = "$built" ]; then pass "the image ($image_tar) has every architecture the chart places it on: $built"
+  else fail "the chart places the image on $placed; the image ($image_tar) has $built"; fi
+else
+  echo "note - no image archive at $image_tar (scripts/image.sh makes one): the chart's architectures not checked against it"
+fi
 
 # --- overrides ---------------------------------------------------------------------
 # tolerations are appended to CriticalAddonsOnly and defaultTolerations (AWS's
@@ -327,12 +348,12 @@ checks nodeselector-file
 # AWS's supportedInstanceLabels: one term per key, each the placement
 # requirements and "key In values"; keys defaults to the instance-type label.
 expect_render instances --set-json 'supportedInstanceLabels.values=["p5.48xlarge","trn2.48xlarge"]'
-expect instances 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}, {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "trn2.48xlarge"]}]}]'
+expect instances 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}, {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "trn2.48xlarge"]}]}]'
 checks instances
 expect_render instances-keys --set-json 'supportedInstanceLabels.keys=["node.kubernetes.io/instance-type","beta.kubernetes.io/instance-type"]' \
   --set-json 'supportedInstanceLabels.values=["p5.48xlarge"]' --set-json 'placement.excludeComputeTypes=[]' \
-  --set-json 'placement.architectures=["amd64","arm64"]'
-expect instances-keys '[[(e["key"], e["operator"], e["values"]) for e in t["matchExpressions"]] for t in terms]' '[[["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64", "arm64"]], ["node.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]], [["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64", "arm64"]], ["beta.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]]]'
+  --set-json 'placement.architectures=["amd64"]'
+expect instances-keys '[[(e["key"], e["operator"], e["values"]) for e in t["matchExpressions"]] for t in terms]' '[[["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64"]], ["node.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]], [["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64"]], ["beta.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]]]'
 checks instances-keys
 
 # EKS Auto Mode nodes admitted on request.
