@@ -15,12 +15,13 @@
 # the runtime file system in /rootfs (scripts/image-rootfs.sh).
 FROM --platform=$BUILDPLATFORM debian:12 AS build
 ARG TARGETARCH
-ARG REVISION=unknown
-# CI builds with warnings as errors (-Werror), users without.
-ARG EFA_WERROR=OFF
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/
 RUN scripts/install-deps.sh --daemon --arch "${TARGETARCH}"
+# Declared after the packages' layer, which they would invalidate.
+ARG REVISION=unknown
+# CI builds with warnings as errors (-Werror), users without.
+ARG EFA_WERROR=OFF
 COPY . .
 RUN set -e; \
     case "${TARGETARCH}" in arm64) triplet=aarch64-linux-gnu ;; *) triplet=x86_64-linux-gnu ;; esac; \
