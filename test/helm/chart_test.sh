@@ -291,6 +291,20 @@ expect servicemonitor 'obj("ServiceMonitor")["metadata"]["labels"]["release"]' '
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"]' 'true'
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["selector"]["matchLabels"] == obj("Service")["spec"]["selector"]' 'true'
 expect servicemonitor 'obj("Service")["spec"]["clusterIP"] + " " + str(obj("Service")["spec"]["ports"][0]["port"])' 'None 9400'
+
+# The PrometheusRule (absent by default: the kinds of default above); when enabled it holds exactly the
+# rules of the plain rules file (one source), with the labels and namespace given.
+RULES_FILE="$ROOT/helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.rules.yaml"
+rules_json="$("$PY" -c 'import json,sys,yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1])), sort_keys=True))' "$RULES_FILE")"
+expect_render prometheusrule --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.labels.release=prom \
+  --set metrics.prometheusRule.namespace=monitoring
+expect prometheusrule '[k for k in kinds() if k.startswith("PrometheusRule")]' '["PrometheusRule/efa-aws-efa-k8s-device-plugin"]'
+expect prometheusrule 'obj("PrometheusRule")["metadata"]["labels"]["release"] + " " + obj("PrometheusRule")["metadata"]["namespace"]' 'prom monitoring'
+expect prometheusrule '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True)' "$rules_json"
+checks prometheusrule
+expect_render prometheusrule-ns --set metrics.prometheusRule.enabled=true
+expect prometheusrule-ns 'obj("PrometheusRule")["metadata"]["namespace"]' "$(q default 'obj("DaemonSet")["metadata"]["namespace"]')"
+checks prometheusrule-ns
 expect servicemonitor 'config["metricsAddress"] + " " + str(c["ports"][0]["containerPort"])' ':9400 9400'
 checks servicemonitor
 
