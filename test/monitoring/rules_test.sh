@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The alert rules checked and unit-tested by Debian's promtool: every alert
+# firing and not firing (idle node, counter reset after a restart).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+rules="$here/../../helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.rules.yaml"
+if ! command -v promtool >/dev/null; then
+  echo "skip - promtool not found (Debian package prometheus; scripts/install-deps.sh installs it)"
+  exit 77
+fi
+promtool check rules "$rules"
+cd "$here" && promtool test rules rules_test.yaml
