@@ -305,6 +305,10 @@ checks prometheusrule
 expect_render prometheusrule-ns --set metrics.prometheusRule.enabled=true
 expect prometheusrule-ns 'obj("PrometheusRule")["metadata"]["namespace"]' "$(q default 'obj("DaemonSet")["metadata"]["namespace"]')"
 checks prometheusrule-ns
+expect_render dashboard --set metrics.dashboard.enabled=true --set metrics.dashboard.namespace=grafana
+expect dashboard 'obj("ConfigMap", "efa-aws-efa-k8s-device-plugin-dashboard")["metadata"]["labels"]["grafana_dashboard"] + " " + obj("ConfigMap", "efa-aws-efa-k8s-device-plugin-dashboard")["metadata"]["namespace"]' '1 grafana'
+expect dashboard '__import__("json").loads(obj("ConfigMap", "efa-aws-efa-k8s-device-plugin-dashboard")["data"]["efa-device-plugin.json"]) == __import__("json").load(open("'"$ROOT"'/helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.dashboard.json"))' 'true'
+checks dashboard
 expect servicemonitor 'config["metricsAddress"] + " " + str(c["ports"][0]["containerPort"])' ':9400 9400'
 checks servicemonitor
 
