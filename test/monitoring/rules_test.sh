@@ -10,3 +10,9 @@ if ! command -v promtool >/dev/null; then
 fi
 promtool check rules "$rules"
 cd "$here" && promtool test rules rules_test.yaml
+
+# The dashboard: valid JSON, every query parsed by promtool, only exported series.
+dashboard="$here/../../helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.dashboard.json"
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+python3 "$here/dashboard_exprs.py" "$dashboard" "$here/../../README.md" >"$tmp/dashboard.rules.json"
+promtool check rules "$tmp/dashboard.rules.json"
