@@ -16,3 +16,15 @@ dashboard="$here/../../helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.da
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 python3 "$here/dashboard_exprs.py" "$dashboard" "$here/../../README.md" >"$tmp/dashboard.rules.json"
 promtool check rules "$tmp/dashboard.rules.json"
+
+# The alert rules name only series README's metrics table lists.
+python3 - "$rules" "$here/../../README.md" <<'PY'
+import re, sys
+known = re.findall(r"^\| `(efa_device_plugin_[a-z_<>]+)`", open(sys.argv[2]).read(), re.M)
+pats = [re.compile("^" + re.sub(r"<\w+>", "[a-z_]+", k) + "$") for k in known]
+bad = {n for n in re.findall(r"efa_device_plugin_[a-z_]+", open(sys.argv[1]).read())
+       if not any(p.match(n) for p in pats)}
+if bad:
+    sys.exit(f"{sys.argv[1]}: series not exported by the daemon: {sorted(bad)}")
+print("rules: every series is exported")
+PY
