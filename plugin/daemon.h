@@ -74,6 +74,8 @@ struct DaemonOptions {
   // Guards (README, "Guards"): what to do when the NVIDIA device plugin has
   // MOFED on, and while the EFA DRA driver serves the node.
   MofedPolicy mofed_policy = MofedPolicy::kWarn;
+  // How long one MOFED check may scan /proc (MofedGuard::Options).
+  std::chrono::milliseconds mofed_time_box = kMofedCheckTimeBox;
   DraPolicy dra_policy = DraPolicy::kYield;
   // The DRA drivers that hand out EFAs, by the name they register under.
   std::vector<std::string> dra_drivers = {kDraDriverName};

@@ -51,10 +51,12 @@ bool Daemon::CheckGuards() {
   if (options_.mofed_policy != MofedPolicy::kOff) {
     if (!mofed_guard_) {
       // Kept: it remembers since when pod-resources leaves a container out.
-      mofed_guard_ = std::make_unique<MofedGuard>(MofedGuard::Options{
-          options_.kubelet_dir / "device-plugins" / kCheckpointFile, options_.cdi_spec_dirs,
-          options_.roots.proc, options_.kubelet_dir / "device-plugins",
-          options_.kubelet_dir / "pod-resources/kubelet.sock"});
+      MofedGuard::Options mofed{options_.kubelet_dir / "device-plugins" / kCheckpointFile,
+                                options_.cdi_spec_dirs, options_.roots.proc,
+                                options_.kubelet_dir / "device-plugins",
+                                options_.kubelet_dir / "pod-resources/kubelet.sock"};
+      mofed.time_box = options_.mofed_time_box;
+      mofed_guard_ = std::make_unique<MofedGuard>(std::move(mofed));
     }
     status.mofed = mofed_guard_->Check(options_.clock->Now());
     if (!status.mofed.incomplete.empty()) {

@@ -320,18 +320,19 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
   auto back = ParseConfigYaml(yaml, "printed.yaml");
   REQUIRE(back.ok());
   CHECK(*back == c->config);
-  CHECK(c->Summary() ==
-        "sysfsRoot=/sys devRoot=/dev procRoot=/proc kubeletDir=/a \"b\"\\c (--kubelet-dir) "
-        "topologyXml=\"\" instanceType=trn2.48xlarge (EFA_INSTANCE_TYPE) reportNuma=true "
-        "rescanInterval=1.5s (--rescan-interval) logLevel=info logFormat=text "
-        "metricsAddress=\"\" (--metrics-address) probeAddress=:8081 metricsMaxConnections=64 "
-        "probeMaxConnections=16 httpRequestTimeout=3s alignment=best-effort "
-        "gpuResources=[nvidia.com/gpu] neuronResources=[aws.amazon.com/neuron] "
-        "neuroncoreResources=[aws.amazon.com/neuroncore] neuroncoresPerDevice=0 "
-        "cdiDir=/var/run/cdi cdiHandover=both mofedPolicy=warn draPolicy=yield draDrivers=[dra.net] "
-        "cdiSpecDirs=[/etc/cdi,/var/run/cdi] expectedEfaCount=0 sharingReplicas=1 "
-        "sharingRenameByDefault=false counterInterval=15s idleTimeout=10m deviceHealth=false "
-        "deviceHealthKeepAliveTimeout=1m deviceHealthAdminErrors=10 deviceHealthHoldDown=5m");
+  CHECK(
+      c->Summary() ==
+      "sysfsRoot=/sys devRoot=/dev procRoot=/proc kubeletDir=/a \"b\"\\c (--kubelet-dir) "
+      "topologyXml=\"\" instanceType=trn2.48xlarge (EFA_INSTANCE_TYPE) reportNuma=true "
+      "rescanInterval=1.5s (--rescan-interval) logLevel=info logFormat=text "
+      "metricsAddress=\"\" (--metrics-address) probeAddress=:8081 metricsMaxConnections=64 "
+      "probeMaxConnections=16 httpRequestTimeout=3s alignment=best-effort "
+      "gpuResources=[nvidia.com/gpu] neuronResources=[aws.amazon.com/neuron] "
+      "neuroncoreResources=[aws.amazon.com/neuroncore] neuroncoresPerDevice=0 "
+      "cdiDir=/var/run/cdi cdiHandover=both mofedPolicy=warn draPolicy=yield draDrivers=[dra.net] "
+      "cdiSpecDirs=[/etc/cdi,/var/run/cdi] expectedEfaCount=0 sharingReplicas=1 "
+      "sharingRenameByDefault=false counterInterval=15s idleTimeout=10m deviceHealth=false "
+      "deviceHealthKeepAliveTimeout=1m deviceHealthAdminErrors=10 deviceHealthHoldDown=5m");
 }
 
 TEST_CASE("Invalid configuration files are refused with the place, the key and what was wrong",
