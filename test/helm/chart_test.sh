@@ -302,6 +302,14 @@ expect prometheusrule '[k for k in kinds() if k.startswith("PrometheusRule")]' '
 expect prometheusrule 'obj("PrometheusRule")["metadata"]["labels"]["release"] + " " + obj("PrometheusRule")["metadata"]["namespace"]' 'prom monitoring'
 expect prometheusrule '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True)' "$rules_json"
 checks prometheusrule
+# runbookBaseURL moves every alert's runbook_url (to BASE#alertname), and nothing else.
+mirror="https://git.example.com/mirror/efa/-/blob/main/docs/runbook.md"
+expect_render prometheusrule-runbook --set metrics.prometheusRule.enabled=true \
+  --set metrics.prometheusRule.runbookBaseURL="$mirror"
+expect prometheusrule-runbook 'sorted({r["annotations"]["runbook_url"] == "'"$mirror"'#" + r["alert"].lower() for g in obj("PrometheusRule")["spec"]["groups"] for r in g["rules"]})' '[true]'
+expect prometheusrule-runbook '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True).replace("'"$mirror"'#", "https://github.com/aws/efa-k8s-device-plugin/blob/main/docs/runbook.md#")' "$rules_json"
+checks prometheusrule-runbook
+expect_reject prometheusrule-runbook-anchor 'runbookBaseURL' --set metrics.prometheusRule.runbookBaseURL='https://example.com/runbook.md#top'
 expect_render prometheusrule-ns --set metrics.prometheusRule.enabled=true
 expect prometheusrule-ns 'obj("PrometheusRule")["metadata"]["namespace"]' "$(q default 'obj("DaemonSet")["metadata"]["namespace"]')"
 checks prometheusrule-ns
