@@ -142,19 +142,19 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
   };
   CollectEfaCount(efa_count_.latest(), out);
   const Daemon* daemon = daemon_.load();
-  if (daemon == nullptr) return;
-
   int healthy = 0, unhealthy = 0;
-  const v1beta1::ListAndWatchResponse advertised = daemon->advertised();
-  for (const auto& d : advertised.devices()) {
-    (d.health() == kHealthy ? healthy : unhealthy)++;
+  if (daemon != nullptr) {
+    const v1beta1::ListAndWatchResponse advertised = daemon->advertised();
+    for (const auto& d : advertised.devices()) {
+      (d.health() == kHealthy ? healthy : unhealthy)++;
+    }
   }
-  auto& devices = family("devices",
-                         "EFAs advertised to the kubelet, by health (after the guards: none while "
-                         "withdrawn, all unhealthy under MOFED protect).",
-                         MetricType::Gauge);
-  AddSample(devices, healthy, {{"health", "healthy"}});
-  AddSample(devices, unhealthy, {{"health", "unhealthy"}});
+  // Idle as long as no EFA was ever found: the daemon waiting in its own
+  // loop, when it cannot exec the idle process, reads as that process.
+  const bool serving =
+      daemon != nullptr && (daemon->known_devices() > 0 || daemon->registrations() > 0);
+  CollectIdentity(serving ? kModeServing : kModeIdle, healthy, unhealthy, out);
+  if (daemon == nullptr) return;
   AddSample(family("registered", "1 while vpc.amazonaws.com/efa is registered.", MetricType::Gauge),
             daemon->registered() ? 1 : 0);
   AddSample(family("registrations_total", "Successful registrations with the kubelet.",

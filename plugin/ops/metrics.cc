@@ -2,6 +2,7 @@
 
 #include <prometheus/text_serializer.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 
 namespace efa::plugin {
@@ -22,6 +23,22 @@ void AddSample(prometheus::MetricFamily& family, double value,
   } else {
     m.gauge.value = value;
   }
+}
+
+void CollectIdentity(std::string_view mode, int healthy, int unhealthy,
+                     std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  AddSample(AddFamily(out, absl::StrCat(kMetricPrefix, "info"),
+                      "1, labelled with the plugin's version and mode (serving: the device-plugin "
+                      "API is served; idle: no EFA on the node yet).",
+                      MetricType::Gauge),
+            1, {{"version", EFA_VERSION}, {"mode", std::string(mode)}});
+  auto& devices = AddFamily(out, absl::StrCat(kMetricPrefix, "devices"),
+                            "EFAs advertised to the kubelet, by health (after the guards: none "
+                            "while withdrawn, all unhealthy under MOFED protect; 0 when idle).",
+                            MetricType::Gauge);
+  AddSample(devices, healthy, {{"health", "healthy"}});
+  AddSample(devices, unhealthy, {{"health", "unhealthy"}});
 }
 
 std::string SerializeMetrics(std::vector<prometheus::MetricFamily> families) {

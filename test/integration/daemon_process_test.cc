@@ -378,6 +378,13 @@ TEST_CASE(
   REQUIRE(metrics);
   CHECK(metrics->status == 200);
   CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_efas_found 0\n"));
+  // The families that say which node runs the plugin, as when serving, so
+  // that alerts tell a node without EFA from one whose plugin is missing.
+  const std::string idle_info =
+      "\nefa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"idle\"} 1\n";
+  CHECK(absl::StrContains(metrics->body, idle_info));
+  CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_devices{health=\"healthy\"} 0\n"));
+  CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_devices{health=\"unhealthy\"} 0\n"));
   auto ready = client.Get("/readyz");
   REQUIRE(ready);
   CHECK(ready->body == "ok: no EFA on this node, nothing to register\n");
@@ -397,6 +404,13 @@ TEST_CASE(
       10s));
   CHECK(fs::is_socket(socket));
   CHECK(fs::read_symlink(exe) == binary);
+  // The daemon says it serves (on port 0 here, a new port).
+  httplib::Client served("127.0.0.1", MetricsPort(log));
+  auto after = served.Get("/metrics");
+  REQUIRE(after);
+  CHECK(absl::StrContains(
+      after->body, "\nefa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"serving\"} 1\n"));
+  CHECK(absl::StrContains(after->body, "\nefa_device_plugin_devices{health=\"healthy\"} 4\n"));
   daemon.Signal(SIGTERM);
   CHECK(daemon.Wait(10s) == 0);
 }
