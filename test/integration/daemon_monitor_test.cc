@@ -616,13 +616,13 @@ const std::string kExposition =
     "efa_device_plugin_efa_completed_cmds counter \"Admin commands the device completed. The "
     "efa driver's completed_cmds counter.\"\n" +
     EfaSeries("completed_cmds") +
-    "efa_device_plugin_efa_counter_files_unreadable counter \"Counter files not read for a "
+    "efa_device_plugin_efa_counters_files_unreadable counter \"Counter files not read for a "
     "reason that says nothing about the device (out of descriptors or memory, not a counter); "
     "device health keeps its verdict meanwhile.\"\n"
-    "  efa_device_plugin_efa_counter_files_unreadable_total{}\n"
-    "efa_device_plugin_efa_counter_reads counter \"Reads of the EFAs' counters (on a scrape, "
+    "  efa_device_plugin_efa_counters_files_unreadable_total{}\n"
+    "efa_device_plugin_efa_counters_reads counter \"Reads of the EFAs' counters (on a scrape, "
     "or for device health; at most one per counterInterval).\"\n"
-    "  efa_device_plugin_efa_counter_reads_total{}\n"
+    "  efa_device_plugin_efa_counters_reads_total{}\n"
     "efa_device_plugin_efa_counters_unavailable gauge \"EFA counters not read at the latest "
     "read: missing (the driver has no such counter, as on older kernels), error (the device "
     "answered the read with an error) or unreadable (not read for a reason that says nothing "
