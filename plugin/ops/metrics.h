@@ -43,9 +43,10 @@ inline constexpr char kModeIdle[] = "idle";
 
 // The families every process of the plugin exports, serving or idle, so
 // that a node without EFA reads as such rather than as a node whose plugin
-// is missing: info{version, mode} 1, and devices by health (both 0 when
-// idle). The exec from one process to the other keeps the scrape address,
-// so these series stay continuous across it (mode aside).
+// is missing: info{version, mode} 1, devices by health (both 0 when idle)
+// and start_time_seconds. The exec from one process to the other keeps the
+// scrape address and the start time, so these series stay continuous
+// across it (mode aside).
 void CollectIdentity(std::string_view mode, int healthy, int unhealthy,
                      std::vector<prometheus::MetricFamily>& out);
 

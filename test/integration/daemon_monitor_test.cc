@@ -761,6 +761,10 @@ const std::string kExposition =
     "  efa_device_plugin_rpc_duration_seconds_sum{method=\"GetPreferredAllocation\"}\n"
     "  efa_device_plugin_rpc_duration_seconds_sum{method=\"PreStartContainer\"}\n"
     "  le: 0.0001 0.00025 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 +Inf\n"
+    "efa_device_plugin_start_time_seconds gauge \"Start of the process, seconds since the Unix "
+    "epoch (kept across the hand-over between the daemon and the idle process: a change is a "
+    "restart).\"\n"
+    "  efa_device_plugin_start_time_seconds{}\n"
     "efa_device_plugin_withdrawn gauge \"1 while vpc.amazonaws.com/efa is withdrawn for the "
     "DRA driver.\"\n"
     "  efa_device_plugin_withdrawn{}\n";
