@@ -30,3 +30,20 @@ if bad:
     sys.exit(f"{sys.argv[1]}: series not exported by the daemon: {sorted(bad)}")
 print("rules: every series is exported")
 PY
+
+# docs/dashboard.md lists exactly the dashboard's panels and queries, in order.
+python3 - "$dashboard" "$here/../../docs/dashboard.md" <<'PY'
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+want = [(p["title"], [t["expr"] for t in p["targets"]]) for p in d["panels"]]
+doc = open(sys.argv[2]).read()
+got = []
+for section in re.split(r"^## ", doc, flags=re.M)[1:]:
+    title, _, body = section.partition("\n")
+    block = re.search(r"```promql\n(.*?)```", body, re.S)
+    got.append((title, block.group(1).strip().splitlines() if block else []))
+if got != want:
+    sys.exit(f"{sys.argv[2]}: the panels and queries differ from {sys.argv[1]}:\n"
+             f"want {want}\ngot  {got}")
+print(f"dashboard: {sys.argv[2]} lists its {len(want)} panels")
+PY
