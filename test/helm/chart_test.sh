@@ -574,7 +574,7 @@ elif ! "$DAEMON" --help 2>&1 | grep -q -- '--print-config'; then
   echo "note - $DAEMON has no --print-config: rendered config files not checked by the daemon"
 else
   for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor simroots bind-localhost all; do
-    q "$name" 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
+    q "$name" 'obj("ConfigMap", "'"$FULLNAME"'")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
     mapfile -t extra < <(q "$name" '"\n".join(c["args"][1:])' | sed '/^$/d')
     if out="$("$DAEMON" --config "$TMP/$name.config.yaml" "${extra[@]}" --print-config 2>&1)"; then
       pass "$name: the daemon accepts the config file and args (--print-config)"
@@ -584,7 +584,7 @@ $(cat "$TMP/$name.config.yaml")"; fi
   # metrics.bind=hostIP: the address the kubelet gives the container (an
   # IPv4 or IPv6 node address in brackets) reaches the daemon through its
   # environment.
-  q bind-hostip 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/bind-hostip.config.yaml"
+  q bind-hostip 'obj("ConfigMap", "'"$FULLNAME"'")["data"]["config.yaml"]' >"$TMP/bind-hostip.config.yaml"
   template="$(q bind-hostip 'c["env"][1]["value"]')"
   for ip in 10.1.2.3 fd00::1; do
     if out="$(EFA_METRICS_ADDRESS="${template/\$(HOST_IP)/$ip}" "$DAEMON" --config "$TMP/bind-hostip.config.yaml" --print-config 2>&1)" \
