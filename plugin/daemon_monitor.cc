@@ -1,9 +1,12 @@
 #include "plugin/daemon_monitor.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plugin/device_plugin_service.h"
 #include "topology/efa_counters.h"
+#include "topology/replica_id.h"
 
 namespace efa::plugin {
 namespace {
@@ -143,10 +146,14 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
   CollectEfaCount(efa_count_.latest(), out);
   const Daemon* daemon = daemon_.load();
   int healthy = 0, unhealthy = 0;
+  std::set<std::string> unhealthy_efas;  // physical EFAs, for the alert to name
   if (daemon != nullptr) {
     const v1beta1::ListAndWatchResponse advertised = daemon->advertised();
     for (const auto& d : advertised.devices()) {
       (d.health() == kHealthy ? healthy : unhealthy)++;
+      if (d.health() == kHealthy) continue;
+      const auto replica = topology::ParseReplicaId(d.id());
+      unhealthy_efas.insert(replica ? replica->ibdev : d.id());
     }
   }
   // Idle as long as no EFA was ever found: the daemon waiting in its own
@@ -155,6 +162,12 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
       daemon != nullptr && (daemon->known_devices() > 0 || daemon->registrations() > 0);
   CollectIdentity(serving ? kModeServing : kModeIdle, healthy, unhealthy, out);
   if (daemon == nullptr) return;
+  auto& unhealthy_by_efa =
+      family("efa_advertised_unhealthy",
+             "1 for each EFA advertised Unhealthy to the kubelet, whatever the cause (gone, "
+             "device health, MOFED protect); absent while Healthy.",
+             MetricType::Gauge);
+  for (const std::string& efa : unhealthy_efas) AddSample(unhealthy_by_efa, 1, {{"efa", efa}});
   AddSample(family("registered", "1 while vpc.amazonaws.com/efa is registered.", MetricType::Gauge),
             daemon->registered() ? 1 : 0);
   AddSample(family("registrations_total", "Successful registrations with the kubelet.",

@@ -228,9 +228,11 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
 
   // A uverbs node disappears: one device turns Unhealthy.
   fs::remove(node.sim().path() / "dev/infiniband/uverbs1");
-  REQUIRE(node.WaitMetrics(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 3},
-                                {"efa_device_plugin_devices{health=\"unhealthy\"}", 1},
-                                {"efa_device_plugin_efas_found", 4}})));
+  REQUIRE(
+      node.WaitMetrics(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 3},
+                            {"efa_device_plugin_devices{health=\"unhealthy\"}", 1},
+                            {"efa_device_plugin_efa_advertised_unhealthy{efa=\"rdmap32s27\"}", 1},
+                            {"efa_device_plugin_efas_found", 4}})));
 
   // Allocations: one granted (2 EFAs), one refused (the unhealthy device).
   REQUIRE(Allocate(node.kubelet(), {"rdmap16s27", "rdmap144s27"}).ok());
@@ -257,6 +259,7 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
                               {"efa_device_plugin_kubelet_restarts_total", 1}})));
   // Alignment counters are exported (GetPreferredAllocation was not called).
   const Metrics m = node.Scrape();
+  CHECK(m.count("efa_device_plugin_efa_advertised_unhealthy{efa=\"rdmap32s27\"}") == 0);
   CHECK(m.at("efa_device_plugin_alignment_decisions_total{decision=\"targeted\"}") == 0);
   CHECK(m.at("efa_device_plugin_alignment_judgments_total{result=\"unaligned\"}") == 0);
   CHECK(m.at("efa_device_plugin_heartbeat_age_seconds") < 30);
@@ -607,6 +610,9 @@ const std::string kExposition =
     "efa_device_plugin_dra_driver_present gauge \"1 while the EFA DRA driver (dra.net) is "
     "registered.\"\n"
     "  efa_device_plugin_dra_driver_present{}\n"
+    "efa_device_plugin_efa_advertised_unhealthy gauge \"1 for each EFA advertised Unhealthy to "
+    "the kubelet, whatever the cause (gone, device health, MOFED protect); absent while "
+    "Healthy.\"\n"
     "efa_device_plugin_efa_allocations counter \"Containers given each physical EFA by "
     "Allocate (with sharing, its replicas' containers).\"\n"
     "  efa_device_plugin_efa_allocations_total{efa=\"rdmap16s27\"}\n"

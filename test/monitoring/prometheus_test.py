@@ -5,7 +5,7 @@ EFAs) and the idle process on a simulated node without EFA, every second,
 with the shipped alert rules loaded:
 
 - an EFA removed from the p5 makes EfaDevicesUnhealthy fire on
-  /api/v1/alerts, and it resolves when the EFA returns;
+  /api/v1/alerts, naming it, and it resolves when the EFA returns;
 - nothing is ever pending or firing for the node without EFA, although
   its instance type (g5.48xlarge, given) can have an EFA: efas_expected 1,
   efas_found 0, as on a g5 launched without one;
@@ -186,7 +186,8 @@ def main():
             p5.remove_efa(gone)
             fired = wait_for("EfaDevicesUnhealthy firing for p5",
                              lambda: prom.alerts("EfaDevicesUnhealthy", "p5", "firing"))
-            print(f"ok   - {gone} removed: EfaDevicesUnhealthy fires: "
+            assert f"({gone})" in fired[0]["annotations"]["description"], fired
+            print(f"ok   - {gone} removed: EfaDevicesUnhealthy fires naming it: "
                   f"{fired[0]['annotations']['description']}")
             p5.return_efa(gone)
             wait_for("EfaDevicesUnhealthy resolved",
