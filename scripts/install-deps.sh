@@ -26,6 +26,7 @@ tests=(
   libcpp-httplib-dev
   clang libclang-rt-14-dev catch2 libbenchmark-dev util-linux python3-yaml unzip
   python3-prometheus-client
+  prometheus  # promtool for the alert rules tests
 )
 
 SUDO=""

@@ -306,6 +306,32 @@ expect servicemonitor 'obj("ServiceMonitor")["metadata"]["labels"]["release"]' '
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"]' 'true'
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["selector"]["matchLabels"] == obj("Service")["spec"]["selector"]' 'true'
 expect servicemonitor 'obj("Service")["spec"]["clusterIP"] + " " + str(obj("Service")["spec"]["ports"][0]["port"])' 'None 9400'
+
+# The PrometheusRule (absent by default: the kinds of default above); when enabled it holds exactly the
+# rules of the plain rules file (one source), with the labels and namespace given.
+RULES_FILE="$ROOT/helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.rules.yaml"
+rules_json="$("$PY" -c 'import json,sys,yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1])), sort_keys=True))' "$RULES_FILE")"
+expect_render prometheusrule --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.labels.release=prom \
+  --set metrics.prometheusRule.namespace=monitoring
+expect prometheusrule '[k for k in kinds() if k.startswith("PrometheusRule")]' '["PrometheusRule/efa-aws-efa-k8s-device-plugin"]'
+expect prometheusrule 'obj("PrometheusRule")["metadata"]["labels"]["release"] + " " + obj("PrometheusRule")["metadata"]["namespace"]' 'prom monitoring'
+expect prometheusrule '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True)' "$rules_json"
+checks prometheusrule
+# runbookBaseURL moves every alert's runbook_url (to BASE#alertname), and nothing else.
+mirror="https://git.example.com/mirror/efa/-/blob/main/docs/runbook.md"
+expect_render prometheusrule-runbook --set metrics.prometheusRule.enabled=true \
+  --set metrics.prometheusRule.runbookBaseURL="$mirror"
+expect prometheusrule-runbook 'sorted({r["annotations"]["runbook_url"] == "'"$mirror"'#" + r["alert"].lower() for g in obj("PrometheusRule")["spec"]["groups"] for r in g["rules"]})' '[true]'
+expect prometheusrule-runbook '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True).replace("'"$mirror"'#", "https://github.com/aws/efa-k8s-device-plugin/blob/main/docs/runbook.md#")' "$rules_json"
+checks prometheusrule-runbook
+expect_reject prometheusrule-runbook-anchor 'runbookBaseURL' --set metrics.prometheusRule.runbookBaseURL='https://example.com/runbook.md#top'
+expect_render prometheusrule-ns --set metrics.prometheusRule.enabled=true
+expect prometheusrule-ns 'obj("PrometheusRule")["metadata"]["namespace"]' "$(q default 'obj("DaemonSet")["metadata"]["namespace"]')"
+checks prometheusrule-ns
+expect_render dashboard --set metrics.dashboard.enabled=true --set metrics.dashboard.namespace=grafana
+expect dashboard 'obj("ConfigMap", "efa-aws-efa-k8s-device-plugin-dashboard")["metadata"]["labels"]["grafana_dashboard"] + " " + obj("ConfigMap", "efa-aws-efa-k8s-device-plugin-dashboard")["metadata"]["namespace"]' '1 grafana'
+expect dashboard '__import__("json").loads(obj("ConfigMap", "efa-aws-efa-k8s-device-plugin-dashboard")["data"]["efa-device-plugin.json"]) == __import__("json").load(open("'"$ROOT"'/helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.dashboard.json"))' 'true'
+checks dashboard
 expect servicemonitor 'config["metricsAddress"] + " " + str(c["ports"][0]["containerPort"])' ':9400 9400'
 checks servicemonitor
 
@@ -563,7 +589,7 @@ elif ! "$DAEMON" --help 2>&1 | grep -q -- '--print-config'; then
   echo "note - $DAEMON has no --print-config: rendered config files not checked by the daemon"
 else
   for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor simroots bind-localhost all; do
-    q "$name" 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
+    q "$name" 'obj("ConfigMap", "'"$FULLNAME"'")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
     mapfile -t extra < <(q "$name" '"\n".join(c["args"][1:])' | sed '/^$/d')
     if out="$("$DAEMON" --config "$TMP/$name.config.yaml" "${extra[@]}" --print-config 2>&1)"; then
       pass "$name: the daemon accepts the config file and args (--print-config)"
@@ -573,7 +599,7 @@ $(cat "$TMP/$name.config.yaml")"; fi
   # metrics.bind=hostIP: the address the kubelet gives the container (an
   # IPv4 or IPv6 node address in brackets) reaches the daemon through its
   # environment.
-  q bind-hostip 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/bind-hostip.config.yaml"
+  q bind-hostip 'obj("ConfigMap", "'"$FULLNAME"'")["data"]["config.yaml"]' >"$TMP/bind-hostip.config.yaml"
   template="$(q bind-hostip 'c["env"][1]["value"]')"
   for ip in 10.1.2.3 fd00::1; do
     if out="$(EFA_METRICS_ADDRESS="${template/\$(HOST_IP)/$ip}" "$DAEMON" --config "$TMP/bind-hostip.config.yaml" --print-config 2>&1)" \
