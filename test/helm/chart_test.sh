@@ -230,7 +230,7 @@ with tarfile.open(sys.argv[1]) as t:
     index = json.load(t.extractfile("index.json"))
     digest = index["manifests"][0]["digest"].split(":")[1]
     inner = json.load(t.extractfile("blobs/sha256/" + digest))
-print(sorted(m["platform"]["architecture"] for m in inner.get("manifests", [])))
+print(json.dumps(sorted(m["platform"]["architecture"] for m in inner.get("manifests", []))))
 PY
 )"
   if [ "$placed" = "$built" ]; then pass "the image ($image_tar) has every architecture the chart places it on: $built"
