@@ -4,7 +4,7 @@
 Usage: check_links.py REPO_ROOT
 
 Reads README.md, CONTRIBUTING.md, ARCHITECTURE.md, BENCHMARKS.md,
-CHANGELOG.md and docs/*.md. Every inline link [text](target) and reference definition
+CHANGELOG.md, the chart's README.md and docs/*.md. Every inline link [text](target) and reference definition
 [name]: target outside code must name a file or directory that exists,
 and a #anchor must be a heading of the target Markdown file (GitHub's
 slugs: lower case, punctuation dropped, spaces to '-', repeats numbered).
@@ -104,7 +104,8 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: check_links.py REPO_ROOT")
     root = os.path.abspath(sys.argv[1])
-    files = ["README.md", "CONTRIBUTING.md", "ARCHITECTURE.md", "BENCHMARKS.md", "CHANGELOG.md"]
+    files = ["README.md", "CONTRIBUTING.md", "ARCHITECTURE.md", "BENCHMARKS.md", "CHANGELOG.md",
+             "helm/aws-efa-k8s-device-plugin/README.md"]
     docs = os.path.join(root, "docs")
     if os.path.isdir(docs):
         files += sorted(os.path.join("docs", n) for n in os.listdir(docs) if n.endswith(".md"))
