@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the build needs. Idempotent: packages
 # already present are left alone.
-#   scripts/install-deps.sh           everything: the daemon, the tests, the demo
+#   scripts/install-deps.sh           everything: the daemon, the tests, the demo,
+#                                     the linters (scripts/lint.sh)
 #   scripts/install-deps.sh --daemon  only what building the daemon alone needs
 #                                     (the image's build stage)
 set -euo pipefail
@@ -18,9 +19,10 @@ tests=(
   clang libclang-rt-14-dev catch2 libbenchmark-dev util-linux python3-yaml unzip
   python3-prometheus-client
 )
+lint=(clang-format clang-tidy shellcheck)
 
 case "${1:-}" in
-  "") packages=("${daemon[@]}" "${tests[@]}") ;;
+  "") packages=("${daemon[@]}" "${tests[@]}" "${lint[@]}") ;;
   --daemon) packages=("${daemon[@]}") ;;
   *) echo "install-deps: unknown argument '$1' (--daemon or nothing)" >&2; exit 2 ;;
 esac
