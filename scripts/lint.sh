@@ -41,9 +41,11 @@ files '*.cc' '*.h' '*.proto' | xargs -r clang-format --dry-run -Werror || status
 check "clang-format" "$status"
 
 status=0
+# Scripts: *.sh, and files without an extension whose first line runs a
+# shell (.ci/run).
 mapfile -t scripts < <(files | while read -r f; do
   [ -f "$f" ] || continue
-  case "$f" in
+  case "${f##*/}" in
     *.sh) echo "$f" ;;
     *.*) ;;
     *) head -n1 "$f" | grep -qE '^#!.*\b(ba)?sh\b' && echo "$f" ;;
