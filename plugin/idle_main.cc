@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
   static efa::plugin::EndpointCounters http;  // outlives the servers
   routes.emplace("/metrics", [count] {
     std::vector<prometheus::MetricFamily> families;
+    efa::plugin::CollectIdentity(efa::plugin::kModeIdle, 0, 0, families);
     efa::plugin::CollectEfaCount(count, families);
     efa::plugin::CollectEndpointCounters(http, families);
     return efa::plugin::HttpResponse{200, efa::plugin::kMetricsContentType,

@@ -5,8 +5,10 @@
 #                           the real-kubelet e2e, packaging, benchmark smoke,
 #                           fuzz seeds.
 #   scripts/test.sh --all   also builds the image from the Dockerfile with
-#                           podman (scripts/image.sh; the e2e then runs the
-#                           chart's pod from it on the real kubelet), the
+#                           podman for amd64 and arm64 (scripts/image.sh,
+#                           -Werror; runs both, arm64 under emulation; the
+#                           e2e then runs the chart's pod from it on the real
+#                           kubelet), the
 #                           lifecycle soak (10,000 random steps of the daemon
 #                           binary on a simulated node, test/lifecycle), and
 #                           the sanitizer stages (scripts/sanitizers.sh: the
@@ -20,7 +22,7 @@ all=0
 for arg in "$@"; do
   case "$arg" in
     --all) all=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg' (--all or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -34,7 +36,7 @@ cmake --preset ci >/dev/null
 cmake --build --preset ci -j2
 stage "ci build"
 if [ "$all" = 1 ]; then
-  EFA_SIMNODE=build/ci/test/efa-simnode scripts/image.sh
+  EFA_TEST_BIN=build/ci/test EFA_WERROR=ON scripts/image.sh
   export EFA_E2E_IMAGE_TAR="$PWD/build/image/efa-k8s-device-plugin.tar"
   stage "image"
 fi
