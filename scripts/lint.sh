@@ -65,7 +65,7 @@ mapfile -t sources < <(files 'plugin/*.cc' 'topology/*.cc')
 if [ "$changed" = 1 ]; then
   base=$(git merge-base HEAD main)
   mapfile -t sources < <({ git diff --name-only "$base" -- plugin topology
-                           files --others plugin topology; } |
+                           git ls-files --others --exclude-standard -- plugin topology; } |
     sed -n 's/\.h$/.cc/; /\.cc$/p' | sort -u | while read -r f; do [ -f "$f" ] && echo "$f"; done)
 fi
 if [ ${#sources[@]} -gt 0 ]; then
