@@ -52,6 +52,9 @@ std::atomic<SteadyClock::rep> heartbeat{0};
 
 }  // namespace
 
+// An exception that reaches main is a bug or memory exhaustion: std::terminate
+// then ends the process with a core dump and the DaemonSet restarts it.
+// NOLINTNEXTLINE(bugprone-exception-escape)
 int main(int argc, char** argv) {
   // The daemon's test before it execs this binary: reaching main() shows
   // that the dynamic loader found every library and the static

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the build needs. Idempotent: packages
 # already present are left alone.
-#   scripts/install-deps.sh           everything: the daemon, the tests, the demo
+#   scripts/install-deps.sh           everything: the daemon, the tests, the demo,
+#                                     the linters (scripts/lint.sh)
 #   scripts/install-deps.sh --daemon  only what building the daemon alone needs
 #                                     (the image's build stage)
 #   scripts/install-deps.sh --daemon --arch arm64
@@ -28,12 +29,13 @@ tests=(
   python3-prometheus-client
   prometheus  # promtool for the alert rules tests
 )
+lint=(clang-format clang-tidy shellcheck)
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 host_arch="$(dpkg --print-architecture)"
 case "${1:-} ${2:-} ${3:-}" in
-  "  ") packages=("${daemon[@]}" "${tests[@]}") ;;
+  "  ") packages=("${daemon[@]}" "${tests[@]}" "${lint[@]}") ;;
   "--daemon  ") packages=("${daemon[@]}") ;;
   "--daemon --arch $host_arch") packages=("${daemon[@]}") ;;
   "--daemon --arch "?*)

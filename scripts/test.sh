@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite, in two tiers (README: Tests):
+# The test suite, in two tiers (docs/development.md: Tests):
 #   scripts/test.sh         the whole CTest suite on the ci preset (warnings are
 #                           errors): unit, integration, fault, lifecycle seeds,
 #                           the real-kubelet e2e, packaging, benchmark smoke,

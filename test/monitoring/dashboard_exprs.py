@@ -2,7 +2,7 @@
 """Prints the dashboard's PromQL as a rules file (one recording rule per
 expression, Grafana variables replaced by ".*") so `promtool check rules`
 parses every query; fails when the JSON is invalid or a query names a
-series that the metrics tables (README, docs/metrics.md) do not list."""
+series that the metrics tables (docs/observability.md, docs/metrics.md) do not list."""
 import json
 import re
 import sys

@@ -14,12 +14,13 @@ cd "$here" && promtool test rules rules_test.yaml
 # The dashboard: valid JSON, every query parsed by promtool, only exported series.
 dashboard="$here/../../helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.dashboard.json"
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-python3 "$here/dashboard_exprs.py" "$dashboard" "$here/../../README.md" "$here/../../docs/metrics.md" \
+python3 "$here/dashboard_exprs.py" "$dashboard" "$here/../../docs/observability.md" "$here/../../docs/metrics.md" \
   >"$tmp/dashboard.rules.json"
 promtool check rules "$tmp/dashboard.rules.json"
 
-# The alert rules name only series the metrics tables (README, docs/metrics.md) list.
-python3 - "$rules" "$here/../../README.md" "$here/../../docs/metrics.md" <<'PY'
+# The alert rules name only series the metrics tables (docs/observability.md,
+# docs/metrics.md) list.
+python3 - "$rules" "$here/../../docs/observability.md" "$here/../../docs/metrics.md" <<'PY'
 import re, sys
 known = [n for doc in sys.argv[2:]
          for n in re.findall(r"^\| `(efa_device_plugin_[a-z_<>]+)`", open(doc).read(), re.M)]
