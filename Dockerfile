@@ -40,7 +40,7 @@ RUN set -e; \
 # inventory's dlopen of libibverbs (with its EFA provider) load, and the
 # loader; no shell, no package manager. gRPC, protobuf, abseil, re2 and
 # c-ares are linked in statically (EFA_STATIC_GRPC). To look inside a running
-# pod: `kubectl debug` with an ephemeral container (README).
+# pod: `kubectl debug` with an ephemeral container (docs/architectures.md).
 FROM scratch
 ARG VERSION=0.1.0
 ARG REVISION=unknown
