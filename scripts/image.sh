@@ -211,6 +211,8 @@ check_image() {
   [ "$size" -le $((30 * 1024 * 1024)) ] || die "the $arch image is $size bytes, over 30 MiB"
 }
 
+podman manifest exists "$tag" 2>/dev/null && podman manifest rm "$tag" >/dev/null
+podman image exists "$tag" && podman rmi "$tag" >/dev/null
 images=()
 for arch in "${arches[@]}"; do
   say "building $tag-$arch from the Dockerfile (revision $revision, version $version)"
@@ -223,9 +225,8 @@ for arch in "${arches[@]}"; do
   images+=("$tag-$arch")
 done
 
-# The manifest list: one name for every architecture.
-podman manifest exists "$tag" 2>/dev/null && podman manifest rm "$tag" >/dev/null
-podman image exists "$tag" && podman rmi "$tag" >/dev/null
+# The manifest list: one name for every architecture (the last run's is
+# removed before the builds: podman 4.3 may remove a list's images with it).
 podman manifest create "$tag" >/dev/null
 for image in "${images[@]}"; do podman manifest add "$tag" "containers-storage:localhost/$image" >/dev/null; done
 listed="$(podman manifest inspect "$tag" | jq -r '[.manifests[].platform.architecture] | sort | join(" ")')"
