@@ -32,7 +32,7 @@ started=$SECONDS
 host_arch="$(dpkg --print-architecture)"
 
 missing=()
-for p in podman mmdebstrap runc; do command -v "$p" >/dev/null || missing+=("$p"); done
+for p in podman mmdebstrap runc jq; do command -v "$p" >/dev/null || missing+=("$p"); done
 for arch in "${arches[@]}"; do
   [ "$arch" = "$host_arch" ] && continue
   for p in qemu-user-static binfmt-support; do
@@ -90,6 +90,16 @@ if [ ! -x "$bin/efa-simnode" ] || [ ! -x "$bin/fake-kubelet" ]; then
   cmake --build --preset release -j2 --target efa-simnode fake-kubelet >/dev/null
   bin=build/release/test
 fi
+
+# full_name NAME: NAME as podman stores it (localhost/NAME:TAG when it names
+# no registry).
+full_name() {
+  if [[ "${1%%/*}" == *.* || "${1%%/*}" == *:* || "$1" == localhost/* ]] && [[ "$1" == */* ]]; then
+    echo "$1"
+  else
+    echo "localhost/$1"
+  fi
+}
 
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 version="$(scripts/version.sh)"
@@ -228,7 +238,7 @@ done
 # The manifest list: one name for every architecture (the last run's is
 # removed before the builds: podman 4.3 may remove a list's images with it).
 podman manifest create "$tag" >/dev/null
-for image in "${images[@]}"; do podman manifest add "$tag" "containers-storage:localhost/$image" >/dev/null; done
+for image in "${images[@]}"; do podman manifest add "$tag" "containers-storage:$(full_name "$image")" >/dev/null; done
 listed="$(podman manifest inspect "$tag" | jq -r '[.manifests[].platform.architecture] | sort | join(" ")')"
 [ "$listed" = "$(printf '%s\n' "${arches[@]}" | sort | paste -sd' ')" ] ||
   die "the manifest list $tag names architectures '$listed', expected '${arches[*]}'"
@@ -236,9 +246,7 @@ echo "manifest list $tag: $listed"
 
 mkdir -p "$(dirname "$tar")"
 rm -f "$tar"
-# Named in full (localhost/NAME:TAG, as podman names it) so that containerd
-# imports it under the name a pod spec gives.
-ref="$tag"
-[[ "${tag%%/*}" == *.* || "$tag" == localhost/* ]] || ref="localhost/$tag"
-podman manifest push -q --all "$tag" "oci-archive:$tar:$ref" >/dev/null || die "saving $tar failed"
+# Named in full, so that containerd imports it under the name a pod spec gives.
+podman manifest push -q --all "$tag" "oci-archive:$tar:$(full_name "$tag")" >/dev/null ||
+  die "saving $tar failed"
 say "saved $tag ($listed) to $tar ($(du -h "$tar" | cut -f1)); $((SECONDS - started)) s"
