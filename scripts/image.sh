@@ -8,7 +8,8 @@
 # simulated p5.48xlarge (amd64), p6e-gb200.36xlarge and hpc7g.16xlarge
 # (arm64). Then makes the manifest list TAG of both and saves it as one OCI
 # archive that a registry push (`skopeo copy --all oci-archive:FILE
-# docker://...`) or containerd (`ctr -n k8s.io images import`) takes.
+# docker://...`) or containerd (`ctr -n k8s.io images import`) takes;
+# podman keeps the images as TAG-amd64 and TAG-arm64.
 #
 #   scripts/image.sh [TAG]     (default efa-k8s-device-plugin:dev)
 #
@@ -249,4 +250,10 @@ rm -f "$tar"
 # Named in full, so that containerd imports it under the name a pod spec gives.
 podman manifest push -q --all "$tag" "oci-archive:$tar:$(full_name "$tag")" >/dev/null ||
   die "saving $tar failed"
+# The list lives on in the archive; podman keeps TAG-ARCH. Podman 4.3's
+# `podman images` fails on a local list whose instances it cannot match to
+# this machine's platform (one without this architecture, or one a push has
+# rewritten), so the local list goes.
+podman manifest rm "$tag" >/dev/null
+podman images >/dev/null || die "podman's image store is inconsistent after saving $tar"
 say "saved $tag ($listed) to $tar ($(du -h "$tar" | cut -f1)); $((SECONDS - started)) s"
