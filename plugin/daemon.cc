@@ -1,14 +1,10 @@
 #include "plugin/daemon.h"
 
-#include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,7 +13,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "plugin/alignment/cdi_spec.h"
 #include "plugin/ops/orphan_reaper.h"
 #include "spdlog/spdlog.h"
@@ -30,8 +25,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr auto kRegisterTimeout = std::chrono::seconds(10);
-constexpr auto kMaxBackoff = std::chrono::milliseconds(8000);
 // The retry of a failed alignment report: doubling from the first to the
 // most while pod-resources keeps failing.
 constexpr std::chrono::milliseconds kReportRetryFirst{500};
@@ -42,30 +35,6 @@ constexpr int kFullRescanEvery = 6;
 void CloseFd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
-}
-
-// 0 when a unix socket can be bound at `path` (it is removed again), else
-// the errno.
-int BindError(const fs::path& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.native().size() >= sizeof addr.sun_path) return ENAMETOOLONG;
-  std::memcpy(addr.sun_path, path.c_str(), path.native().size());
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errno;
-  int err = 0;
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    err = errno;
-  } else {
-    ::unlink(path.c_str());
-  }
-  ::close(fd);
-  return err;
-}
-
-bool IsSocket(const fs::path& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 }  // namespace
@@ -86,6 +55,7 @@ struct Daemon::Fds {
 Daemon::Daemon(DaemonOptions options)
     : options_(std::move(options)),
       service_(DevicePluginService::Options{options_.report_numa, options_.replicas}),
+      registrar_({options_.kubelet_dir, options_.resource_name, options_.clock}, &service_),
       fds_(std::make_unique<Fds>()) {
   fds_->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   fds_->inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
@@ -149,14 +119,8 @@ Daemon::Daemon(DaemonOptions options)
   });
 }
 
-Daemon::~Daemon() { StopServer(); }
-
-fs::path Daemon::plugin_socket() const {
-  return options_.kubelet_dir / "device-plugins" / kPluginSocket;
-}
-fs::path Daemon::kubelet_socket() const {
-  return options_.kubelet_dir / "device-plugins" / "kubelet.sock";
-}
+// Before the members the service's handlers call into go.
+Daemon::~Daemon() { registrar_.StopServer(); }
 
 std::optional<std::vector<std::string>> Daemon::PhysicalEfas(
     const std::vector<std::string>& ids) const {
@@ -170,7 +134,7 @@ void Daemon::Wake() {
 }
 
 void Daemon::Heartbeat() {
-  registered_now_ = registered_;
+  registered_now_ = registrar_.registered();
   known_devices_ = static_cast<int>(known_.size());
   heartbeat_ns_ = std::max<int64_t>(1, options_.clock->Now().time_since_epoch().count());
 }
@@ -368,64 +332,13 @@ void Daemon::WatchGuardDirs() {
   }
 }
 
-absl::Status Daemon::StartServer() {
-  const fs::path socket = plugin_socket();
-  std::error_code ec;
-  fs::create_directories(socket.parent_path(), ec);
-  // A stale socket from an earlier run; anything else in the way (a
-  // directory, a read-only file system) is the cause to report.
-  if (!fs::remove(socket, ec) && ec && ec != std::errc::no_such_file_or_directory) {
-    return absl::FailedPreconditionError(absl::StrCat(socket.string(), ": ", ec.message()));
-  }
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
-  builder.RegisterService(&service_);
-  // Only the (root) kubelet talks to the socket: create it 0600 rather than
-  // chmod it after bind, when it would be open to all for a moment. The
-  // umask is process-wide, but the daemon's other threads create files only
-  // through WriteFileAtomically, which sets their mode with fchmod.
-  const mode_t old_umask = ::umask(0177);
-  server_ = builder.BuildAndStart();
-  ::umask(old_umask);
-  if (!server_) {
-    // gRPC does not say why; a bind of our own does.
-    const int err = BindError(socket);
-    return absl::UnavailableError(absl::StrCat(
-        socket.string(), ": ", err != 0 ? std::strerror(err) : "gRPC cannot serve there"));
-  }
-  struct stat st;
-  std::string problem;
-  if (::lstat(socket.c_str(), &st) != 0) {
-    problem = std::strerror(errno);
-  } else if (!S_ISSOCK(st.st_mode) || (st.st_mode & 07777) != 0600) {
-    problem = absl::StrFormat("mode %04o, not a socket of mode 0600", st.st_mode & 07777);
-  }
-  if (!problem.empty()) {
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-    server_.reset();
-    fs::remove(socket, ec);
-    return absl::FailedPreconditionError(absl::StrCat(socket.string(), ": ", problem));
-  }
-  spdlog::info("serving the device plugin API on {}", socket.string());
-  return absl::OkStatus();
-}
-
-void Daemon::StopServer() {
-  if (!server_) return;
-  service_.Shutdown();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  server_->Wait();
-  server_.reset();
-  std::error_code ec;
-  fs::remove(plugin_socket(), ec);
-}
-
 void Daemon::TryRegister() {
   // Take in the events already queued (a kubelet.sock created before this
   // check is not a restart after this registration).
   HandleInotify();
-  if (registered_ || dra_yield_ || !IsSocket(kubelet_socket())) return;  // inotify reports it
+  if (registrar_.registered() || dra_yield_ || !registrar_.KubeletSocketPresent()) {
+    return;  // inotify reports kubelet.sock
+  }
   // A DRA driver may have started listening since the last probe (nothing
   // signals a listen()): probe again, never register beside it.
   if (CheckGuards()) Rescan();
@@ -437,50 +350,7 @@ void Daemon::TryRegister() {
   // A stream that ended before this point (the restarted kubelet closing
   // the old one) is answered by this very registration: not another one.
   stream_ended_ = false;
-  if (!server_ || !IsSocket(plugin_socket())) {
-    // The kubelet deleted our socket (it does so on start), or serving
-    // failed before: serve afresh.
-    if (server_) {
-      spdlog::info("{} is gone; serving again", plugin_socket().string());
-      server_->Shutdown(std::chrono::system_clock::now());
-      server_->Wait();
-      server_.reset();
-    }
-    if (absl::Status served = StartServer(); !served.ok()) {
-      RetryRegistrationLater(
-          absl::StrCat("cannot serve the device plugin API: ", served.message()));
-      return;
-    }
-  }
-  auto channel =
-      grpc::CreateChannel("unix:" + kubelet_socket().string(), grpc::InsecureChannelCredentials());
-  auto stub = v1beta1::Registration::NewStub(channel);
-  v1beta1::RegisterRequest request;
-  request.set_version(kApiVersion);
-  request.set_endpoint(kPluginSocket);
-  request.set_resource_name(options_.resource_name);
-  *request.mutable_options() = service_.PluginOptions();
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + kRegisterTimeout);
-  v1beta1::Empty reply;
-  grpc::Status status = stub->Register(&context, request, &reply);
-  if (status.ok()) {
-    registered_ = true;
-    register_backoff_ = std::chrono::milliseconds(0);
-    ++registrations_;
-    spdlog::info("registered {} with the kubelet at {}", options_.resource_name,
-                 kubelet_socket().string());
-    return;
-  }
-  RetryRegistrationLater(absl::StrCat("registration with ", kubelet_socket().string(),
-                                      " failed: ", status.error_message()));
-}
-
-void Daemon::RetryRegistrationLater(std::string_view why) {
-  register_backoff_ =
-      std::clamp(register_backoff_ * 2, std::chrono::milliseconds(250), kMaxBackoff);
-  next_register_ = options_.clock->Now() + register_backoff_;
-  spdlog::warn("{}; retrying in {} ms", why, register_backoff_.count());
+  registrar_.Register();
 }
 
 void Daemon::HandleInotify() {
@@ -500,17 +370,9 @@ void Daemon::HandleInotify() {
         overflow = true;
       } else if (ev->wd == kubelet_watch_) {
         if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
-          if (registrations_ > 0) ++kubelet_restarts_;
-          spdlog::info(registered_ ? "kubelet.sock was created: the kubelet restarted; "
-                                     "registering again"
-                                   : "kubelet.sock appeared; registering");
-          registered_ = false;
-          register_backoff_ = std::chrono::milliseconds(0);
-          next_register_ = options_.clock->Now();
+          registrar_.RegisterAgainNow(Registrar::Reason::kKubeletSocketCreated);
         } else if (name == kPluginSocket && (ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
-          spdlog::info("{} was deleted; serving and registering again", name);
-          registered_ = false;
-          next_register_ = options_.clock->Now();
+          registrar_.RegisterAgainNow(Registrar::Reason::kPluginSocketDeleted);
         } else if (name == kCheckpointFile) {
           guards = true;  // the MOFED guard reads it
           report = true;  // a container was admitted or removed
@@ -538,10 +400,9 @@ void Daemon::HandleInotify() {
     spdlog::warn("inotify queue overflowed: events were lost; rescanning everything");
     guards = rescan = report = true;
     dra_reprobe_ = std::chrono::milliseconds(0);
-    if (registrations_ > 0) {
-      registered_ = false;  // registering again is harmless, a missed restart is not
-      register_backoff_ = std::chrono::milliseconds(0);
-      next_register_ = options_.clock->Now();
+    if (registrar_.registrations() > 0) {
+      // Registering again is harmless, a missed restart is not.
+      registrar_.RegisterAgainNow(Registrar::Reason::kEventsLost);
     }
   }
   if (guards && CheckGuards()) rescan = true;
@@ -655,15 +516,12 @@ int Daemon::Run() {
     late_binder_->Recover();
     ReleaseGone();
   }
-  next_register_ = options_.clock->Now();
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
   bool announced_idle = false;
 
   while (!stop_) {
-    if (stream_ended_.exchange(false) && registered_) {
-      spdlog::info("the kubelet ended ListAndWatch; registering again");
-      registered_ = false;
-      next_register_ = options_.clock->Now();
+    if (stream_ended_.exchange(false) && registrar_.registered()) {
+      registrar_.RegisterAgainNow(Registrar::Reason::kStreamEnded);
     }
     const bool have_devices = !known_.empty();
     // An incomplete first scan is no proof of a node without EFA: the
@@ -679,20 +537,22 @@ int Daemon::Run() {
       // at all: no server, no threads. A device once seen stays listed, so
       // serving never stops again.
       serving_started_ = true;
-      if (absl::Status served = StartServer(); !served.ok()) {
+      if (absl::Status served = registrar_.StartServer(); !served.ok()) {
         // Retried with the registration (TryRegister), whatever the cause.
         spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
       }
     }
-    if (have_devices && !registered_ && !dra_yield_ && options_.clock->Now() >= next_register_) {
+    if (have_devices && !registrar_.registered() && !dra_yield_ &&
+        options_.clock->Now() >= registrar_.next_attempt()) {
       TryRegister();
     }
     UpdateModel();  // after the registration: the kubelet does not wait for hwloc
 
     auto deadline = std::min({next_periodic_, next_guard_check_, next_report_, next_release_});
     if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
-    if (have_devices && !registered_ && !dra_yield_ && IsSocket(kubelet_socket())) {
-      deadline = std::min(deadline, next_register_);
+    if (have_devices && !registrar_.registered() && !dra_yield_ &&
+        registrar_.KubeletSocketPresent()) {
+      deadline = std::min(deadline, registrar_.next_attempt());
     }
     Heartbeat();
     // Rounded up: rounded down, a deadline 0.9 ms away became a zero timeout
@@ -723,8 +583,7 @@ int Daemon::Run() {
           } else if (info.ssi_signo == SIGHUP) {
             spdlog::info("SIGHUP: rescanning and registering again");
             Rescan();
-            registered_ = false;
-            next_register_ = options_.clock->Now();
+            registrar_.RegisterAgainNow(Registrar::Reason::kSighup);
           } else {
             spdlog::info("signal {}: stopping", info.ssi_signo);
             stop_ = true;
@@ -744,7 +603,7 @@ int Daemon::Run() {
     if (health_changed_.exchange(false)) Publish();
     if (options_.clock->Now() >= next_periodic_) PeriodicCheck();
   }
-  StopServer();
+  registrar_.StopServer();
   spdlog::info("stopped; {} removed", plugin_socket().string());
   return 0;
 }

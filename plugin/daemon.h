@@ -23,12 +23,9 @@
 #include "plugin/guards/dra_guard.h"
 #include "plugin/guards/mofed_guard.h"
 #include "plugin/ops/efa_counter_monitor.h"
+#include "plugin/registrar.h"
 #include "plugin/rpc_observer.h"
 #include "topology/sysfs.h"
-
-namespace grpc {
-class Server;
-}
 
 namespace efa::plugin {
 
@@ -148,10 +145,10 @@ class Daemon {
   const Clock& clock() const { return *options_.clock; }
 
   // Successful registrations with the kubelet so far. Thread-safe.
-  int registrations() const { return registrations_.load(); }
+  int registrations() const { return registrar_.registrations(); }
   // Times kubelet.sock was created again after a first registration (the
   // kubelet restarted). Thread-safe.
-  int kubelet_restarts() const { return kubelet_restarts_.load(); }
+  int kubelet_restarts() const { return registrar_.kubelet_restarts(); }
   // When the owner loop last finished a pass (it then waits up to the
   // rescan interval), or nullopt before Run() got that far. Thread-safe.
   std::optional<Clock::time_point> heartbeat() const;
@@ -184,8 +181,8 @@ class Daemon {
   const LateBinder* late_binder() const { return late_binder_.get(); }
   // The EFAs' counters, read when sampled. Thread-safe.
   EfaCounterMonitor& efa_counters() const { return *counters_; }
-  std::filesystem::path plugin_socket() const;
-  std::filesystem::path kubelet_socket() const;
+  std::filesystem::path plugin_socket() const { return registrar_.plugin_socket(); }
+  std::filesystem::path kubelet_socket() const { return registrar_.kubelet_socket(); }
   // The guards' latest findings. Thread-safe.
   GuardStatus guard_status() const;
   // Blocks until `pred` holds for the guard status or `timeout` passes;
@@ -222,12 +219,8 @@ class Daemon {
   // the late-binding bindings (nullopt while not bound), else the IDs'
   // EFAs (replicas mapped to their EFA). Thread-safe.
   std::optional<std::vector<std::string>> PhysicalEfas(const std::vector<std::string>& ids) const;
-  // Serves the device plugin API on a fresh socket (mode 0600); the error
-  // names the socket and the cause.
-  absl::Status StartServer();
-  // Schedules the next registration attempt with backoff, logging `why`.
-  void RetryRegistrationLater(std::string_view why);
-  void StopServer();
+  // Registers unless the guards withhold the resource or there is no
+  // kubelet, after taking in the queued events and probing the guards.
   void TryRegister();
   void HandleInotify();
   void WatchDeviceDirs();
@@ -242,17 +235,15 @@ class Daemon {
 
   const DaemonOptions options_;
   DevicePluginService service_;
+  Registrar registrar_;                      // after service_, which it serves
   std::unique_ptr<Aligner> aligner_;         // null when alignment is off
   std::unique_ptr<LateBinder> late_binder_;  // null unless late binding
   std::unique_ptr<EfaCounterMonitor> counters_;
   std::atomic<bool> health_changed_{false};  // device health from the counters changed
   std::atomic<bool> report_requested_{false};
-  std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Fds> fds_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> stream_ended_{false};
-  std::atomic<int> registrations_{0};
-  std::atomic<int> kubelet_restarts_{0};
   std::atomic<int64_t> heartbeat_ns_{0};  // clock(); 0: none yet
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
@@ -261,9 +252,6 @@ class Daemon {
   std::atomic<int64_t> discovery_read_errors_{0};
 
   // Owner-thread state.
-  bool registered_ = false;
-  Clock::time_point next_register_;
-  std::chrono::milliseconds register_backoff_{0};
   Clock::time_point next_periodic_;
   Clock::time_point next_health_read_;                // with device health only
   std::map<std::string, topology::EfaDevice> known_;  // every EFA seen, by PCI address

@@ -136,7 +136,7 @@ bool Daemon::CheckGuards() {
           "the EFA DRA driver ({}) serves this node's EFAs ({}): {} until it goes, so that no EFA "
           "is given out twice (--dra-policy=ignore serves anyway)",
           status.dra.driver, status.dra.evidence,
-          registered_
+          registrar_.registered()
               ? absl::StrCat("withdrawing ", options_.resource_name, " (advertising no devices)")
               : absl::StrCat("not registering ", options_.resource_name));
     } else if (status.dra.present) {
@@ -164,9 +164,7 @@ bool Daemon::CheckGuards() {
                      status.mofed.evidence.empty() ? std::string() : status.mofed.evidence.front());
   }
   if (dra_yield_ && !yield) {
-    registered_ = false;
-    register_backoff_ = std::chrono::milliseconds(0);
-    next_register_ = options_.clock->Now();
+    registrar_.RegisterAgainNow(Registrar::Reason::kDraDriverGone);
   }
   mofed_protect_ = protect;
   dra_yield_ = yield;
