@@ -40,8 +40,9 @@ void CloseFd(int& fd) {
 }  // namespace
 
 struct Daemon::Fds {
-  int wake = -1;     // eventfd: Stop(), stream ends
-  int inotify = -1;  // device-plugins dir and device directories
+  int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);  // Stop(), stream ends
+  // The device-plugins dir, the device directories and the guards' ones.
+  int inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   int uevent = -1;
   int signal = -1;
   ~Fds() {
@@ -54,11 +55,23 @@ struct Daemon::Fds {
 
 Daemon::Daemon(DaemonOptions options)
     : options_(std::move(options)),
+      fds_(std::make_unique<Fds>()),
       service_(DevicePluginService::Options{options_.report_numa, options_.replicas}),
-      registrar_({options_.kubelet_dir, options_.resource_name, options_.clock}, &service_),
-      fds_(std::make_unique<Fds>()) {
-  fds_->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  fds_->inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+      registrar_({.kubelet_dir = options_.kubelet_dir,
+                  .resource_name = options_.resource_name,
+                  .clock = options_.clock},
+                 &service_),
+      guards_({.kubelet_dir = options_.kubelet_dir,
+               .proc_root = options_.roots.proc,
+               .mofed_policy = options_.mofed_policy,
+               .mofed_time_box = options_.mofed_time_box,
+               .dra_policy = options_.dra_policy,
+               .dra_drivers = options_.dra_drivers,
+               .cdi_spec_dirs = options_.cdi_spec_dirs,
+               .rescan_interval = options_.rescan_interval,
+               .resource_name = options_.resource_name,
+               .clock = options_.clock,
+               .inotify_fd = fds_->inotify}) {
   AlignerOptions aligner_options;
   aligner_options.kubelet_dir = options_.kubelet_dir;
   aligner_options.proc_root = options_.roots.proc;
@@ -274,7 +287,7 @@ void Daemon::Publish() {
   }
   std::sort(devices.begin(), devices.end(),
             [](const auto& a, const auto& b) { return a.pci < b.pci; });
-  service_.SetDevices(ApplyGuards(std::move(devices)), model_, model_stale_);
+  service_.SetDevices(guards_.Apply(std::move(devices)), model_, model_stale_);
 }
 
 void Daemon::UpdateModel() {
@@ -314,35 +327,17 @@ void Daemon::WatchDeviceDirs() {
   }
 }
 
-void Daemon::WatchGuardDirs() {
-  // The DRA driver's registration socket and the MOFED CDI spec come and
-  // go in these; a directory created later is picked up by the periodic check.
-  std::vector<fs::path> dirs = {options_.kubelet_dir / kPluginsRegistryDir};
-  if (options_.mofed_policy != MofedPolicy::kOff) {
-    dirs.insert(dirs.end(), options_.cdi_spec_dirs.begin(), options_.cdi_spec_dirs.end());
-  }
-  for (const fs::path& dir : dirs) {
-    bool watched = false;
-    for (const auto& [wd, watched_dir] : guard_watches_) watched |= watched_dir == dir.string();
-    if (watched) continue;
-    int wd = ::inotify_add_watch(fds_->inotify, dir.c_str(),
-                                 IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM |
-                                     IN_CLOSE_WRITE | IN_DELETE_SELF | IN_ONLYDIR | IN_MASK_ADD);
-    if (wd >= 0) guard_watches_[wd] = dir.string();
-  }
-}
-
 void Daemon::TryRegister() {
   // Take in the events already queued (a kubelet.sock created before this
   // check is not a restart after this registration).
   HandleInotify();
-  if (registrar_.registered() || dra_yield_ || !registrar_.KubeletSocketPresent()) {
+  if (registrar_.registered() || guards_.withdrawn() || !registrar_.KubeletSocketPresent()) {
     return;  // inotify reports kubelet.sock
   }
   // A DRA driver may have started listening since the last probe (nothing
   // signals a listen()): probe again, never register beside it.
   if (CheckGuards()) Rescan();
-  if (dra_yield_) return;
+  if (guards_.withdrawn()) return;
   // Streams open before this attempt belong to the registration it
   // replaces: their ending (ours, when the server restarts below, or the
   // kubelet's) must not start another one.
@@ -377,8 +372,7 @@ void Daemon::HandleInotify() {
           guards = true;  // the MOFED guard reads it
           report = true;  // a container was admitted or removed
         }
-      } else if (guard_watches_.count(ev->wd)) {
-        if (ev->mask & IN_IGNORED) guard_watches_.erase(ev->wd);
+      } else if (guards_.TakeWatchEvent(ev->wd, ev->mask)) {
         // Late binding's own specs (and their temporary files) in a CDI
         // dir the MOFED guard watches are no guard's business.
         if (late_binder_ && (name.starts_with(kCdiSpecPrefix) ||
@@ -386,7 +380,7 @@ void Daemon::HandleInotify() {
           continue;
         }
         guards = true;
-        dra_reprobe_ = std::chrono::milliseconds(0);  // a new socket: probe it quickly
+        guards_.ProbeDraSoon();  // a new socket: probe it quickly
       } else if (device_watches_.count(ev->wd)) {
         if (ev->mask & (IN_IGNORED | IN_DELETE_SELF)) device_watches_.erase(ev->wd);
         rescan = true;
@@ -399,7 +393,7 @@ void Daemon::HandleInotify() {
     // the old inode). Look at everything now rather than at the next rescan.
     spdlog::warn("inotify queue overflowed: events were lost; rescanning everything");
     guards = rescan = report = true;
-    dra_reprobe_ = std::chrono::milliseconds(0);
+    guards_.ProbeDraSoon();
     if (registrar_.registrations() > 0) {
       // Registering again is harmless, a missed restart is not.
       registrar_.RegisterAgainNow(Registrar::Reason::kEventsLost);
@@ -475,6 +469,12 @@ void Daemon::ReportAlignment(bool periodic) {
   }
 }
 
+bool Daemon::CheckGuards() {
+  const GuardVerdict verdict = guards_.Check(!known_.empty(), registrar_.registered());
+  if (verdict.register_again) registrar_.RegisterAgainNow(Registrar::Reason::kDraDriverGone);
+  return verdict.devices_changed;
+}
+
 void Daemon::ReleaseGone() {
   next_release_ = late_binder_->ReleaseGone().value_or(Clock::time_point::max());
 }
@@ -542,15 +542,15 @@ int Daemon::Run() {
         spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
       }
     }
-    if (have_devices && !registrar_.registered() && !dra_yield_ &&
+    if (have_devices && !registrar_.registered() && !guards_.withdrawn() &&
         options_.clock->Now() >= registrar_.next_attempt()) {
       TryRegister();
     }
     UpdateModel();  // after the registration: the kubelet does not wait for hwloc
 
-    auto deadline = std::min({next_periodic_, next_guard_check_, next_report_, next_release_});
+    auto deadline = std::min({next_periodic_, guards_.next_check(), next_report_, next_release_});
     if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
-    if (have_devices && !registrar_.registered() && !dra_yield_ &&
+    if (have_devices && !registrar_.registered() && !guards_.withdrawn() &&
         registrar_.KubeletSocketPresent()) {
       deadline = std::min(deadline, registrar_.next_attempt());
     }
@@ -591,7 +591,7 @@ int Daemon::Run() {
         }
       }
     }
-    if (options_.clock->Now() >= next_guard_check_ && CheckGuards()) Rescan();
+    if (options_.clock->Now() >= guards_.next_check() && CheckGuards()) Rescan();
     if (report_requested_.exchange(false) || options_.clock->Now() >= next_report_)
       ReportAlignment();
     if (options_.clock->Now() >= next_release_) ReleaseGone();

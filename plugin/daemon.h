@@ -20,8 +20,7 @@
 #include "plugin/alignment/late_binder.h"
 #include "plugin/clock.h"
 #include "plugin/device_plugin_service.h"
-#include "plugin/guards/dra_guard.h"
-#include "plugin/guards/mofed_guard.h"
+#include "plugin/guard_runner.h"
 #include "plugin/ops/efa_counter_monitor.h"
 #include "plugin/registrar.h"
 #include "plugin/rpc_observer.h"
@@ -102,26 +101,6 @@ struct DaemonOptions {
   const Clock* clock = &Clock::Steady();
 };
 
-// What the guards found at their latest check, for logs, metrics and
-// readiness.
-struct GuardStatus {
-  MofedPolicy mofed_policy = MofedPolicy::kWarn;
-  // Off with no findings while the policy is off.
-  MofedReport mofed;
-  // Policy protect and MOFED on: every EFA is reported Unhealthy.
-  bool efas_held_unhealthy = false;
-  DraPolicy dra_policy = DraPolicy::kYield;
-  DraReport dra;
-  // Policy yield and the DRA driver present: the resource is withdrawn (an
-  // empty device list, no registration).
-  bool withdrawn = false;
-  // Checks done so far (at start, on changes, periodically).
-  int checks = 0;
-  // MOFED checks that stopped at a bound (MofedReport::incomplete) and kept
-  // the previous verdict.
-  int mofed_incomplete = 0;
-};
-
 // Runs the plugin. One owner thread (the caller of Run) does all lifecycle
 // work; gRPC threads only read the service's immutable snapshots.
 class Daemon {
@@ -184,11 +163,13 @@ class Daemon {
   std::filesystem::path plugin_socket() const { return registrar_.plugin_socket(); }
   std::filesystem::path kubelet_socket() const { return registrar_.kubelet_socket(); }
   // The guards' latest findings. Thread-safe.
-  GuardStatus guard_status() const;
+  GuardStatus guard_status() const { return guards_.status(); }
   // Blocks until `pred` holds for the guard status or `timeout` passes;
   // returns whether it held. `pred` runs under an internal lock.
   bool WaitForGuardStatusForTest(const std::function<bool(const GuardStatus&)>& pred,
-                                 std::chrono::milliseconds timeout) const;
+                                 std::chrono::milliseconds timeout) const {
+    return guards_.WaitForStatusForTest(pred, timeout);
+  }
 
  private:
   struct Fds;
@@ -226,22 +207,21 @@ class Daemon {
   void WatchDeviceDirs();
   // Publishes the heartbeat and the state read by other threads.
   void Heartbeat();
-  // Runs the guards, logs what changed and publishes guard_status_. Returns
-  // whether the devices to advertise changed (the caller rescans).
+  // Runs the guards and applies their verdict: registers again when they
+  // stop withholding the resource. Returns whether the devices to
+  // advertise changed (the caller rescans).
   bool CheckGuards();
-  // The devices as the guards let them be advertised.
-  std::vector<topology::EfaDevice> ApplyGuards(std::vector<topology::EfaDevice> devices) const;
-  void WatchGuardDirs();
 
   const DaemonOptions options_;
+  std::unique_ptr<Fds> fds_;  // before guards_, which watches on its inotify
   DevicePluginService service_;
-  Registrar registrar_;                      // after service_, which it serves
+  Registrar registrar_;  // after service_, which it serves
+  GuardRunner guards_;
   std::unique_ptr<Aligner> aligner_;         // null when alignment is off
   std::unique_ptr<LateBinder> late_binder_;  // null unless late binding
   std::unique_ptr<EfaCounterMonitor> counters_;
   std::atomic<bool> health_changed_{false};  // device health from the counters changed
   std::atomic<bool> report_requested_{false};
-  std::unique_ptr<Fds> fds_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> stream_ended_{false};
   std::atomic<int64_t> heartbeat_ns_{0};  // clock(); 0: none yet
@@ -274,24 +254,6 @@ class Daemon {
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
   int kubelet_watch_ = -1;
-  // Guards (owner thread).
-  std::unique_ptr<MofedGuard> mofed_guard_;  // from the first check on
-  std::optional<MofedState> mofed_state_;
-  std::vector<std::string> mofed_hints_;  // as last logged
-  bool mofed_incomplete_logged_ = false;  // since the last complete check
-  std::optional<bool> dra_present_;
-  bool dra_yield_ = false;      // withdrawn while the DRA driver is present
-  bool mofed_protect_ = false;  // every EFA held Unhealthy
-  std::string mofed_problem_;   // their health problem meanwhile
-  // A guard check sooner than the periodic one (a DRA socket to probe again).
-  Clock::time_point next_guard_check_ = Clock::time_point::max();
-  // While a DRA registration socket refuses connections: the delay of the
-  // next probe (doubling from 100 ms), since a driver binds its socket
-  // before it listens and nothing signals the listen().
-  std::chrono::milliseconds dra_reprobe_{0};
-  std::map<int, std::string> guard_watches_;  // inotify wd -> plugins_registry, CDI dirs
-  mutable absl::Mutex guard_mu_;
-  GuardStatus guard_status_ ABSL_GUARDED_BY(guard_mu_);
 };
 
 }  // namespace efa::plugin
