@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "plugin/alignment/cdi_spec.h"
 #include "plugin/ops/orphan_reaper.h"
+#include "plugin/ops/signals.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -45,6 +46,7 @@ struct Daemon::Fds {
   int inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   int uevent = -1;
   int signal = -1;
+  bool reap_orphans = false;  // SIGCHLD reaps the container's orphans (PID 1)
   ~Fds() {
     CloseFd(wake);
     CloseFd(inotify);
@@ -479,23 +481,18 @@ void Daemon::ReleaseGone() {
   next_release_ = late_binder_->ReleaseGone().value_or(Clock::time_point::max());
 }
 
-int Daemon::Run() {
+bool Daemon::OpenEventSources() {
   if (fds_->wake < 0 || fds_->inotify < 0) {
     spdlog::error("cannot create eventfd/inotify: {}", std::strerror(errno));
-    return 1;
+    return false;
   }
   fds_->uevent = topology::OpenUeventSocket();
   // As PID 1 of its container the daemon is handed the container's orphans
   // (orphan_reaper.h): reaped on SIGCHLD, and once now for any handed over
   // before this loop (or to the idle process it was exec'ed from).
-  const bool reap_orphans = options_.handle_signals && InheritsOrphans();
-  if (options_.handle_signals) {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int s : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&set, s);
-    fds_->signal = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-  }
-  if (reap_orphans) ReapEndedChildren();
+  fds_->reap_orphans = options_.handle_signals && InheritsOrphans();
+  if (options_.handle_signals) fds_->signal = OpenOwnerLoopSignalFd();
+  if (fds_->reap_orphans) ReapEndedChildren();
   const fs::path plugin_dir = options_.kubelet_dir / "device-plugins";
   std::error_code ec;
   fs::create_directories(plugin_dir, ec);
@@ -504,12 +501,16 @@ int Daemon::Run() {
                           IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM | IN_CLOSE_WRITE);
   if (kubelet_watch_ < 0) {
     spdlog::error("cannot watch {}: {}", plugin_dir.string(), std::strerror(errno));
-    return 1;
+    return false;
   }
+  return true;
+}
+
+void Daemon::Start() {
   Rescan();
   // Alive from here on: /healthz must not wait for the first registration,
-  // which may block for kRegisterTimeout (the idle process answered 200
-  // until it exec'ed this one).
+  // which may block for the registration's timeout (the idle process
+  // answered 200 until it exec'ed this one).
   Heartbeat();
   if (late_binder_) {
     // Before serving: no PreStartContainer may bind an EFA a spec holds.
@@ -517,8 +518,98 @@ int Daemon::Run() {
     ReleaseGone();
   }
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
-  bool announced_idle = false;
+}
 
+void Daemon::ServeAndRegister() {
+  if (!serving_started_) {
+    // The first EFA: the API is served (the guards look before the
+    // registration, in TryRegister). Until then the daemon runs no gRPC
+    // at all: no server, no threads. A device once seen stays listed, so
+    // serving never stops again.
+    serving_started_ = true;
+    if (absl::Status served = registrar_.StartServer(); !served.ok()) {
+      // Retried with the registration (TryRegister), whatever the cause.
+      spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
+    }
+  }
+  if (!registrar_.registered() && !guards_.withdrawn() &&
+      options_.clock->Now() >= registrar_.next_attempt()) {
+    TryRegister();
+  }
+}
+
+Clock::time_point Daemon::NextDeadline() const {
+  auto deadline = std::min({next_periodic_, guards_.next_check(), next_report_, next_release_});
+  if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
+  if (!known_.empty() && !registrar_.registered() && !guards_.withdrawn() &&
+      registrar_.KubeletSocketPresent()) {
+    deadline = std::min(deadline, registrar_.next_attempt());
+  }
+  return deadline;
+}
+
+bool Daemon::WaitForEvents(Clock::time_point deadline) {
+  // Rounded up: rounded down, a deadline 0.9 ms away became a zero timeout
+  // and the loop spun until it passed.
+  auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - options_.clock->Now());
+  std::vector<pollfd> pfds = {{fds_->wake, POLLIN, 0}, {fds_->inotify, POLLIN, 0}};
+  if (fds_->uevent >= 0) pfds.push_back({fds_->uevent, POLLIN, 0});
+  if (fds_->signal >= 0) pfds.push_back({fds_->signal, POLLIN, 0});
+  int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<int64_t>(wait.count(), 0)));
+  if (n < 0 && errno != EINTR) {
+    spdlog::error("poll: {}", std::strerror(errno));
+    return false;
+  }
+  for (const pollfd& p : pfds) {
+    if (!(p.revents & POLLIN)) continue;
+    if (p.fd == fds_->wake) {
+      uint64_t v;
+      [[maybe_unused]] ssize_t r = ::read(fds_->wake, &v, sizeof v);
+    } else if (p.fd == fds_->inotify) {
+      HandleInotify();
+    } else if (p.fd == fds_->uevent) {
+      if (topology::DrainUevents(fds_->uevent)) Rescan();
+    } else if (p.fd == fds_->signal) {
+      HandleSignals();
+    }
+  }
+  return true;
+}
+
+void Daemon::HandleSignals() {
+  signalfd_siginfo info;
+  while (::read(fds_->signal, &info, sizeof info) == sizeof info) {
+    if (info.ssi_signo == SIGCHLD) {
+      if (fds_->reap_orphans) ReapEndedChildren();
+    } else if (info.ssi_signo == SIGHUP) {
+      spdlog::info("SIGHUP: rescanning and registering again");
+      Rescan();
+      registrar_.RegisterAgainNow(Registrar::Reason::kSighup);
+    } else {
+      spdlog::info("signal {}: stopping", info.ssi_signo);
+      stop_ = true;
+    }
+  }
+}
+
+void Daemon::RunDueWork() {
+  const Clock& clock = *options_.clock;
+  if (clock.Now() >= guards_.next_check() && CheckGuards()) Rescan();
+  if (report_requested_.exchange(false) || clock.Now() >= next_report_) ReportAlignment();
+  if (clock.Now() >= next_release_) ReleaseGone();
+  if (options_.device_health.enabled && clock.Now() >= next_health_read_) {
+    // A scrape in between reads for it; then this answers the last read.
+    counters_->Sample();
+    next_health_read_ = clock.Now() + options_.counter_interval;
+  }
+  if (health_changed_.exchange(false)) Publish();
+  if (clock.Now() >= next_periodic_) PeriodicCheck();
+}
+
+int Daemon::Run() {
+  if (!OpenEventSources()) return 1;
+  Start();
+  bool announced_idle = false;
   while (!stop_) {
     if (stream_ended_.exchange(false) && registrar_.registered()) {
       registrar_.RegisterAgainNow(Registrar::Reason::kStreamEnded);
@@ -531,77 +622,12 @@ int Daemon::Run() {
       if (!serving_started_ && options_.on_idle) options_.on_idle();
       spdlog::info("no EFA on this node; idle until one appears");
     }
-    if (have_devices && !serving_started_) {
-      // The first EFA: the API is served (the guards look before the
-      // registration, in TryRegister). Until then the daemon runs no gRPC
-      // at all: no server, no threads. A device once seen stays listed, so
-      // serving never stops again.
-      serving_started_ = true;
-      if (absl::Status served = registrar_.StartServer(); !served.ok()) {
-        // Retried with the registration (TryRegister), whatever the cause.
-        spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
-      }
-    }
-    if (have_devices && !registrar_.registered() && !guards_.withdrawn() &&
-        options_.clock->Now() >= registrar_.next_attempt()) {
-      TryRegister();
-    }
+    if (have_devices) ServeAndRegister();
     UpdateModel();  // after the registration: the kubelet does not wait for hwloc
-
-    auto deadline = std::min({next_periodic_, guards_.next_check(), next_report_, next_release_});
-    if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
-    if (have_devices && !registrar_.registered() && !guards_.withdrawn() &&
-        registrar_.KubeletSocketPresent()) {
-      deadline = std::min(deadline, registrar_.next_attempt());
-    }
+    const Clock::time_point deadline = NextDeadline();
     Heartbeat();
-    // Rounded up: rounded down, a deadline 0.9 ms away became a zero timeout
-    // and the loop spun until it passed.
-    auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - options_.clock->Now());
-    std::vector<pollfd> pfds = {{fds_->wake, POLLIN, 0}, {fds_->inotify, POLLIN, 0}};
-    if (fds_->uevent >= 0) pfds.push_back({fds_->uevent, POLLIN, 0});
-    if (fds_->signal >= 0) pfds.push_back({fds_->signal, POLLIN, 0});
-    int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<int64_t>(wait.count(), 0)));
-    if (n < 0 && errno != EINTR) {
-      spdlog::error("poll: {}", std::strerror(errno));
-      break;
-    }
-    for (const pollfd& p : pfds) {
-      if (!(p.revents & POLLIN)) continue;
-      if (p.fd == fds_->wake) {
-        uint64_t v;
-        [[maybe_unused]] ssize_t r = ::read(fds_->wake, &v, sizeof v);
-      } else if (p.fd == fds_->inotify) {
-        HandleInotify();
-      } else if (p.fd == fds_->uevent) {
-        if (topology::DrainUevents(fds_->uevent)) Rescan();
-      } else if (p.fd == fds_->signal) {
-        signalfd_siginfo info;
-        while (::read(fds_->signal, &info, sizeof info) == sizeof info) {
-          if (info.ssi_signo == SIGCHLD) {
-            if (reap_orphans) ReapEndedChildren();
-          } else if (info.ssi_signo == SIGHUP) {
-            spdlog::info("SIGHUP: rescanning and registering again");
-            Rescan();
-            registrar_.RegisterAgainNow(Registrar::Reason::kSighup);
-          } else {
-            spdlog::info("signal {}: stopping", info.ssi_signo);
-            stop_ = true;
-          }
-        }
-      }
-    }
-    if (options_.clock->Now() >= guards_.next_check() && CheckGuards()) Rescan();
-    if (report_requested_.exchange(false) || options_.clock->Now() >= next_report_)
-      ReportAlignment();
-    if (options_.clock->Now() >= next_release_) ReleaseGone();
-    if (options_.device_health.enabled && options_.clock->Now() >= next_health_read_) {
-      // A scrape in between reads for it; then this answers the last read.
-      counters_->Sample();
-      next_health_read_ = options_.clock->Now() + options_.counter_interval;
-    }
-    if (health_changed_.exchange(false)) Publish();
-    if (options_.clock->Now() >= next_periodic_) PeriodicCheck();
+    if (!WaitForEvents(deadline)) break;
+    RunDueWork();
   }
   registrar_.StopServer();
   spdlog::info("stopped; {} removed", plugin_socket().string());

@@ -200,6 +200,23 @@ class Daemon {
   // the late-binding bindings (nullopt while not bound), else the IDs'
   // EFAs (replicas mapped to their EFA). Thread-safe.
   std::optional<std::vector<std::string>> PhysicalEfas(const std::vector<std::string>& ids) const;
+  // Run()'s steps. Opens the uevent socket and the signalfd and watches
+  // the device-plugins dir; false (logged) when the loop cannot watch.
+  bool OpenEventSources();
+  // The first scan, the first heartbeat, late binding's recovery.
+  void Start();
+  // With an EFA known: serves from the first one on, and registers when an
+  // attempt is due.
+  void ServeAndRegister();
+  // The earliest time a timer of the loop is due.
+  Clock::time_point NextDeadline() const;
+  // Waits in poll() up to `deadline` and handles the events that came;
+  // false (logged) when poll() fails.
+  bool WaitForEvents(Clock::time_point deadline);
+  void HandleSignals();
+  // The timers that are due: guards, alignment report, late-binding
+  // release, counter reads, the periodic pass.
+  void RunDueWork();
   // Registers unless the guards withhold the resource or there is no
   // kubelet, after taking in the queued events and probing the guards.
   void TryRegister();
