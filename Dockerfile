@@ -1,31 +1,47 @@
 # syntax=docker/dockerfile:1
-# The EFA device plugin image:
-#   docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
+# The EFA device plugin image, for amd64 and arm64 from this one file:
+#   docker buildx build --platform linux/amd64,linux/arm64 \
+#     --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
 #     -t REGISTRY/efa-k8s-device-plugin:0.1.0 .
-# (.dockerignore keeps build trees and .git out of the context.)
-# The Helm chart (helm/aws-efa-k8s-device-plugin) runs it as uid 0 with every
-# capability dropped and a read-only root file system.
+# scripts/image.sh does the same with podman, checks both images (the arm64
+# one under emulation) and saves them as one archive. (.dockerignore keeps
+# build trees and .git out of the context.) The Helm chart runs it as uid 0
+# with every capability dropped and a read-only root file system.
 
-# Build stage: the same dependency script and CMake preset (release) as the
-# README's demo and CI; scripts/image.sh builds this file with podman.
-FROM debian:12 AS build
-ARG REVISION=unknown
+# Build stage: always on the build host's architecture (compiling under
+# emulation would take an hour). For another target it cross-compiles with
+# Debian's cross compiler and the target's multiarch -dev packages
+# (scripts/install-deps.sh --arch, cmake/debian-cross.cmake); then it gathers
+# the runtime file system in /rootfs (scripts/image-rootfs.sh).
+FROM --platform=$BUILDPLATFORM debian:12 AS build
+ARG TARGETARCH
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/
-RUN scripts/install-deps.sh --daemon
+RUN scripts/install-deps.sh --daemon --arch "${TARGETARCH}"
+# Declared after the packages' layer, which they would invalidate.
+ARG REVISION=unknown
+# CI builds with warnings as errors (-Werror), users without.
+ARG EFA_WERROR=OFF
 COPY . .
-RUN cmake --preset release -DEFA_BUILD_TESTS=OFF -DEFA_REVISION="${REVISION}" \
- && cmake --build --preset release -j"$(nproc)" \
-      --target efa-k8s-device-plugin efa-k8s-device-plugin-idle \
- && strip build/release/plugin/efa-k8s-device-plugin build/release/plugin/efa-k8s-device-plugin-idle
+RUN set -e; \
+    case "${TARGETARCH}" in arm64) triplet=aarch64-linux-gnu ;; *) triplet=x86_64-linux-gnu ;; esac; \
+    cross=""; \
+    if [ "${TARGETARCH}" != "$(dpkg --print-architecture)" ]; then \
+      cross="-DCMAKE_TOOLCHAIN_FILE=cmake/${triplet}.cmake"; \
+    fi; \
+    cmake --preset release ${cross} -DEFA_BUILD_TESTS=OFF -DEFA_WERROR="${EFA_WERROR}" \
+      -DEFA_REVISION="${REVISION}"; \
+    cmake --build --preset release -j"$(nproc)" \
+      --target efa-k8s-device-plugin efa-k8s-device-plugin-idle; \
+    scripts/image-rootfs.sh "${triplet}" /rootfs \
+      build/release/plugin/efa-k8s-device-plugin build/release/plugin/efa-k8s-device-plugin-idle
 
-# Runtime stage: Debian 12 slim and only the shared libraries the binary
-# loads. test/image/runtime_libs_test.sh checks this list against `ldd` of
-# the built binary: a library it links directly must be listed here (or be in
-# the base image), not arrive by chance as another package's dependency.
-# gRPC, protobuf, abseil, re2 and c-ares are linked in statically
-# (EFA_STATIC_GRPC), so none of them is here.
-FROM debian:12-slim
+# Runtime stage: the two binaries, the shared libraries they and the
+# inventory's dlopen of libibverbs (with its EFA provider) load, and the
+# loader; no shell, no package manager. gRPC, protobuf, abseil, re2 and
+# c-ares are linked in statically (EFA_STATIC_GRPC). To look inside a running
+# pod: `kubectl debug` with an ephemeral container (docs/architectures.md).
+FROM scratch
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 # The repository URL: --build-arg SOURCE=...
@@ -35,23 +51,8 @@ LABEL org.opencontainers.image.title="efa-k8s-device-plugin" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.base.name="debian:12-slim"
-# The inventory command loads libibverbs1 with dlopen, and libibverbs its
-# EFA provider (ibverbs-providers); hwloc's
-# Linux backend reads PCI from sysfs itself, so libhwloc-plugins (a
-# recommendation) stays out.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends \
-      libibverbs1 ibverbs-providers libhwloc15 \
-      libyaml-cpp0.7 libspdlog1.10 libfmt9 \
-      libprometheus-cpp-core1.0 \
-      libevent-core-2.1-7 libevent-extra-2.1-7 libevent-pthreads-2.1-7 \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/build/release/plugin/efa-k8s-device-plugin /usr/bin/efa-k8s-device-plugin
-# What the daemon execs on a node without EFA; its libraries are a subset of
-# the daemon's.
-COPY --from=build /src/build/release/plugin/efa-k8s-device-plugin-idle /usr/bin/efa-k8s-device-plugin-idle
+      org.opencontainers.image.source="${SOURCE}"
+COPY --from=build /rootfs/ /
 # Root (uid 0) owns the kubelet's device-plugins directory (0750), where the
 # plugin creates its socket; the chart drops every capability.
 USER 0:0

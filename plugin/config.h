@@ -59,7 +59,7 @@ struct Config {
   std::optional<std::vector<std::string>> dra_drivers;
   std::optional<std::vector<std::string>> cdi_spec_dirs;
   std::optional<int> expected_efa_count;  // 0: from the instance type
-  std::optional<int> sharing_replicas;    // 1..kMaxReplicas (README, "Sharing")
+  std::optional<int> sharing_replicas;    // 1..kMaxReplicas (docs/alignment.md, "Sharing")
   std::optional<bool> sharing_rename_by_default;
   std::optional<std::chrono::milliseconds> counter_interval;
   std::optional<std::chrono::milliseconds> idle_timeout;

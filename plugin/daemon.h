@@ -54,7 +54,7 @@ struct DaemonOptions {
   // The instance type, e.g. "p5.48xlarge"; empty: the DMI product name.
   std::string instance_type;
   // How EFAs are aligned with the admitted container's accelerators
-  // (README, "Alignment").
+  // (docs/alignment.md).
   AlignmentMode alignment = AlignmentMode::kBestEffort;
   AcceleratorResources accelerator_resources;
   // Where late binding writes its CDI specs (a host path the runtime reads).
@@ -67,7 +67,7 @@ struct DaemonOptions {
   std::chrono::milliseconds late_recheck_every = LateBinderOptions().recheck_every;
   // How late binding's Allocate answer names the CDI device.
   CdiHandover cdi_handover = CdiHandover::kBoth;
-  // Guards (README, "Guards"): what to do when the NVIDIA device plugin has
+  // Guards (docs/guards.md): what to do when the NVIDIA device plugin has
   // MOFED on, and while the EFA DRA driver serves the node.
   MofedPolicy mofed_policy = MofedPolicy::kWarn;
   // How long one MOFED check may scan /proc (MofedGuard::Options).
@@ -77,10 +77,10 @@ struct DaemonOptions {
   std::vector<std::string> dra_drivers = {kDraDriverName};
   // Where the NVIDIA MOFED CDI spec may be (host paths, like the roots).
   std::vector<std::filesystem::path> cdi_spec_dirs = {"/etc/cdi", "/var/run/cdi"};
-  // Sharing (README, "Sharing"): device IDs per EFA, and the resource name.
+  // Sharing (docs/alignment.md, "Sharing"): device IDs per EFA, and the resource name.
   int replicas = 1;
   std::string resource_name = kResourceName;
-  // The EFAs' own counters (README, "EFA traffic and device health"): the
+  // The EFAs' own counters (docs/observability.md, "EFA traffic and device health"): the
   // least time between two reads, how long a held EFA may move no bytes
   // before it counts as idle, and device health from the counters (opt-in;
   // then the owner loop reads them every counter_interval).

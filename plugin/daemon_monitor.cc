@@ -1,9 +1,12 @@
 #include "plugin/daemon_monitor.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plugin/device_plugin_service.h"
 #include "topology/efa_counters.h"
+#include "topology/replica_id.h"
 
 namespace efa::plugin {
 namespace {
@@ -142,19 +145,29 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
   };
   CollectEfaCount(efa_count_.latest(), out);
   const Daemon* daemon = daemon_.load();
-  if (daemon == nullptr) return;
-
   int healthy = 0, unhealthy = 0;
-  const v1beta1::ListAndWatchResponse advertised = daemon->advertised();
-  for (const auto& d : advertised.devices()) {
-    (d.health() == kHealthy ? healthy : unhealthy)++;
+  std::set<std::string> unhealthy_efas;  // physical EFAs, for the alert to name
+  if (daemon != nullptr) {
+    const v1beta1::ListAndWatchResponse advertised = daemon->advertised();
+    for (const auto& d : advertised.devices()) {
+      (d.health() == kHealthy ? healthy : unhealthy)++;
+      if (d.health() == kHealthy) continue;
+      const auto replica = topology::ParseReplicaId(d.id());
+      unhealthy_efas.insert(replica ? replica->ibdev : d.id());
+    }
   }
-  auto& devices = family("devices",
-                         "EFAs advertised to the kubelet, by health (after the guards: none while "
-                         "withdrawn, all unhealthy under MOFED protect).",
-                         MetricType::Gauge);
-  AddSample(devices, healthy, {{"health", "healthy"}});
-  AddSample(devices, unhealthy, {{"health", "unhealthy"}});
+  // Idle as long as no EFA was ever found: the daemon waiting in its own
+  // loop, when it cannot exec the idle process, reads as that process.
+  const bool serving =
+      daemon != nullptr && (daemon->known_devices() > 0 || daemon->registrations() > 0);
+  CollectIdentity(serving ? kModeServing : kModeIdle, healthy, unhealthy, out);
+  if (daemon == nullptr) return;
+  auto& unhealthy_by_efa =
+      family("efa_advertised_unhealthy",
+             "1 for each EFA advertised Unhealthy to the kubelet, whatever the cause (gone, "
+             "device health, MOFED protect); absent while Healthy.",
+             MetricType::Gauge);
+  for (const std::string& efa : unhealthy_efas) AddSample(unhealthy_by_efa, 1, {{"efa", efa}});
   AddSample(family("registered", "1 while vpc.amazonaws.com/efa is registered.", MetricType::Gauge),
             daemon->registered() ? 1 : 0);
   AddSample(family("registrations_total", "Successful registrations with the kubelet.",
@@ -326,12 +339,14 @@ void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
       AddSample(unhealthy, 1, {{"efa", efa.device.ibdev}, {"reason", efa.unhealthy_kind}});
     }
   }
-  AddSample(family("efa_counter_reads_total",
+  // "efa_counters_", as efa_counters_unavailable: a counter named
+  // "..._counter_..." reads to promtool's lint as naming its type.
+  AddSample(family("efa_counters_reads_total",
                    "Reads of the EFAs' counters (on a scrape, or for device health; at most one "
                    "per counterInterval).",
                    MetricType::Counter),
             static_cast<double>(snapshot.reads));
-  AddSample(family("efa_counter_files_unreadable_total",
+  AddSample(family("efa_counters_files_unreadable_total",
                    "Counter files not read for a reason that says nothing about the device (out "
                    "of descriptors or memory, not a counter); device health keeps its verdict "
                    "meanwhile.",

@@ -34,7 +34,7 @@ inline constexpr char kUnhealthy[] = "Unhealthy";
 using TargetFinder = std::function<Targets(const topology::HostModel& model)>;
 
 // How the late-binding Allocate answer names the claim's CDI device to the
-// kubelet (README, "Late binding").
+// kubelet (docs/alignment.md, "Late binding").
 enum class CdiHandover {
   // Both of the below. Runtimes that read both (containerd 1.7.2+ and 2.x,
   // CRI-O) inject a device named twice once.
@@ -84,7 +84,7 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
  public:
   struct Options {
     bool report_numa = true;  // TopologyInfo on each device, for the Topology Manager
-    int replicas = 1;         // device IDs per EFA (README, "Sharing")
+    int replicas = 1;         // device IDs per EFA (docs/alignment.md, "Sharing")
   };
   explicit DevicePluginService(Options options);
   ~DevicePluginService() override;

@@ -76,6 +76,7 @@ absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeIdleEndpoints(cons
   static efa::plugin::EndpointCounters http;  // outlives the servers
   routes.emplace("/metrics", [count] {
     std::vector<prometheus::MetricFamily> families;
+    efa::plugin::CollectIdentity(efa::plugin::kModeIdle, 0, 0, families);
     efa::plugin::CollectEfaCount(count, families);
     efa::plugin::CollectEndpointCounters(http, families);
     return efa::plugin::HttpResponse{200, efa::plugin::kMetricsContentType,
@@ -135,6 +136,9 @@ std::optional<int> WaitForEfa(const IdleArgs& a) {
 
 }  // namespace
 
+// An exception that reaches main is a bug or memory exhaustion: std::terminate
+// then ends the process with a core dump and the DaemonSet restarts it.
+// NOLINTNEXTLINE(bugprone-exception-escape)
 int main(int argc, char** argv) {
   // The daemon's test before it execs this binary: reaching main() shows
   // that the dynamic loader found every library and the static

@@ -205,6 +205,9 @@ int RunDaemon(const EffectiveConfig& effective, int argc, char** argv) {
 
 }  // namespace
 
+// An exception that reaches main is a bug or memory exhaustion: std::terminate
+// then ends the daemon with a core dump and the DaemonSet restarts it.
+// NOLINTNEXTLINE(bugprone-exception-escape)
 int main(int argc, char** argv) {
   // Debian builds abseil without NDEBUG, which turns absl::Mutex's deadlock
   // detection on: every lock and unlock updates a global lock graph (a few

@@ -1,28 +1,57 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the build needs. Idempotent: packages
 # already present are left alone.
-#   scripts/install-deps.sh           everything: the daemon, the tests, the demo
+#   scripts/install-deps.sh           everything: the daemon, the tests, the demo,
+#                                     the linters (scripts/lint.sh)
 #   scripts/install-deps.sh --daemon  only what building the daemon alone needs
 #                                     (the image's build stage)
+#   scripts/install-deps.sh --daemon --arch arm64
+#                                     the same for another architecture (a dpkg
+#                                     name): its cross compiler and its -dev
+#                                     packages (multiarch), with the build
+#                                     host's tools; cmake/debian-cross.cmake
 set -euo pipefail
 
-daemon=(
-  build-essential cmake ninja-build pkg-config
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+tools=(build-essential cmake ninja-build pkg-config protobuf-compiler-grpc protobuf-compiler)
+# Built for the target architecture (a cross build takes them as NAME:ARCH).
+libraries=(
+  libgrpc++-dev libprotobuf-dev libabsl-dev
   libibverbs-dev ibverbs-providers libhwloc-dev
-  libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
+  libyaml-cpp-dev libspdlog-dev libfmt-dev
   prometheus-cpp-dev libevent-dev
 )
+# Headers only (Architecture: all).
+headers=(libcli11-dev nlohmann-json3-dev)
+daemon=("${tools[@]}" "${libraries[@]}" "${headers[@]}")
 tests=(
   libcpp-httplib-dev
   clang libclang-rt-14-dev catch2 libbenchmark-dev util-linux python3-yaml unzip
   python3-prometheus-client
+  prometheus  # promtool for the alert rules tests
 )
+lint=(clang-format clang-tidy shellcheck)
 
-case "${1:-}" in
-  "") packages=("${daemon[@]}" "${tests[@]}") ;;
-  --daemon) packages=("${daemon[@]}") ;;
-  *) echo "install-deps: unknown argument '$1' (--daemon or nothing)" >&2; exit 2 ;;
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+host_arch="$(dpkg --print-architecture)"
+case "${1:-} ${2:-} ${3:-}" in
+  "  ") packages=("${daemon[@]}" "${tests[@]}" "${lint[@]}") ;;
+  "--daemon  ") packages=("${daemon[@]}") ;;
+  "--daemon --arch $host_arch") packages=("${daemon[@]}") ;;
+  "--daemon --arch "?*)
+    arch="$3"
+    case "$arch" in
+      arm64) compiler=g++-aarch64-linux-gnu ;;
+      amd64) compiler=g++-x86-64-linux-gnu ;;
+      *) echo "install-deps: no cross build for architecture '$arch' (amd64 or arm64)" >&2; exit 2 ;;
+    esac
+    # The build host's and the target's copies of some -dev packages
+    # (prometheus-cpp-dev, libevent-dev, libyaml-cpp-dev) cannot be installed
+    # together: a cross build gets only the target's.
+    packages=("${tools[@]}" "$compiler" "${libraries[@]/%/:$arch}" "${headers[@]}")
+    dpkg --print-foreign-architectures | grep -qx "$arch" || $SUDO dpkg --add-architecture "$arch"
+    ;;
+  *) echo "install-deps: unknown arguments '$*' (nothing, --daemon, or --daemon --arch ARCH)" >&2; exit 2 ;;
 esac
 
 missing=()
@@ -32,8 +61,6 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 echo "install-deps: installing ${missing[*]}" >&2
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

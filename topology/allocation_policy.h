@@ -33,7 +33,7 @@ struct AllocationRequest {
   // free; when not, by a guess from how many of the group's EFAs are taken.
   bool busy_known = false;
   std::vector<PciAddress> busy_accelerators;
-  // With sharing (README, "Sharing"): how many containers already use each
+  // With sharing (docs/alignment.md, "Sharing"): how many containers already use each
   // EFA, by ID; EFAs not listed: none. Among EFAs equally near, the least
   // shared go first; without targets, groups by their least shared free
   // EFA. Empty: nothing is shared (the choice is as without).

@@ -1,4 +1,4 @@
-// The device IDs of shared EFAs (README, "Sharing"). With `sharing.replicas`
+// The device IDs of shared EFAs (docs/alignment.md, "Sharing"). With `sharing.replicas`
 // N > 1 each EFA is advertised as N IDs "<ibdev>::<n>", n = 0..N-1 (the
 // NVIDIA device plugin's time-slicing format, e.g. "rdmap79s0::2"); with
 // N = 1 the ID is the ibdev name alone, as without sharing. The only place

@@ -19,7 +19,7 @@ namespace efa::topology {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr size_t kMaxAttributeBytes = 64 * 1024;
+constexpr size_t kMaxAttributeBytes = size_t{64} * 1024;
 
 std::string Quote(std::string_view text) {
   std::string out = "\"";

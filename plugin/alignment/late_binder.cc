@@ -21,7 +21,7 @@ namespace {
 
 constexpr mode_t kSpecMode = 0644;  // the runtime reads it; only we write it
 // Our specs are a few hundred bytes; a larger file is not ours.
-constexpr size_t kMaxCdiSpecBytes = 64 * 1024;
+constexpr size_t kMaxCdiSpecBytes = size_t{64} * 1024;
 
 std::vector<std::string> Sorted(std::vector<std::string> ids) {
   std::sort(ids.begin(), ids.end());

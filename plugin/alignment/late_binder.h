@@ -1,4 +1,4 @@
-// Late binding (README, "Alignment"): the kubelet's EFA device IDs are
+// Late binding (docs/alignment.md): the kubelet's EFA device IDs are
 // tokens it counts; the physical EFAs are chosen at PreStartContainer, when
 // all of the container's resources are known, and handed to the runtime
 // through a CDI spec per container allocation (plugin/alignment/cdi_spec.h).

@@ -51,7 +51,7 @@ inline constexpr char kNvidiaMofedEnv[] = "NVIDIA_MOFED";
 inline constexpr char kMofedCdiDevice[] = "k8s.device-plugin.nvidia.com/mofed=all";
 // The spec file's name without its extension (.json or .yaml).
 inline constexpr char kMofedCdiSpecStem[] = "k8s.device-plugin.nvidia.com-mofed";
-// What the operator should do, quoted in logs and the README.
+// What the operator should do, quoted in logs and docs/guards.md.
 inline constexpr char kMofedRemedy[] =
     "set mofedEnabled: false in the NVIDIA device plugin chart (--mofed-enabled=false, "
     "MOFED_ENABLED=false), or run the NVIDIA device plugin v0.19.3 or later";

@@ -1,6 +1,6 @@
 // The extended resource names the plugin serves: pods ask for
 // `resources.limits: vpc.amazonaws.com/efa: N`; with sharing's
-// renameByDefault the replicas go by the second name (README, "Sharing").
+// renameByDefault the replicas go by the second name (docs/alignment.md, "Sharing").
 #pragma once
 
 namespace efa::plugin {

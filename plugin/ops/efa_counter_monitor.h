@@ -2,7 +2,7 @@
 // operator asks: how much each EFA, and each container holding EFAs, moves;
 // which running containers' EFAs moved nothing for a while (NCCL or
 // libfabric fell back to TCP); and, opt-in, which EFAs stopped working by
-// the device's own account (README, "EFA traffic and device health").
+// the device's own account (docs/observability.md, "EFA traffic and device health").
 //
 // Reads happen only when asked (Sample(): a scrape, or the daemon's health
 // check when device health is on), at most once per interval; in between

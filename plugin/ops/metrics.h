@@ -13,6 +13,7 @@
 #include <prometheus/metric_family.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace efa::plugin {
@@ -32,6 +33,22 @@ prometheus::MetricFamily& AddFamily(std::vector<prometheus::MetricFamily>& famil
 // Adds a sample of a counter or gauge family, with these labels.
 void AddSample(prometheus::MetricFamily& family, double value,
                std::vector<prometheus::ClientMetric::Label> labels = {});
+
+// The values of efa_device_plugin_info's mode label: serving the
+// device-plugin API (an EFA was found since the process started), or idle
+// on a node without EFA (the idle process, or the daemon waiting for a
+// first EFA in its own loop).
+inline constexpr char kModeServing[] = "serving";
+inline constexpr char kModeIdle[] = "idle";
+
+// The families every process of the plugin exports, serving or idle, so
+// that a node without EFA reads as such rather than as a node whose plugin
+// is missing: info{version, mode} 1, devices by health (both 0 when idle)
+// and start_time_seconds. The exec from one process to the other keeps the
+// scrape address and the start time, so these series stay continuous
+// across it (mode aside).
+void CollectIdentity(std::string_view mode, int healthy, int unhealthy,
+                     std::vector<prometheus::MetricFamily>& out);
 
 // The families in the text exposition format 0.0.4: prometheus-cpp's
 // serializer, with each HELP text escaped first (backslash and line feed),

@@ -23,7 +23,7 @@ struct TopologyReportOptions {
   std::string instance_type;  // empty: the DMI product name
   int expected_efa_count = 0;
   int replicas = 1;  // sharing.replicas: device IDs per EFA
-  // The resource the EFAs are advertised as (README, "Sharing"); empty:
+  // The resource the EFAs are advertised as (docs/alignment.md, "Sharing"); empty:
   // vpc.amazonaws.com/efa.
   std::string resource_name{};
 };

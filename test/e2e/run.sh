@@ -13,14 +13,16 @@
 # with a fake NVIDIA plugin (prints "alignment rate: X/20 = P%"); 7 the MOFED
 # guard; 8 `helm upgrade` of a release of a chart shaped like AWS's to the
 # Helm chart (the DaemonSet updated in place); 9 the chart's pod on the
-# kubelet, from the image built from the Dockerfile; 10 the upgrade of 8 with
-# the old release's pod running; 11 (run after 8, the host daemon restarted
+# kubelet, from the image built from the Dockerfile, installed as README
+# tells users (`helm repo add` of the chart repository scripts/release.sh
+# makes, served on 127.0.0.1; 8 and 10 upgrade from it too); 10 the upgrade
+# of 8 with the old release's pod running; 11 (run after 8, the host daemon restarted
 # with --sharing-replicas 4 and restored after) sharing: 128 allocatable,
 # 8 pods of 1 GPU + 4 EFA and 16 of 1 EFA at once, each pod's device nodes
 # and env, the GPU pods aligned. Also a CTest test (e2e_real_kubelet, label
 # e2e), which sets EFA_E2E_BUILD_DIR to its own build dir.
-# Needs root. Environment: EFA_E2E_IMAGE_TAR (the image as `podman save`
-# writes it, as scripts/image.sh does; checks 9 and 10 are skipped, and say
+# Needs root. Environment: EFA_E2E_IMAGE_TAR (the image archive scripts/image.sh
+# writes, or one of `podman save`; checks 9 and 10 are skipped, and say
 # so, without it: scripts/test.sh runs them with --all), EFA_E2E_BUILD_DIR (default
 # build/e2e; a configured dir is used as it is), EFA_E2E_JOBS (build jobs,
 # default 1), EFA_E2E_CACHE, EFA_E2E_STATE;
@@ -254,13 +256,19 @@ POD1_NAMES=""
 POD1_DEVS=""
 POD1_CONTAINER=""
 
-check_1_count() {
-  e2e_wait_for 60 "node allocatable $EFA to be $EFA_TOTAL" node_efa_is allocatable "$EFA_TOTAL"
+# The allocatable column README tells users to look at shows $EFA_TOTAL EFAs
+# for the node (printed).
+efa_column_shows_all() {
   local out
   out="$(e2e_kubectl get nodes -o 'custom-columns=NAME:.metadata.name,EFA:.status.allocatable.vpc\.amazonaws\.com/efa' 2>&1)"
   info "$(sed '2,$s/^/    /' <<< "$out")"
   local count; count="$(awk -v n="$E2E_NODE" '$1 == n { print $2 }' <<< "$out")"
-  [ "$count" = "$EFA_TOTAL" ] || why "kubectl get nodes shows EFA '$count' for $E2E_NODE, expected $EFA_TOTAL" || return 1
+  [ "$count" = "$EFA_TOTAL" ] || why "kubectl get nodes shows EFA '$count' for $E2E_NODE, expected $EFA_TOTAL"
+}
+
+check_1_count() {
+  e2e_wait_for 60 "node allocatable $EFA to be $EFA_TOTAL" node_efa_is allocatable "$EFA_TOTAL"
+  efa_column_shows_all
 }
 
 check_2_pod() {
@@ -727,8 +735,12 @@ gpu_gone() { local a; a="$(gpu_field allocatable)"; [ -z "$a" ] || [ "$a" = 0 ];
 # --- checks 8-10: the Helm chart ---------------------------------------------
 # Check 8 needs the apiserver only; 9 and 10 run the chart's pod on the
 # kubelet, from the image built from the Dockerfile (EFA_E2E_IMAGE_TAR: an
-# archive of `podman save`, imported into the cluster's containerd).
+# archive of `podman save`, imported into the cluster's containerd). The
+# chart comes as users get it: from a chart repository (add_chart_repo).
 readonly CHART="$repo/helm/aws-efa-k8s-device-plugin"
+readonly CHART_REPO_DIR="$E2E_STATE/chart-repo"
+readonly CHART_REF="efa/aws-efa-k8s-device-plugin"
+CHART_REPO_URL=""  # once added
 readonly RELEASE="efa"
 readonly CHART_NS="kube-system"
 readonly DS_NAME="efa-aws-efa-k8s-device-plugin"   # both charts' name for release efa
@@ -826,6 +838,36 @@ chart_values() {
     --set-json "guards.mofed.cdiSpecDirs=[\"$CDI_DIR\"]"
 }
 
+# The chart repository of a release: scripts/release.sh's packaged chart and
+# index.yaml (without the image, which the checks import themselves), served
+# over HTTP on 127.0.0.1 (a free port) and added as README tells users
+# (`helm repo add efa URL`); the checks then install and upgrade
+# $CHART_REF. Once per run.
+add_chart_repo() {
+  [ -z "$CHART_REPO_URL" ] || return 0
+  local out log="$E2E_LOGS/chart-repo.log" port
+  out="$(HELM="$E2E_BIN/helm" EFA_RELEASE_SKIP_IMAGE=1 EFA_RELEASE_DIR="$CHART_REPO_DIR" \
+           "$repo/scripts/release.sh" 2>&1)" || why "scripts/release.sh failed: $(flat "$out")" || return 1
+  # Debian's python3 (a pyenv shim is a script, not the server's binary).
+  : > "$log"
+  e2e_start chart-repo /usr/bin/python3 -u -m http.server --bind 127.0.0.1 --directory "$CHART_REPO_DIR" 0
+  e2e_wait_for 10 "the chart repository's server to listen" grep -q '^Serving HTTP on 127.0.0.1 port [1-9]' "$log" \
+    || why "python3 -m http.server did not start: $(flat "$(cat "$log")")" || return 1
+  port="$(sed -n 's/^Serving HTTP on 127.0.0.1 port \([0-9]*\) .*/\1/p' "$log")"
+  out="$(e2e_helm repo add efa "http://127.0.0.1:$port" 2>&1)" \
+    || why "helm repo add efa http://127.0.0.1:$port failed: $(flat "$out")" || return 1
+  CHART_REPO_URL="http://127.0.0.1:$port"
+  info "chart repository $CHART_REPO_URL (scripts/release.sh in $CHART_REPO_DIR): $(e2e_helm search repo efa -o json | jq -c '[.[] | [.name, .version]]')"
+}
+
+# Whether the repository has served the packaged chart. helm 4 keeps a
+# fetched chart in its cache by the index's digest, so only the first check
+# to install or upgrade fetches it.
+chart_fetched_from_repo() {
+  grep -q "\"GET /aws-efa-k8s-device-plugin-$(sed -n 's/^version: *//p' "$CHART/Chart.yaml").tgz HTTP/1.1\" 200" \
+    "$E2E_LOGS/chart-repo.log"
+}
+
 # Installs a release of the AWS-shaped chart with values as a user gives
 # them (placement by instance type, a pod label, a toleration), its pod
 # running the test's busybox.
@@ -841,13 +883,15 @@ install_aws_shaped_release() {
     || why "helm install of the AWS-shaped chart failed: $out"
 }
 
-# The one-line upgrade of the chart README's migration section, plus the
-# values of this test node.
+# The one-line upgrade of the chart README's migration section, from the
+# chart repository, plus the values of this test node.
 upgrade_to_chart() {
   local out values
+  add_chart_repo || return 1
   mapfile -t values < <(chart_values)
-  out="$(e2e_helm upgrade "$RELEASE" "$CHART" -n "$CHART_NS" --reset-then-reuse-values "${values[@]}" 2>&1)" \
-    || why "helm upgrade from the AWS-shaped release to the chart was refused: $(flat "$out")"
+  out="$(e2e_helm upgrade "$RELEASE" "$CHART_REF" -n "$CHART_NS" --reset-then-reuse-values "${values[@]}" 2>&1)" \
+    || why "helm upgrade $RELEASE $CHART_REF from the AWS-shaped release was refused: $(flat "$out")" || return 1
+  chart_fetched_from_repo || why "helm upgrade did not fetch the chart from $CHART_REPO_URL (see $E2E_LOGS/chart-repo.log)"
 }
 
 ds_json() { e2e_kubectl get daemonset -n "$CHART_NS" "$DS_NAME" -o json 2>/dev/null; }
@@ -881,8 +925,11 @@ import_plugin_image() {
   local tar="${EFA_E2E_IMAGE_TAR:-}" ref
   [ -n "$tar" ] || why "EFA_E2E_IMAGE_TAR is not set: build the image from the Dockerfile with podman (see IMAGE-BUILD.md), 'podman save' it and give the archive's path" || return 1
   [ -s "$tar" ] || why "EFA_E2E_IMAGE_TAR=$tar is not a file" || return 1
-  ref="$(tar -xOf "$tar" manifest.json 2>/dev/null | jq -r '.[0].RepoTags[0] // empty')"
-  [ -n "$ref" ] || why "$tar is not a docker archive with a tag (podman save IMAGE -o FILE makes one)" || return 1
+  # scripts/image.sh saves an OCI archive of a manifest list (its name in
+  # index.json); `podman save` a docker archive (its name in manifest.json).
+  ref="$(tar -xOf "$tar" index.json 2>/dev/null | jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"] // empty')"
+  [ -n "$ref" ] || ref="$(tar -xOf "$tar" manifest.json 2>/dev/null | jq -r '.[0].RepoTags[0] // empty')"
+  [ -n "$ref" ] || why "$tar is neither an OCI archive with a named index (scripts/image.sh makes one) nor a docker archive with a tag (podman save IMAGE -o FILE)" || return 1
   ctr --address "$E2E_CONTAINERD_SOCK" -n k8s.io images import "$tar" >>"$E2E_LOGS/images.log" 2>&1 \
     || why "ctr images import $tar failed (see $E2E_LOGS/images.log)" || return 1
   PLUGIN_IMAGE="$ref"
@@ -1046,12 +1093,16 @@ check_9_chart_on_kubelet() {
   no_release || return 1
   import_plugin_image || return 1
   stop_host_daemon || return 1
+  add_chart_repo || return 1
+  # README's `helm install`, with this node's image and simulated host paths.
   local values out
   mapfile -t values < <(chart_values)
-  out="$(e2e_helm install "$RELEASE" "$CHART" -n "$CHART_NS" "${values[@]}" 2>&1)" \
-    || why "helm install of the chart failed: $(flat "$out")" || return 1
+  out="$(e2e_helm install "$RELEASE" "$CHART_REF" -n "$CHART_NS" "${values[@]}" 2>&1)" \
+    || why "helm install $RELEASE $CHART_REF failed: $(flat "$out")" || return 1
+  chart_fetched_from_repo || why "helm install did not fetch the chart from $CHART_REPO_URL (see $E2E_LOGS/chart-repo.log)" || return 1
   verify_chart_pod || return 1
-  info "allocatable $EFA = $EFA_TOTAL, served by $CHART_POD ($PLUGIN_IMAGE)"
+  efa_column_shows_all || return 1
+  info "allocatable $EFA = $EFA_TOTAL, served by $CHART_POD ($PLUGIN_IMAGE), installed from $CHART_REF"
   create_pod efa-chart-4 4 || why "cannot create pod efa-chart-4" || return 1
   e2e_wait_for 90 "pod efa-chart-4 to run" pod_running efa-chart-4 \
     || why "pod efa-chart-4 is '$(pod_phase efa-chart-4)': $(pod_json efa-chart-4 | jq -c '.status | {reason, message}')" || return 1

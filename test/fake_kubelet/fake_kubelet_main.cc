@@ -240,11 +240,22 @@ int main(int argc, char** argv) {
                  "Admit one container asking for RESOURCE=COUNT,... in this order, as the "
                  "kubelet's device manager does (e.g. nvidia.com/gpu=1,vpc.amazonaws.com/efa=4)")
       ->excludes(allocate_option);
+  bool hold = false;
+  app.add_flag("--hold", hold,
+               "Then keep serving until SIGTERM or SIGINT, for a daemon (and its metrics) to "
+               "run against");
   app.add_option("--timeout", timeout_text,
                  "Seconds to wait for the registration and the first device list (\"10\" or "
                  "\"10s\")")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // Blocked before gRPC starts its threads, so that only sigwait() below
+  // takes them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  if (hold) pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   int timeout_seconds = 0;
   if (!absl::SimpleAtoi(absl::StripSuffix(timeout_text, "s"), &timeout_seconds) ||
@@ -365,6 +376,12 @@ int main(int argc, char** argv) {
     std::printf("\nCheckpoint written to %s\n", kubelet.checkpoint_path().c_str());
   }
   std::fflush(stdout);
+  if (hold) {
+    std::printf("fake-kubelet: holding until SIGTERM\n");
+    std::fflush(stdout);
+    int signal_number = 0;
+    sigwait(&stop_signals, &signal_number);
+  }
   for (auto& plugin : plugins) plugin->Stop();
   kubelet.Stop();
   return 0;

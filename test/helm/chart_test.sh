@@ -168,17 +168,11 @@ if out="$("$HELM_BIN" lint --strict "$CHART" -f "$ROOT/test/helm/values-all.yaml
   pass "helm lint --strict -f values-all.yaml (every value set)"
 else fail "helm lint --strict -f values-all.yaml (every value set)" "$out"; fi
 
-# --- versions agree -------------------------------------------------------------
+# --- versions ------------------------------------------------------------------
+# That they agree with CMake's is test/release/version_test.sh's to check;
+# here the default image tag must be the appVersion.
 app_version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$CHART/Chart.yaml")"
 chart_version="$(sed -n 's/^version: *//p' "$CHART/Chart.yaml")"
-cmake_version="$(sed -n 's/^project([^)]*VERSION \([0-9.]*\).*/\1/p' "$ROOT/CMakeLists.txt")"
-docker_version="$(sed -n 's/^ARG VERSION=\(.*\)$/\1/p' "$ROOT/Dockerfile")"
-if [ -n "$app_version" ] && [ "$app_version" == "$cmake_version" ] && [ "$app_version" == "$docker_version" ]; then
-  pass "appVersion $app_version = CMake project VERSION = Dockerfile VERSION"
-else
-  fail "appVersion = CMake project VERSION = Dockerfile VERSION" \
-       "Chart.yaml $app_version, CMakeLists.txt $cmake_version, Dockerfile $docker_version"
-fi
 
 # --- defaults --------------------------------------------------------------------
 expect_render default
@@ -213,9 +207,9 @@ expect default 'c["ports"]' '[{"containerPort": 8080, "name": "metrics", "protoc
 expect default 'c["livenessProbe"]["httpGet"]' '{"path": "/healthz", "port": "probes"}'
 expect default 'c["readinessProbe"]["httpGet"]' '{"path": "/readyz", "port": "probes"}'
 expect default 'len(ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"])' '64'
-# Scheduling: no instance-type list; Linux nodes of the image's architecture
-# (amd64), not Fargate, hybrid or EKS Auto Mode (AWS's own EFA plugin runs there).
-expect default 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}]}]'
+# Scheduling: no instance-type list; Linux nodes of the image's architectures
+# (amd64, arm64), not Fargate, hybrid or EKS Auto Mode (AWS's own EFA plugin runs there).
+expect default 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}]}]'
 expect default '"node.kubernetes.io/instance-type" in str(ds)' 'false'
 expect default '[t["key"] for t in pod["tolerations"]]' '["CriticalAddonsOnly", "nvidia.com/gpu", "aws.amazon.com/neuron", "aws.amazon.com/efa"]'
 expect default 'pod["priorityClassName"]' 'system-node-critical'
@@ -223,6 +217,27 @@ expect default 'ds["spec"]["updateStrategy"]' '{"rollingUpdate": {"maxUnavailabl
 expect default 'c["resources"]["requests"]' '{"cpu": "10m", "memory": "32Mi"}'
 expect default '"nodeSelector" in pod' 'false'
 checks default
+
+# The image the chart names holds every architecture the chart places it on:
+# checked on the image scripts/image.sh built (the manifest list in its OCI
+# archive; scripts/test.sh --all builds it before this test runs).
+image_tar="${EFA_IMAGE_TAR:-$ROOT/build/image/efa-k8s-device-plugin.tar}"
+if [ -s "$image_tar" ]; then
+  placed="$(q default 'sorted(next(e["values"] for e in terms[0]["matchExpressions"] if e["key"] == "kubernetes.io/arch"))')"
+  built="$("$PY" - "$image_tar" <<'PY'
+import json, sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    index = json.load(t.extractfile("index.json"))
+    digest = index["manifests"][0]["digest"].split(":")[1]
+    inner = json.load(t.extractfile("blobs/sha256/" + digest))
+print(json.dumps(sorted(m["platform"]["architecture"] for m in inner.get("manifests", []))))
+PY
+)"
+  if [ "$placed" = "$built" ]; then pass "the image ($image_tar) has every architecture the chart places it on: $built"
+  else fail "the chart places the image on $placed; the image ($image_tar) has $built"; fi
+else
+  echo "note - no image archive at $image_tar (scripts/image.sh makes one): the chart's architectures not checked against it"
+fi
 
 # --- overrides ---------------------------------------------------------------------
 # tolerations are appended to CriticalAddonsOnly and defaultTolerations (AWS's
@@ -291,6 +306,32 @@ expect servicemonitor 'obj("ServiceMonitor")["metadata"]["labels"]["release"]' '
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["endpoints"][0]["honorLabels"]' 'true'
 expect servicemonitor 'obj("ServiceMonitor")["spec"]["selector"]["matchLabels"] == obj("Service")["spec"]["selector"]' 'true'
 expect servicemonitor 'obj("Service")["spec"]["clusterIP"] + " " + str(obj("Service")["spec"]["ports"][0]["port"])' 'None 9400'
+
+# The PrometheusRule (absent by default: the kinds of default above); when enabled it holds exactly the
+# rules of the plain rules file (one source), with the labels and namespace given.
+RULES_FILE="$ROOT/helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.rules.yaml"
+rules_json="$("$PY" -c 'import json,sys,yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1])), sort_keys=True))' "$RULES_FILE")"
+expect_render prometheusrule --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.labels.release=prom \
+  --set metrics.prometheusRule.namespace=monitoring
+expect prometheusrule '[k for k in kinds() if k.startswith("PrometheusRule")]' '["PrometheusRule/efa-aws-efa-k8s-device-plugin"]'
+expect prometheusrule 'obj("PrometheusRule")["metadata"]["labels"]["release"] + " " + obj("PrometheusRule")["metadata"]["namespace"]' 'prom monitoring'
+expect prometheusrule '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True)' "$rules_json"
+checks prometheusrule
+# runbookBaseURL moves every alert's runbook_url (to BASE#alertname), and nothing else.
+mirror="https://git.example.com/mirror/efa/-/blob/main/docs/runbook.md"
+expect_render prometheusrule-runbook --set metrics.prometheusRule.enabled=true \
+  --set metrics.prometheusRule.runbookBaseURL="$mirror"
+expect prometheusrule-runbook 'sorted({r["annotations"]["runbook_url"] == "'"$mirror"'#" + r["alert"].lower() for g in obj("PrometheusRule")["spec"]["groups"] for r in g["rules"]})' '[true]'
+expect prometheusrule-runbook '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True).replace("'"$mirror"'#", "https://github.com/aws/efa-k8s-device-plugin/blob/main/docs/runbook.md#")' "$rules_json"
+checks prometheusrule-runbook
+expect_reject prometheusrule-runbook-anchor 'runbookBaseURL' --set metrics.prometheusRule.runbookBaseURL='https://example.com/runbook.md#top'
+expect_render prometheusrule-ns --set metrics.prometheusRule.enabled=true
+expect prometheusrule-ns 'obj("PrometheusRule")["metadata"]["namespace"]' "$(q default 'obj("DaemonSet")["metadata"]["namespace"]')"
+checks prometheusrule-ns
+expect_render dashboard --set metrics.dashboard.enabled=true --set metrics.dashboard.namespace=grafana
+expect dashboard 'obj("ConfigMap", "efa-aws-efa-k8s-device-plugin-dashboard")["metadata"]["labels"]["grafana_dashboard"] + " " + obj("ConfigMap", "efa-aws-efa-k8s-device-plugin-dashboard")["metadata"]["namespace"]' '1 grafana'
+expect dashboard '__import__("json").loads(obj("ConfigMap", "efa-aws-efa-k8s-device-plugin-dashboard")["data"]["efa-device-plugin.json"]) == __import__("json").load(open("'"$ROOT"'/helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.dashboard.json"))' 'true'
+checks dashboard
 expect servicemonitor 'config["metricsAddress"] + " " + str(c["ports"][0]["containerPort"])' ':9400 9400'
 checks servicemonitor
 
@@ -333,12 +374,12 @@ checks nodeselector-file
 # AWS's supportedInstanceLabels: one term per key, each the placement
 # requirements and "key In values"; keys defaults to the instance-type label.
 expect_render instances --set-json 'supportedInstanceLabels.values=["p5.48xlarge","trn2.48xlarge"]'
-expect instances 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}, {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "trn2.48xlarge"]}]}]'
+expect instances 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}, {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "trn2.48xlarge"]}]}]'
 checks instances
 expect_render instances-keys --set-json 'supportedInstanceLabels.keys=["node.kubernetes.io/instance-type","beta.kubernetes.io/instance-type"]' \
   --set-json 'supportedInstanceLabels.values=["p5.48xlarge"]' --set-json 'placement.excludeComputeTypes=[]' \
-  --set-json 'placement.architectures=["amd64","arm64"]'
-expect instances-keys '[[(e["key"], e["operator"], e["values"]) for e in t["matchExpressions"]] for t in terms]' '[[["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64", "arm64"]], ["node.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]], [["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64", "arm64"]], ["beta.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]]]'
+  --set-json 'placement.architectures=["amd64"]'
+expect instances-keys '[[(e["key"], e["operator"], e["values"]) for e in t["matchExpressions"]] for t in terms]' '[[["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64"]], ["node.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]], [["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64"]], ["beta.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]]]'
 checks instances-keys
 
 # EKS Auto Mode nodes admitted on request.
@@ -548,7 +589,7 @@ elif ! "$DAEMON" --help 2>&1 | grep -q -- '--print-config'; then
   echo "note - $DAEMON has no --print-config: rendered config files not checked by the daemon"
 else
   for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor simroots bind-localhost all; do
-    q "$name" 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
+    q "$name" 'obj("ConfigMap", "'"$FULLNAME"'")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
     mapfile -t extra < <(q "$name" '"\n".join(c["args"][1:])' | sed '/^$/d')
     if out="$("$DAEMON" --config "$TMP/$name.config.yaml" "${extra[@]}" --print-config 2>&1)"; then
       pass "$name: the daemon accepts the config file and args (--print-config)"
@@ -558,7 +599,7 @@ $(cat "$TMP/$name.config.yaml")"; fi
   # metrics.bind=hostIP: the address the kubelet gives the container (an
   # IPv4 or IPv6 node address in brackets) reaches the daemon through its
   # environment.
-  q bind-hostip 'obj("ConfigMap")["data"]["config.yaml"]' >"$TMP/bind-hostip.config.yaml"
+  q bind-hostip 'obj("ConfigMap", "'"$FULLNAME"'")["data"]["config.yaml"]' >"$TMP/bind-hostip.config.yaml"
   template="$(q bind-hostip 'c["env"][1]["value"]')"
   for ip in 10.1.2.3 fd00::1; do
     if out="$(EFA_METRICS_ADDRESS="${template/\$(HOST_IP)/$ip}" "$DAEMON" --config "$TMP/bind-hostip.config.yaml" --print-config 2>&1)" \
@@ -567,6 +608,47 @@ $(cat "$TMP/$name.config.yaml")"; fi
     else fail "bind-hostip: the daemon takes [$ip]:9400 from EFA_METRICS_ADDRESS" "$out"; fi
   done
 fi
+
+# --- the release: the chart packaged and indexed (scripts/release.sh) ------------
+# Without the image; a published index with an earlier release is merged.
+release="$TMP/release"
+mkdir -p "$release" "$TMP/published"
+cat >"$TMP/published/index.yaml" <<'INDEX'
+apiVersion: v1
+entries:
+  aws-efa-k8s-device-plugin:
+  - apiVersion: v2
+    name: aws-efa-k8s-device-plugin
+    version: 0.0.1
+    appVersion: 0.0.1
+    digest: 0000000000000000000000000000000000000000000000000000000000000000
+    urls: [https://charts.example.test/efa/aws-efa-k8s-device-plugin-0.0.1.tgz]
+generated: "2026-01-01T00:00:00Z"
+INDEX
+package="aws-efa-k8s-device-plugin-$chart_version.tgz"
+if out="$(HELM="$HELM_BIN" EFA_RELEASE_SKIP_IMAGE=1 EFA_RELEASE_DIR="$release" "$ROOT/scripts/release.sh" \
+            --url https://charts.example.test/efa --merge "$TMP/published/index.yaml" 2>&1)"; then
+  pass "release.sh (EFA_RELEASE_SKIP_IMAGE=1) runs"
+  files="$(find "$release" -mindepth 1 -printf '%f\n' | sort | paste -sd' ')"
+  if [ "$files" = "SHA256SUMS $package index.yaml" ]; then pass "release: SHA256SUMS $package index.yaml"
+  else fail "release: SHA256SUMS $package index.yaml" "got $files"; fi
+  if out="$(cd "$release" && sha256sum -c SHA256SUMS 2>&1)" && [ "$(grep -c ': OK$' <<<"$out")" = 2 ]; then
+    pass "release: sha256sum -c SHA256SUMS (2 files)"
+  else fail "release: sha256sum -c SHA256SUMS (2 files)" "$out"; fi
+  # Each entry: version, appVersion, URLs, whether its digest is the package's.
+  got="$("$PY" - "$release/index.yaml" "$release/$package" 2>&1 <<'PY'
+import hashlib, json, sys, yaml
+index = yaml.safe_load(open(sys.argv[1]))
+digest = hashlib.sha256(open(sys.argv[2], "rb").read()).hexdigest()
+print(json.dumps([[e["version"], e["appVersion"], e["urls"], e["digest"] == digest]
+                  for e in index["entries"]["aws-efa-k8s-device-plugin"]]))
+PY
+)"
+  entries='[["'"$chart_version"'", "'"$app_version"'", ["https://charts.example.test/efa/'"$package"'"], true], ["0.0.1", "0.0.1", ["https://charts.example.test/efa/aws-efa-k8s-device-plugin-0.0.1.tgz"], false]]'
+  if [ "$got" = "$entries" ]; then pass "release: index.yaml lists this chart (its URL and digest) and the published 0.0.1"
+  else fail "release: index.yaml lists this chart (its URL and digest) and the published 0.0.1" "expected: $entries
+got:      $got"; fi
+else fail "release.sh (EFA_RELEASE_SKIP_IMAGE=1) runs" "$out"; fi
 
 echo "chart_test: $(( $(date +%s) - start )) s with $HELM_BIN"
 echo "$passed passed, $failed failed"

@@ -79,8 +79,9 @@ def environment(path):
                  .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms"))
         env.update(ds=ds, pod=pod, c=c, mounts=mounts, volumes=volumes, host_mounts=host_mounts,
                    terms=terms)
-    maps = [d for d in docs if d.get("kind") == "ConfigMap"]
-    if len(maps) == 1 and "config.yaml" in maps[0].get("data", {}):
+    # The dashboard's ConfigMap may be beside it.
+    maps = [d for d in docs if d.get("kind") == "ConfigMap" and "config.yaml" in d.get("data", {})]
+    if len(maps) == 1:
         env["config"] = yaml.load(maps[0]["data"]["config.yaml"], Loader=Loader)
     return env
 

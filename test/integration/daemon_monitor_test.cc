@@ -228,9 +228,11 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
 
   // A uverbs node disappears: one device turns Unhealthy.
   fs::remove(node.sim().path() / "dev/infiniband/uverbs1");
-  REQUIRE(node.WaitMetrics(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 3},
-                                {"efa_device_plugin_devices{health=\"unhealthy\"}", 1},
-                                {"efa_device_plugin_efas_found", 4}})));
+  REQUIRE(
+      node.WaitMetrics(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 3},
+                            {"efa_device_plugin_devices{health=\"unhealthy\"}", 1},
+                            {"efa_device_plugin_efa_advertised_unhealthy{efa=\"rdmap32s27\"}", 1},
+                            {"efa_device_plugin_efas_found", 4}})));
 
   // Allocations: one granted (2 EFAs), one refused (the unhealthy device).
   REQUIRE(Allocate(node.kubelet(), {"rdmap16s27", "rdmap144s27"}).ok());
@@ -257,6 +259,7 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
                               {"efa_device_plugin_kubelet_restarts_total", 1}})));
   // Alignment counters are exported (GetPreferredAllocation was not called).
   const Metrics m = node.Scrape();
+  CHECK(m.count("efa_device_plugin_efa_advertised_unhealthy{efa=\"rdmap32s27\"}") == 0);
   CHECK(m.at("efa_device_plugin_alignment_decisions_total{decision=\"targeted\"}") == 0);
   CHECK(m.at("efa_device_plugin_alignment_judgments_total{result=\"unaligned\"}") == 0);
   CHECK(m.at("efa_device_plugin_heartbeat_age_seconds") < 30);
@@ -596,7 +599,7 @@ const std::string kExposition =
     "no bytes for the idle timeout (allocated but unused: NCCL or libfabric may have fallen "
     "back to TCP).\"\n"
     "efa_device_plugin_devices gauge \"EFAs advertised to the kubelet, by health (after the "
-    "guards: none while withdrawn, all unhealthy under MOFED protect).\"\n"
+    "guards: none while withdrawn, all unhealthy under MOFED protect; 0 when idle).\"\n"
     "  efa_device_plugin_devices{health=\"healthy\"}\n"
     "  efa_device_plugin_devices{health=\"unhealthy\"}\n"
     "efa_device_plugin_discovery_errors counter \"Device discovery's listings (list) and device "
@@ -607,6 +610,9 @@ const std::string kExposition =
     "efa_device_plugin_dra_driver_present gauge \"1 while the EFA DRA driver (dra.net) is "
     "registered.\"\n"
     "  efa_device_plugin_dra_driver_present{}\n"
+    "efa_device_plugin_efa_advertised_unhealthy gauge \"1 for each EFA advertised Unhealthy to "
+    "the kubelet, whatever the cause (gone, device health, MOFED protect); absent while "
+    "Healthy.\"\n"
     "efa_device_plugin_efa_allocations counter \"Containers given each physical EFA by "
     "Allocate (with sharing, its replicas' containers).\"\n"
     "  efa_device_plugin_efa_allocations_total{efa=\"rdmap16s27\"}\n"
@@ -616,13 +622,13 @@ const std::string kExposition =
     "efa_device_plugin_efa_completed_cmds counter \"Admin commands the device completed. The "
     "efa driver's completed_cmds counter.\"\n" +
     EfaSeries("completed_cmds") +
-    "efa_device_plugin_efa_counter_files_unreadable counter \"Counter files not read for a "
+    "efa_device_plugin_efa_counters_files_unreadable counter \"Counter files not read for a "
     "reason that says nothing about the device (out of descriptors or memory, not a counter); "
     "device health keeps its verdict meanwhile.\"\n"
-    "  efa_device_plugin_efa_counter_files_unreadable_total{}\n"
-    "efa_device_plugin_efa_counter_reads counter \"Reads of the EFAs' counters (on a scrape, "
+    "  efa_device_plugin_efa_counters_files_unreadable_total{}\n"
+    "efa_device_plugin_efa_counters_reads counter \"Reads of the EFAs' counters (on a scrape, "
     "or for device health; at most one per counterInterval).\"\n"
-    "  efa_device_plugin_efa_counter_reads_total{}\n"
+    "  efa_device_plugin_efa_counters_reads_total{}\n"
     "efa_device_plugin_efa_counters_unavailable gauge \"EFA counters not read at the latest "
     "read: missing (the driver has no such counter, as on older kernels), error (the device "
     "answered the read with an error) or unreadable (not read for a reason that says nothing "
@@ -720,6 +726,10 @@ const std::string kExposition =
     "  efa_device_plugin_http_connections_dropped_total{listener=\"metrics\",reason=\"timeout\"}\n"
     "  efa_device_plugin_http_connections_dropped_total{listener=\"probe\",reason=\"limit\"}\n"
     "  efa_device_plugin_http_connections_dropped_total{listener=\"probe\",reason=\"timeout\"}\n"
+    "efa_device_plugin_info gauge \"1, labelled with the plugin's version and mode (serving: the "
+    "device-plugin API is served; idle: no EFA on the node yet).\"\n"
+    "  efa_device_plugin_info{mode=\"serving\",version=\"" EFA_VERSION
+    "\"}\n"
     "efa_device_plugin_kubelet_restarts counter \"Kubelet restarts seen (kubelet.sock "
     "re-created).\"\n"
     "  efa_device_plugin_kubelet_restarts_total{}\n"
@@ -757,6 +767,10 @@ const std::string kExposition =
     "  efa_device_plugin_rpc_duration_seconds_sum{method=\"GetPreferredAllocation\"}\n"
     "  efa_device_plugin_rpc_duration_seconds_sum{method=\"PreStartContainer\"}\n"
     "  le: 0.0001 0.00025 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 +Inf\n"
+    "efa_device_plugin_start_time_seconds gauge \"Start of the process, seconds since the Unix "
+    "epoch (kept across the hand-over between the daemon and the idle process: a change is a "
+    "restart).\"\n"
+    "  efa_device_plugin_start_time_seconds{}\n"
     "efa_device_plugin_withdrawn gauge \"1 while vpc.amazonaws.com/efa is withdrawn for the "
     "DRA driver.\"\n"
     "  efa_device_plugin_withdrawn{}\n";

@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -88,6 +90,16 @@ int MetricsPort(const fs::path& log) {
   const size_t at = text.rfind("serving /metrics");
   const size_t port = at == std::string::npos ? at : text.find("(port ", at);
   return port == std::string::npos ? 0 : std::atoi(text.c_str() + port + 6);
+}
+
+// The value of the unlabelled sample `series` in a scrape, as written
+// ("" when absent).
+std::string SampleText(const std::string& scrape, const std::string& series) {
+  const std::string key = "\n" + series + " ";
+  const size_t at = scrape.find(key);
+  if (at == std::string::npos) return "";
+  const size_t from = at + key.size();
+  return scrape.substr(from, scrape.find('\n', from) - from);
 }
 
 // The samples of `family` in a scrape read back by the independent parser
@@ -378,6 +390,18 @@ TEST_CASE(
   REQUIRE(metrics);
   CHECK(metrics->status == 200);
   CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_efas_found 0\n"));
+  // The families that say which node runs the plugin, as when serving, so
+  // that alerts tell a node without EFA from one whose plugin is missing.
+  const std::string idle_info =
+      "\nefa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"idle\"} 1\n";
+  CHECK(absl::StrContains(metrics->body, idle_info));
+  CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_devices{health=\"healthy\"} 0\n"));
+  CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_devices{health=\"unhealthy\"} 0\n"));
+  const std::string started = SampleText(metrics->body, "efa_device_plugin_start_time_seconds");
+  double started_at = 0;
+  CHECK(absl::SimpleAtod(started, &started_at));
+  // Within a day of now: the process's start, not the boot's.
+  CHECK(std::abs(started_at - static_cast<double>(std::time(nullptr))) < 86400);
   auto ready = client.Get("/readyz");
   REQUIRE(ready);
   CHECK(ready->body == "ok: no EFA on this node, nothing to register\n");
@@ -397,6 +421,15 @@ TEST_CASE(
       10s));
   CHECK(fs::is_socket(socket));
   CHECK(fs::read_symlink(exe) == binary);
+  // The daemon says it serves (on port 0 here, a new port).
+  httplib::Client served("127.0.0.1", MetricsPort(log));
+  auto after = served.Get("/metrics");
+  REQUIRE(after);
+  CHECK(absl::StrContains(
+      after->body, "\nefa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"serving\"} 1\n"));
+  CHECK(absl::StrContains(after->body, "\nefa_device_plugin_devices{health=\"healthy\"} 4\n"));
+  // The same process (exec keeps it): no restart to alert on.
+  CHECK(SampleText(after->body, "efa_device_plugin_start_time_seconds") == started);
   daemon.Signal(SIGTERM);
   CHECK(daemon.Wait(10s) == 0);
 }

@@ -198,7 +198,7 @@ TEST_CASE(
 
   // The first read is the first scrape's, although the daemon has run.
   const Metrics m = node.Scrape();
-  CHECK(m.at("efa_device_plugin_efa_counter_reads_total") == 1);
+  CHECK(m.at("efa_device_plugin_efa_counters_reads_total") == 1);
   CHECK(m.at(Series("efa_tx_bytes_total", kEfaLabels.at("rdmap16s27"))) == 4096);
   CHECK(m.at(Series("efa_rx_bytes_total", kEfaLabels.at("rdmap16s27"))) == 1024);
   CHECK(m.at(Series("efa_rdma_write_bytes_total", kEfaLabels.at("rdmap32s27"))) == 65536);
@@ -226,7 +226,7 @@ TEST_CASE(
   // Within the interval a scrape is answered from the last read.
   node.sim().SetCounter("rdmap16s27", "tx_bytes", 8192);
   const Metrics again = node.Scrape();
-  CHECK(again.at("efa_device_plugin_efa_counter_reads_total") == 1);
+  CHECK(again.at("efa_device_plugin_efa_counters_reads_total") == 1);
   CHECK(again.at(Series("efa_tx_bytes_total", kEfaLabels.at("rdmap16s27"))) == 4096);
 }
 

@@ -245,7 +245,7 @@ TEST_CASE("Every option parses from the file", "[config]") {
   CHECK(o.accelerator_resources.neuroncores_per_device == 4);
   CHECK(o.cdi_dir == "/run/cdi");
   CHECK(o.cdi_handover == CdiHandover::kAnnotation);
-  // Both by default: older kubelets read only the annotation (README, "Late binding").
+  // Both by default: older kubelets read only the annotation (docs/alignment.md, "Late binding").
   CHECK(ToDaemonOptions(DefaultConfig()).cdi_handover == CdiHandover::kBoth);
   CHECK(o.mofed_policy == MofedPolicy::kProtect);
   CHECK(o.dra_policy == DraPolicy::kIgnore);

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""A real Prometheus server (Debian's prometheus) scrapes the real daemon on
+a simulated p5.48xlarge (with the fake kubelet, one container holding 4
+EFAs) and the idle process on a simulated node without EFA, every second,
+with the shipped alert rules loaded:
+
+- an EFA removed from the p5 makes EfaDevicesUnhealthy fire on
+  /api/v1/alerts, naming it, and it resolves when the EFA returns;
+- nothing is ever pending or firing for the node without EFA, although
+  its instance type (g5.48xlarge, given) can have an EFA: efas_expected 1,
+  efas_found 0, as on a g5 launched without one;
+- every query of the shipped dashboard returns data (/api/v1/query) for
+  the p5's cluster (each node is given a cluster label of its own).
+
+The rules file is not templated, so the test loads a copy whose `for:`
+durations are all shortened to FOR (3 s); the expressions are the file's.
+
+    prometheus_test.py DAEMON EFA_SIMNODE FAKE_KUBELET
+
+Exits 77 (skipped) when prometheus is not installed."""
+import calendar
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+
+from simnode import Binaries, SimNode, http_get, read, wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FILES = os.path.join(HERE, "../../helm/aws-efa-k8s-device-plugin/files")
+RULES = os.path.join(FILES, "efa-device-plugin.rules.yaml")
+DASHBOARD = os.path.join(FILES, "efa-device-plugin.dashboard.json")
+FOR = "3s"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shortened_rules(path):
+    text, n = re.subn(r"^(\s+for:) \S+$", rf"\1 {FOR}", read(RULES), flags=re.M)
+    assert n > 0, f"{RULES}: no `for:` to shorten"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+class Prometheus:
+    def __init__(self, work, targets):
+        self.work, self.targets, self.proc = work, targets, None
+
+    def __enter__(self):
+        config = os.path.join(self.work, "prometheus.yml")
+        shortened_rules(os.path.join(self.work, "rules.yaml"))
+        # Each node in a cluster of its own, so that the dashboard is read
+        # for the working node's cluster alone.
+        static = "\n".join(f"      - targets: ['127.0.0.1:{port}']\n"
+                           f"        labels: {{node: {node}, cluster: {node}-cluster}}"
+                           for node, port in self.targets.items())
+        with open(config, "w") as f:
+            f.write(f"""global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files: [rules.yaml]
+scrape_configs:
+  - job_name: efa-device-plugin
+    static_configs:
+{static}
+""")
+        log = os.path.join(self.work, "prometheus.log")
+        self.port = free_port()
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                ["prometheus", f"--config.file={config}",
+                 f"--storage.tsdb.path={self.work}/data",
+                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                stdout=out, stderr=subprocess.STDOUT)
+
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"prometheus exited {self.proc.returncode}:\n{read(log)}")
+            try:
+                return "Ready" in http_get(f"http://127.0.0.1:{self.port}/-/ready", timeout=1)
+            except OSError:
+                return False
+        wait_for("prometheus to be ready", ready, deadline=30)
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return False
+
+    def api(self, path, **params):
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        reply = json.loads(http_get(url))
+        assert reply["status"] == "success", f"{url}: {reply}"
+        return reply["data"]
+
+    def query(self, expr):
+        return self.api("query", query=expr)["result"]
+
+    def alerts(self, name=None, node=None, state=None):
+        return [a for a in self.api("alerts")["alerts"]
+                if (name is None or a["labels"]["alertname"] == name)
+                and (node is None or a["labels"].get("node") == node)
+                and (state is None or a["state"] == state)]
+
+    def evaluated_since(self, when):
+        """Whether every rule group was evaluated after `when` (epoch s)."""
+        groups = self.api("rules")["groups"]
+        return groups and all(parse_time(g["lastEvaluation"]) > when for g in groups)
+
+
+def parse_time(rfc3339):
+    # e.g. 2026-12-05T19:40:01.123456789Z (UTC): seconds are enough here.
+    return calendar.timegm(time.strptime(rfc3339[:19], "%Y-%m-%dT%H:%M:%S"))
+
+
+def dashboard_queries():
+    d = json.load(open(DASHBOARD))
+    out = [(f'{p["title"]} [{t["refId"]}]', t["expr"]) for p in d["panels"] for t in p["targets"]]
+    out += [(f"variable {v['name']}",
+             re.sub(r"^label_values\((.*), \w+\)$", r"\1", v["query"]["query"]))
+            for v in d["templating"]["list"] if v["type"] == "query"]
+    # The working node's cluster; every node and namespace (Grafana's "All").
+    values = {"cluster": "p5-cluster", "node": ".*", "namespace": ".*"}
+    return [(title, re.sub(r"\$(cluster|node|namespace)", lambda m: values[m.group(1)], expr))
+            for title, expr in out]
+
+
+def main():
+    if not shutil.which("prometheus"):
+        print("skip - prometheus not found (Debian package prometheus)")
+        return 77
+    bins = Binaries(*sys.argv[1:4])
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as work, \
+            SimNode(bins, "p5.48xlarge", work, admit=4,
+                    daemon_flags=["--counter-interval", "1s"]) as p5, \
+            SimNode(bins, "m5.8xlarge", work,
+                    daemon_flags=["--instance-type", "g5.48xlarge"]) as idle:
+        p5.wait_admitted()
+        idle.wait_log("no EFA on this node; idle until one appears")
+        targets = {"p5": wait_for("the daemon's port", p5.metrics_port),
+                   "idle": wait_for("the idle process's port", idle.metrics_port)}
+        with Prometheus(work, targets) as prom:
+            wait_for("both targets up", lambda: sorted(
+                t["labels"]["node"] for t in prom.api("targets")["activeTargets"]
+                if t["health"] == "up") == ["idle", "p5"])
+            print(f"ok   - prometheus {prom.port} scrapes the daemon {targets['p5']} "
+                  f"and the idle process {targets['idle']}")
+            # Both nodes as the alerts read them, then a whole `for:` of
+            # evaluations over them.
+            wait_for("info of both modes", lambda: sorted(
+                (s["metric"]["node"], s["metric"]["mode"])
+                for s in prom.query("efa_device_plugin_info")) == [("idle", "idle"),
+                                                                   ("p5", "serving")])
+            since = time.time() + int(FOR[:-1]) + 1
+            wait_for("the rules evaluated past a `for:`", lambda: prom.evaluated_since(since))
+            assert not prom.alerts("EfaDevicesUnhealthy"), prom.alerts("EfaDevicesUnhealthy")
+            print("ok   - all EFAs present: EfaDevicesUnhealthy does not fire")
+
+            # Every panel and variable of the dashboard has data from a cluster
+            # whose one node works: no panel is empty there.
+            for title, expr in dashboard_queries():
+                wait_for(f"data for {title!r}: {expr}", lambda e=expr: prom.query(e))
+                print(f"ok   - dashboard: {title}: data")
+
+            # An EFA goes: Unhealthy after the daemon's rescan, firing after FOR.
+            gone = p5.efas()[-1]
+            p5.remove_efa(gone)
+            fired = wait_for("EfaDevicesUnhealthy firing for p5",
+                             lambda: prom.alerts("EfaDevicesUnhealthy", "p5", "firing"))
+            assert f"({gone})" in fired[0]["annotations"]["description"], fired
+            print(f"ok   - {gone} removed: EfaDevicesUnhealthy fires naming it: "
+                  f"{fired[0]['annotations']['description']}")
+            p5.return_efa(gone)
+            wait_for("EfaDevicesUnhealthy resolved",
+                     lambda: not prom.alerts("EfaDevicesUnhealthy"))
+            print(f"ok   - {gone} back: EfaDevicesUnhealthy resolved")
+
+            # No evaluation of the whole run had an alert for the idle node.
+            assert not prom.query('count_over_time(ALERTS{node="idle"}[1h])'), \
+                prom.query('ALERTS{node="idle"}')
+            assert prom.query('efa_device_plugin_efas_found{node="idle"} == 0 and on (node) '
+                              'efa_device_plugin_efas_expected{node="idle"} == 1')
+            print("ok   - node without EFA: no alert pending or firing at any evaluation")
+    print(f"prometheus_test: {time.monotonic() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
