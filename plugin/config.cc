@@ -196,19 +196,11 @@ template <typename E>
 const std::vector<std::pair<E, std::string>>& EnumNames();
 template <>
 const std::vector<std::pair<LogLevel, std::string>>& EnumNames() {
-  static const auto* names =
-      new std::vector<std::pair<LogLevel, std::string>>{{LogLevel::kTrace, "trace"},
-                                                        {LogLevel::kDebug, "debug"},
-                                                        {LogLevel::kInfo, "info"},
-                                                        {LogLevel::kWarn, "warn"},
-                                                        {LogLevel::kError, "error"}};
-  return *names;
+  return LogLevelNames();
 }
 template <>
 const std::vector<std::pair<LogFormat, std::string>>& EnumNames() {
-  static const auto* names = new std::vector<std::pair<LogFormat, std::string>>{
-      {LogFormat::kText, "text"}, {LogFormat::kJson, "json"}};
-  return *names;
+  return LogFormatNames();
 }
 template <>
 const std::vector<std::pair<AlignmentMode, std::string>>& EnumNames() {

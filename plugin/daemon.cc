@@ -1,14 +1,10 @@
 #include "plugin/daemon.h"
 
-#include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,9 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "plugin/alignment/cdi_spec.h"
 #include "plugin/ops/orphan_reaper.h"
+#include "plugin/ops/signals.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -30,8 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr auto kRegisterTimeout = std::chrono::seconds(10);
-constexpr auto kMaxBackoff = std::chrono::milliseconds(8000);
 // The retry of a failed alignment report: doubling from the first to the
 // most while pod-resources keeps failing.
 constexpr std::chrono::milliseconds kReportRetryFirst{500};
@@ -44,37 +38,15 @@ void CloseFd(int& fd) {
   fd = -1;
 }
 
-// 0 when a unix socket can be bound at `path` (it is removed again), else
-// the errno.
-int BindError(const fs::path& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.native().size() >= sizeof addr.sun_path) return ENAMETOOLONG;
-  std::memcpy(addr.sun_path, path.c_str(), path.native().size());
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return errno;
-  int err = 0;
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    err = errno;
-  } else {
-    ::unlink(path.c_str());
-  }
-  ::close(fd);
-  return err;
-}
-
-bool IsSocket(const fs::path& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
-}
-
 }  // namespace
 
 struct Daemon::Fds {
-  int wake = -1;     // eventfd: Stop(), stream ends
-  int inotify = -1;  // device-plugins dir and device directories
+  int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);  // Stop(), stream ends
+  // The device-plugins dir, the device directories and the guards' ones.
+  int inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   int uevent = -1;
   int signal = -1;
+  bool reap_orphans = false;  // SIGCHLD reaps the container's orphans (PID 1)
   ~Fds() {
     CloseFd(wake);
     CloseFd(inotify);
@@ -85,10 +57,23 @@ struct Daemon::Fds {
 
 Daemon::Daemon(DaemonOptions options)
     : options_(std::move(options)),
+      fds_(std::make_unique<Fds>()),
       service_(DevicePluginService::Options{options_.report_numa, options_.replicas}),
-      fds_(std::make_unique<Fds>()) {
-  fds_->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  fds_->inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+      registrar_({.kubelet_dir = options_.kubelet_dir,
+                  .resource_name = options_.resource_name,
+                  .clock = options_.clock},
+                 &service_),
+      guards_({.kubelet_dir = options_.kubelet_dir,
+               .proc_root = options_.roots.proc,
+               .mofed_policy = options_.mofed_policy,
+               .mofed_time_box = options_.mofed_time_box,
+               .dra_policy = options_.dra_policy,
+               .dra_drivers = options_.dra_drivers,
+               .cdi_spec_dirs = options_.cdi_spec_dirs,
+               .rescan_interval = options_.rescan_interval,
+               .resource_name = options_.resource_name,
+               .clock = options_.clock,
+               .inotify_fd = fds_->inotify}) {
   AlignerOptions aligner_options;
   aligner_options.kubelet_dir = options_.kubelet_dir;
   aligner_options.proc_root = options_.roots.proc;
@@ -149,14 +134,8 @@ Daemon::Daemon(DaemonOptions options)
   });
 }
 
-Daemon::~Daemon() { StopServer(); }
-
-fs::path Daemon::plugin_socket() const {
-  return options_.kubelet_dir / "device-plugins" / kPluginSocket;
-}
-fs::path Daemon::kubelet_socket() const {
-  return options_.kubelet_dir / "device-plugins" / "kubelet.sock";
-}
+// Before the members the service's handlers call into go.
+Daemon::~Daemon() { registrar_.StopServer(); }
 
 std::optional<std::vector<std::string>> Daemon::PhysicalEfas(
     const std::vector<std::string>& ids) const {
@@ -170,7 +149,7 @@ void Daemon::Wake() {
 }
 
 void Daemon::Heartbeat() {
-  registered_now_ = registered_;
+  registered_now_ = registrar_.registered();
   known_devices_ = static_cast<int>(known_.size());
   heartbeat_ns_ = std::max<int64_t>(1, options_.clock->Now().time_since_epoch().count());
 }
@@ -310,7 +289,7 @@ void Daemon::Publish() {
   }
   std::sort(devices.begin(), devices.end(),
             [](const auto& a, const auto& b) { return a.pci < b.pci; });
-  service_.SetDevices(ApplyGuards(std::move(devices)), model_, model_stale_);
+  service_.SetDevices(guards_.Apply(std::move(devices)), model_, model_stale_);
 }
 
 void Daemon::UpdateModel() {
@@ -350,86 +329,17 @@ void Daemon::WatchDeviceDirs() {
   }
 }
 
-void Daemon::WatchGuardDirs() {
-  // The DRA driver's registration socket and the MOFED CDI spec come and
-  // go in these; a directory created later is picked up by the periodic check.
-  std::vector<fs::path> dirs = {options_.kubelet_dir / kPluginsRegistryDir};
-  if (options_.mofed_policy != MofedPolicy::kOff) {
-    dirs.insert(dirs.end(), options_.cdi_spec_dirs.begin(), options_.cdi_spec_dirs.end());
-  }
-  for (const fs::path& dir : dirs) {
-    bool watched = false;
-    for (const auto& [wd, watched_dir] : guard_watches_) watched |= watched_dir == dir.string();
-    if (watched) continue;
-    int wd = ::inotify_add_watch(fds_->inotify, dir.c_str(),
-                                 IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM |
-                                     IN_CLOSE_WRITE | IN_DELETE_SELF | IN_ONLYDIR | IN_MASK_ADD);
-    if (wd >= 0) guard_watches_[wd] = dir.string();
-  }
-}
-
-absl::Status Daemon::StartServer() {
-  const fs::path socket = plugin_socket();
-  std::error_code ec;
-  fs::create_directories(socket.parent_path(), ec);
-  // A stale socket from an earlier run; anything else in the way (a
-  // directory, a read-only file system) is the cause to report.
-  if (!fs::remove(socket, ec) && ec && ec != std::errc::no_such_file_or_directory) {
-    return absl::FailedPreconditionError(absl::StrCat(socket.string(), ": ", ec.message()));
-  }
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket.string(), grpc::InsecureServerCredentials());
-  builder.RegisterService(&service_);
-  // Only the (root) kubelet talks to the socket: create it 0600 rather than
-  // chmod it after bind, when it would be open to all for a moment. The
-  // umask is process-wide, but the daemon's other threads create files only
-  // through WriteFileAtomically, which sets their mode with fchmod.
-  const mode_t old_umask = ::umask(0177);
-  server_ = builder.BuildAndStart();
-  ::umask(old_umask);
-  if (!server_) {
-    // gRPC does not say why; a bind of our own does.
-    const int err = BindError(socket);
-    return absl::UnavailableError(absl::StrCat(
-        socket.string(), ": ", err != 0 ? std::strerror(err) : "gRPC cannot serve there"));
-  }
-  struct stat st;
-  std::string problem;
-  if (::lstat(socket.c_str(), &st) != 0) {
-    problem = std::strerror(errno);
-  } else if (!S_ISSOCK(st.st_mode) || (st.st_mode & 07777) != 0600) {
-    problem = absl::StrFormat("mode %04o, not a socket of mode 0600", st.st_mode & 07777);
-  }
-  if (!problem.empty()) {
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-    server_.reset();
-    fs::remove(socket, ec);
-    return absl::FailedPreconditionError(absl::StrCat(socket.string(), ": ", problem));
-  }
-  spdlog::info("serving the device plugin API on {}", socket.string());
-  return absl::OkStatus();
-}
-
-void Daemon::StopServer() {
-  if (!server_) return;
-  service_.Shutdown();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  server_->Wait();
-  server_.reset();
-  std::error_code ec;
-  fs::remove(plugin_socket(), ec);
-}
-
 void Daemon::TryRegister() {
   // Take in the events already queued (a kubelet.sock created before this
   // check is not a restart after this registration).
   HandleInotify();
-  if (registered_ || dra_yield_ || !IsSocket(kubelet_socket())) return;  // inotify reports it
+  if (registrar_.registered() || guards_.withdrawn() || !registrar_.KubeletSocketPresent()) {
+    return;  // inotify reports kubelet.sock
+  }
   // A DRA driver may have started listening since the last probe (nothing
   // signals a listen()): probe again, never register beside it.
   if (CheckGuards()) Rescan();
-  if (dra_yield_) return;
+  if (guards_.withdrawn()) return;
   // Streams open before this attempt belong to the registration it
   // replaces: their ending (ours, when the server restarts below, or the
   // kubelet's) must not start another one.
@@ -437,50 +347,7 @@ void Daemon::TryRegister() {
   // A stream that ended before this point (the restarted kubelet closing
   // the old one) is answered by this very registration: not another one.
   stream_ended_ = false;
-  if (!server_ || !IsSocket(plugin_socket())) {
-    // The kubelet deleted our socket (it does so on start), or serving
-    // failed before: serve afresh.
-    if (server_) {
-      spdlog::info("{} is gone; serving again", plugin_socket().string());
-      server_->Shutdown(std::chrono::system_clock::now());
-      server_->Wait();
-      server_.reset();
-    }
-    if (absl::Status served = StartServer(); !served.ok()) {
-      RetryRegistrationLater(
-          absl::StrCat("cannot serve the device plugin API: ", served.message()));
-      return;
-    }
-  }
-  auto channel =
-      grpc::CreateChannel("unix:" + kubelet_socket().string(), grpc::InsecureChannelCredentials());
-  auto stub = v1beta1::Registration::NewStub(channel);
-  v1beta1::RegisterRequest request;
-  request.set_version(kApiVersion);
-  request.set_endpoint(kPluginSocket);
-  request.set_resource_name(options_.resource_name);
-  *request.mutable_options() = service_.PluginOptions();
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + kRegisterTimeout);
-  v1beta1::Empty reply;
-  grpc::Status status = stub->Register(&context, request, &reply);
-  if (status.ok()) {
-    registered_ = true;
-    register_backoff_ = std::chrono::milliseconds(0);
-    ++registrations_;
-    spdlog::info("registered {} with the kubelet at {}", options_.resource_name,
-                 kubelet_socket().string());
-    return;
-  }
-  RetryRegistrationLater(absl::StrCat("registration with ", kubelet_socket().string(),
-                                      " failed: ", status.error_message()));
-}
-
-void Daemon::RetryRegistrationLater(std::string_view why) {
-  register_backoff_ =
-      std::clamp(register_backoff_ * 2, std::chrono::milliseconds(250), kMaxBackoff);
-  next_register_ = options_.clock->Now() + register_backoff_;
-  spdlog::warn("{}; retrying in {} ms", why, register_backoff_.count());
+  registrar_.Register();
 }
 
 void Daemon::HandleInotify() {
@@ -500,23 +367,14 @@ void Daemon::HandleInotify() {
         overflow = true;
       } else if (ev->wd == kubelet_watch_) {
         if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
-          if (registrations_ > 0) ++kubelet_restarts_;
-          spdlog::info(registered_ ? "kubelet.sock was created: the kubelet restarted; "
-                                     "registering again"
-                                   : "kubelet.sock appeared; registering");
-          registered_ = false;
-          register_backoff_ = std::chrono::milliseconds(0);
-          next_register_ = options_.clock->Now();
+          registrar_.RegisterAgainNow(Registrar::Reason::kKubeletSocketCreated);
         } else if (name == kPluginSocket && (ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
-          spdlog::info("{} was deleted; serving and registering again", name);
-          registered_ = false;
-          next_register_ = options_.clock->Now();
+          registrar_.RegisterAgainNow(Registrar::Reason::kPluginSocketDeleted);
         } else if (name == kCheckpointFile) {
           guards = true;  // the MOFED guard reads it
           report = true;  // a container was admitted or removed
         }
-      } else if (guard_watches_.count(ev->wd)) {
-        if (ev->mask & IN_IGNORED) guard_watches_.erase(ev->wd);
+      } else if (guards_.TakeWatchEvent(ev->wd, ev->mask)) {
         // Late binding's own specs (and their temporary files) in a CDI
         // dir the MOFED guard watches are no guard's business.
         if (late_binder_ && (name.starts_with(kCdiSpecPrefix) ||
@@ -524,7 +382,7 @@ void Daemon::HandleInotify() {
           continue;
         }
         guards = true;
-        dra_reprobe_ = std::chrono::milliseconds(0);  // a new socket: probe it quickly
+        guards_.ProbeDraSoon();  // a new socket: probe it quickly
       } else if (device_watches_.count(ev->wd)) {
         if (ev->mask & (IN_IGNORED | IN_DELETE_SELF)) device_watches_.erase(ev->wd);
         rescan = true;
@@ -537,11 +395,10 @@ void Daemon::HandleInotify() {
     // the old inode). Look at everything now rather than at the next rescan.
     spdlog::warn("inotify queue overflowed: events were lost; rescanning everything");
     guards = rescan = report = true;
-    dra_reprobe_ = std::chrono::milliseconds(0);
-    if (registrations_ > 0) {
-      registered_ = false;  // registering again is harmless, a missed restart is not
-      register_backoff_ = std::chrono::milliseconds(0);
-      next_register_ = options_.clock->Now();
+    guards_.ProbeDraSoon();
+    if (registrar_.registrations() > 0) {
+      // Registering again is harmless, a missed restart is not.
+      registrar_.RegisterAgainNow(Registrar::Reason::kEventsLost);
     }
   }
   if (guards && CheckGuards()) rescan = true;
@@ -614,27 +471,28 @@ void Daemon::ReportAlignment(bool periodic) {
   }
 }
 
+bool Daemon::CheckGuards() {
+  const GuardVerdict verdict = guards_.Check(!known_.empty(), registrar_.registered());
+  if (verdict.register_again) registrar_.RegisterAgainNow(Registrar::Reason::kDraDriverGone);
+  return verdict.devices_changed;
+}
+
 void Daemon::ReleaseGone() {
   next_release_ = late_binder_->ReleaseGone().value_or(Clock::time_point::max());
 }
 
-int Daemon::Run() {
+bool Daemon::OpenEventSources() {
   if (fds_->wake < 0 || fds_->inotify < 0) {
     spdlog::error("cannot create eventfd/inotify: {}", std::strerror(errno));
-    return 1;
+    return false;
   }
   fds_->uevent = topology::OpenUeventSocket();
   // As PID 1 of its container the daemon is handed the container's orphans
   // (orphan_reaper.h): reaped on SIGCHLD, and once now for any handed over
   // before this loop (or to the idle process it was exec'ed from).
-  const bool reap_orphans = options_.handle_signals && InheritsOrphans();
-  if (options_.handle_signals) {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int s : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&set, s);
-    fds_->signal = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-  }
-  if (reap_orphans) ReapEndedChildren();
+  fds_->reap_orphans = options_.handle_signals && InheritsOrphans();
+  if (options_.handle_signals) fds_->signal = OpenOwnerLoopSignalFd();
+  if (fds_->reap_orphans) ReapEndedChildren();
   const fs::path plugin_dir = options_.kubelet_dir / "device-plugins";
   std::error_code ec;
   fs::create_directories(plugin_dir, ec);
@@ -643,27 +501,118 @@ int Daemon::Run() {
                           IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM | IN_CLOSE_WRITE);
   if (kubelet_watch_ < 0) {
     spdlog::error("cannot watch {}: {}", plugin_dir.string(), std::strerror(errno));
-    return 1;
+    return false;
   }
+  return true;
+}
+
+void Daemon::Start() {
   Rescan();
   // Alive from here on: /healthz must not wait for the first registration,
-  // which may block for kRegisterTimeout (the idle process answered 200
-  // until it exec'ed this one).
+  // which may block for the registration's timeout (the idle process
+  // answered 200 until it exec'ed this one).
   Heartbeat();
   if (late_binder_) {
     // Before serving: no PreStartContainer may bind an EFA a spec holds.
     late_binder_->Recover();
     ReleaseGone();
   }
-  next_register_ = options_.clock->Now();
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
-  bool announced_idle = false;
+}
 
+void Daemon::ServeAndRegister() {
+  if (!serving_started_) {
+    // The first EFA: the API is served (the guards look before the
+    // registration, in TryRegister). Until then the daemon runs no gRPC
+    // at all: no server, no threads. A device once seen stays listed, so
+    // serving never stops again.
+    serving_started_ = true;
+    if (absl::Status served = registrar_.StartServer(); !served.ok()) {
+      // Retried with the registration (TryRegister), whatever the cause.
+      spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
+    }
+  }
+  if (!registrar_.registered() && !guards_.withdrawn() &&
+      options_.clock->Now() >= registrar_.next_attempt()) {
+    TryRegister();
+  }
+}
+
+Clock::time_point Daemon::NextDeadline() const {
+  auto deadline = std::min({next_periodic_, guards_.next_check(), next_report_, next_release_});
+  if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
+  if (!known_.empty() && !registrar_.registered() && !guards_.withdrawn() &&
+      registrar_.KubeletSocketPresent()) {
+    deadline = std::min(deadline, registrar_.next_attempt());
+  }
+  return deadline;
+}
+
+bool Daemon::WaitForEvents(Clock::time_point deadline) {
+  // Rounded up: rounded down, a deadline 0.9 ms away became a zero timeout
+  // and the loop spun until it passed.
+  auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - options_.clock->Now());
+  std::vector<pollfd> pfds = {{fds_->wake, POLLIN, 0}, {fds_->inotify, POLLIN, 0}};
+  if (fds_->uevent >= 0) pfds.push_back({fds_->uevent, POLLIN, 0});
+  if (fds_->signal >= 0) pfds.push_back({fds_->signal, POLLIN, 0});
+  int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<int64_t>(wait.count(), 0)));
+  if (n < 0 && errno != EINTR) {
+    spdlog::error("poll: {}", std::strerror(errno));
+    return false;
+  }
+  for (const pollfd& p : pfds) {
+    if (!(p.revents & POLLIN)) continue;
+    if (p.fd == fds_->wake) {
+      uint64_t v;
+      [[maybe_unused]] ssize_t r = ::read(fds_->wake, &v, sizeof v);
+    } else if (p.fd == fds_->inotify) {
+      HandleInotify();
+    } else if (p.fd == fds_->uevent) {
+      if (topology::DrainUevents(fds_->uevent)) Rescan();
+    } else if (p.fd == fds_->signal) {
+      HandleSignals();
+    }
+  }
+  return true;
+}
+
+void Daemon::HandleSignals() {
+  signalfd_siginfo info;
+  while (::read(fds_->signal, &info, sizeof info) == sizeof info) {
+    if (info.ssi_signo == SIGCHLD) {
+      if (fds_->reap_orphans) ReapEndedChildren();
+    } else if (info.ssi_signo == SIGHUP) {
+      spdlog::info("SIGHUP: rescanning and registering again");
+      Rescan();
+      registrar_.RegisterAgainNow(Registrar::Reason::kSighup);
+    } else {
+      spdlog::info("signal {}: stopping", info.ssi_signo);
+      stop_ = true;
+    }
+  }
+}
+
+void Daemon::RunDueWork() {
+  const Clock& clock = *options_.clock;
+  if (clock.Now() >= guards_.next_check() && CheckGuards()) Rescan();
+  if (report_requested_.exchange(false) || clock.Now() >= next_report_) ReportAlignment();
+  if (clock.Now() >= next_release_) ReleaseGone();
+  if (options_.device_health.enabled && clock.Now() >= next_health_read_) {
+    // A scrape in between reads for it; then this answers the last read.
+    counters_->Sample();
+    next_health_read_ = clock.Now() + options_.counter_interval;
+  }
+  if (health_changed_.exchange(false)) Publish();
+  if (clock.Now() >= next_periodic_) PeriodicCheck();
+}
+
+int Daemon::Run() {
+  if (!OpenEventSources()) return 1;
+  Start();
+  bool announced_idle = false;
   while (!stop_) {
-    if (stream_ended_.exchange(false) && registered_) {
-      spdlog::info("the kubelet ended ListAndWatch; registering again");
-      registered_ = false;
-      next_register_ = options_.clock->Now();
+    if (stream_ended_.exchange(false) && registrar_.registered()) {
+      registrar_.RegisterAgainNow(Registrar::Reason::kStreamEnded);
     }
     const bool have_devices = !known_.empty();
     // An incomplete first scan is no proof of a node without EFA: the
@@ -673,78 +622,14 @@ int Daemon::Run() {
       if (!serving_started_ && options_.on_idle) options_.on_idle();
       spdlog::info("no EFA on this node; idle until one appears");
     }
-    if (have_devices && !serving_started_) {
-      // The first EFA: the API is served (the guards look before the
-      // registration, in TryRegister). Until then the daemon runs no gRPC
-      // at all: no server, no threads. A device once seen stays listed, so
-      // serving never stops again.
-      serving_started_ = true;
-      if (absl::Status served = StartServer(); !served.ok()) {
-        // Retried with the registration (TryRegister), whatever the cause.
-        spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
-      }
-    }
-    if (have_devices && !registered_ && !dra_yield_ && options_.clock->Now() >= next_register_) {
-      TryRegister();
-    }
+    if (have_devices) ServeAndRegister();
     UpdateModel();  // after the registration: the kubelet does not wait for hwloc
-
-    auto deadline = std::min({next_periodic_, next_guard_check_, next_report_, next_release_});
-    if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
-    if (have_devices && !registered_ && !dra_yield_ && IsSocket(kubelet_socket())) {
-      deadline = std::min(deadline, next_register_);
-    }
+    const Clock::time_point deadline = NextDeadline();
     Heartbeat();
-    // Rounded up: rounded down, a deadline 0.9 ms away became a zero timeout
-    // and the loop spun until it passed.
-    auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - options_.clock->Now());
-    std::vector<pollfd> pfds = {{fds_->wake, POLLIN, 0}, {fds_->inotify, POLLIN, 0}};
-    if (fds_->uevent >= 0) pfds.push_back({fds_->uevent, POLLIN, 0});
-    if (fds_->signal >= 0) pfds.push_back({fds_->signal, POLLIN, 0});
-    int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<int64_t>(wait.count(), 0)));
-    if (n < 0 && errno != EINTR) {
-      spdlog::error("poll: {}", std::strerror(errno));
-      break;
-    }
-    for (const pollfd& p : pfds) {
-      if (!(p.revents & POLLIN)) continue;
-      if (p.fd == fds_->wake) {
-        uint64_t v;
-        [[maybe_unused]] ssize_t r = ::read(fds_->wake, &v, sizeof v);
-      } else if (p.fd == fds_->inotify) {
-        HandleInotify();
-      } else if (p.fd == fds_->uevent) {
-        if (topology::DrainUevents(fds_->uevent)) Rescan();
-      } else if (p.fd == fds_->signal) {
-        signalfd_siginfo info;
-        while (::read(fds_->signal, &info, sizeof info) == sizeof info) {
-          if (info.ssi_signo == SIGCHLD) {
-            if (reap_orphans) ReapEndedChildren();
-          } else if (info.ssi_signo == SIGHUP) {
-            spdlog::info("SIGHUP: rescanning and registering again");
-            Rescan();
-            registered_ = false;
-            next_register_ = options_.clock->Now();
-          } else {
-            spdlog::info("signal {}: stopping", info.ssi_signo);
-            stop_ = true;
-          }
-        }
-      }
-    }
-    if (options_.clock->Now() >= next_guard_check_ && CheckGuards()) Rescan();
-    if (report_requested_.exchange(false) || options_.clock->Now() >= next_report_)
-      ReportAlignment();
-    if (options_.clock->Now() >= next_release_) ReleaseGone();
-    if (options_.device_health.enabled && options_.clock->Now() >= next_health_read_) {
-      // A scrape in between reads for it; then this answers the last read.
-      counters_->Sample();
-      next_health_read_ = options_.clock->Now() + options_.counter_interval;
-    }
-    if (health_changed_.exchange(false)) Publish();
-    if (options_.clock->Now() >= next_periodic_) PeriodicCheck();
+    if (!WaitForEvents(deadline)) break;
+    RunDueWork();
   }
-  StopServer();
+  registrar_.StopServer();
   spdlog::info("stopped; {} removed", plugin_socket().string());
   return 0;
 }

@@ -20,15 +20,11 @@
 #include "plugin/alignment/late_binder.h"
 #include "plugin/clock.h"
 #include "plugin/device_plugin_service.h"
-#include "plugin/guards/dra_guard.h"
-#include "plugin/guards/mofed_guard.h"
+#include "plugin/guard_runner.h"
 #include "plugin/ops/efa_counter_monitor.h"
+#include "plugin/registrar.h"
 #include "plugin/rpc_observer.h"
 #include "topology/sysfs.h"
-
-namespace grpc {
-class Server;
-}
 
 namespace efa::plugin {
 
@@ -105,26 +101,6 @@ struct DaemonOptions {
   const Clock* clock = &Clock::Steady();
 };
 
-// What the guards found at their latest check, for logs, metrics and
-// readiness.
-struct GuardStatus {
-  MofedPolicy mofed_policy = MofedPolicy::kWarn;
-  // Off with no findings while the policy is off.
-  MofedReport mofed;
-  // Policy protect and MOFED on: every EFA is reported Unhealthy.
-  bool efas_held_unhealthy = false;
-  DraPolicy dra_policy = DraPolicy::kYield;
-  DraReport dra;
-  // Policy yield and the DRA driver present: the resource is withdrawn (an
-  // empty device list, no registration).
-  bool withdrawn = false;
-  // Checks done so far (at start, on changes, periodically).
-  int checks = 0;
-  // MOFED checks that stopped at a bound (MofedReport::incomplete) and kept
-  // the previous verdict.
-  int mofed_incomplete = 0;
-};
-
 // Runs the plugin. One owner thread (the caller of Run) does all lifecycle
 // work; gRPC threads only read the service's immutable snapshots.
 class Daemon {
@@ -148,10 +124,10 @@ class Daemon {
   const Clock& clock() const { return *options_.clock; }
 
   // Successful registrations with the kubelet so far. Thread-safe.
-  int registrations() const { return registrations_.load(); }
+  int registrations() const { return registrar_.registrations(); }
   // Times kubelet.sock was created again after a first registration (the
   // kubelet restarted). Thread-safe.
-  int kubelet_restarts() const { return kubelet_restarts_.load(); }
+  int kubelet_restarts() const { return registrar_.kubelet_restarts(); }
   // When the owner loop last finished a pass (it then waits up to the
   // rescan interval), or nullopt before Run() got that far. Thread-safe.
   std::optional<Clock::time_point> heartbeat() const;
@@ -184,14 +160,16 @@ class Daemon {
   const LateBinder* late_binder() const { return late_binder_.get(); }
   // The EFAs' counters, read when sampled. Thread-safe.
   EfaCounterMonitor& efa_counters() const { return *counters_; }
-  std::filesystem::path plugin_socket() const;
-  std::filesystem::path kubelet_socket() const;
+  std::filesystem::path plugin_socket() const { return registrar_.plugin_socket(); }
+  std::filesystem::path kubelet_socket() const { return registrar_.kubelet_socket(); }
   // The guards' latest findings. Thread-safe.
-  GuardStatus guard_status() const;
+  GuardStatus guard_status() const { return guards_.status(); }
   // Blocks until `pred` holds for the guard status or `timeout` passes;
   // returns whether it held. `pred` runs under an internal lock.
   bool WaitForGuardStatusForTest(const std::function<bool(const GuardStatus&)>& pred,
-                                 std::chrono::milliseconds timeout) const;
+                                 std::chrono::milliseconds timeout) const {
+    return guards_.WaitForStatusForTest(pred, timeout);
+  }
 
  private:
   struct Fds;
@@ -222,37 +200,47 @@ class Daemon {
   // the late-binding bindings (nullopt while not bound), else the IDs'
   // EFAs (replicas mapped to their EFA). Thread-safe.
   std::optional<std::vector<std::string>> PhysicalEfas(const std::vector<std::string>& ids) const;
-  // Serves the device plugin API on a fresh socket (mode 0600); the error
-  // names the socket and the cause.
-  absl::Status StartServer();
-  // Schedules the next registration attempt with backoff, logging `why`.
-  void RetryRegistrationLater(std::string_view why);
-  void StopServer();
+  // Run()'s steps. Opens the uevent socket and the signalfd and watches
+  // the device-plugins dir; false (logged) when the loop cannot watch.
+  bool OpenEventSources();
+  // The first scan, the first heartbeat, late binding's recovery.
+  void Start();
+  // With an EFA known: serves from the first one on, and registers when an
+  // attempt is due.
+  void ServeAndRegister();
+  // The earliest time a timer of the loop is due.
+  Clock::time_point NextDeadline() const;
+  // Waits in poll() up to `deadline` and handles the events that came;
+  // false (logged) when poll() fails.
+  bool WaitForEvents(Clock::time_point deadline);
+  void HandleSignals();
+  // The timers that are due: guards, alignment report, late-binding
+  // release, counter reads, the periodic pass.
+  void RunDueWork();
+  // Registers unless the guards withhold the resource or there is no
+  // kubelet, after taking in the queued events and probing the guards.
   void TryRegister();
   void HandleInotify();
   void WatchDeviceDirs();
   // Publishes the heartbeat and the state read by other threads.
   void Heartbeat();
-  // Runs the guards, logs what changed and publishes guard_status_. Returns
-  // whether the devices to advertise changed (the caller rescans).
+  // Runs the guards and applies their verdict: registers again when they
+  // stop withholding the resource. Returns whether the devices to
+  // advertise changed (the caller rescans).
   bool CheckGuards();
-  // The devices as the guards let them be advertised.
-  std::vector<topology::EfaDevice> ApplyGuards(std::vector<topology::EfaDevice> devices) const;
-  void WatchGuardDirs();
 
   const DaemonOptions options_;
+  std::unique_ptr<Fds> fds_;  // before guards_, which watches on its inotify
   DevicePluginService service_;
+  Registrar registrar_;  // after service_, which it serves
+  GuardRunner guards_;
   std::unique_ptr<Aligner> aligner_;         // null when alignment is off
   std::unique_ptr<LateBinder> late_binder_;  // null unless late binding
   std::unique_ptr<EfaCounterMonitor> counters_;
   std::atomic<bool> health_changed_{false};  // device health from the counters changed
   std::atomic<bool> report_requested_{false};
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<Fds> fds_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> stream_ended_{false};
-  std::atomic<int> registrations_{0};
-  std::atomic<int> kubelet_restarts_{0};
   std::atomic<int64_t> heartbeat_ns_{0};  // clock(); 0: none yet
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
@@ -261,9 +249,6 @@ class Daemon {
   std::atomic<int64_t> discovery_read_errors_{0};
 
   // Owner-thread state.
-  bool registered_ = false;
-  Clock::time_point next_register_;
-  std::chrono::milliseconds register_backoff_{0};
   Clock::time_point next_periodic_;
   Clock::time_point next_health_read_;                // with device health only
   std::map<std::string, topology::EfaDevice> known_;  // every EFA seen, by PCI address
@@ -286,24 +271,6 @@ class Daemon {
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
   int kubelet_watch_ = -1;
-  // Guards (owner thread).
-  std::unique_ptr<MofedGuard> mofed_guard_;  // from the first check on
-  std::optional<MofedState> mofed_state_;
-  std::vector<std::string> mofed_hints_;  // as last logged
-  bool mofed_incomplete_logged_ = false;  // since the last complete check
-  std::optional<bool> dra_present_;
-  bool dra_yield_ = false;      // withdrawn while the DRA driver is present
-  bool mofed_protect_ = false;  // every EFA held Unhealthy
-  std::string mofed_problem_;   // their health problem meanwhile
-  // A guard check sooner than the periodic one (a DRA socket to probe again).
-  Clock::time_point next_guard_check_ = Clock::time_point::max();
-  // While a DRA registration socket refuses connections: the delay of the
-  // next probe (doubling from 100 ms), since a driver binds its socket
-  // before it listens and nothing signals the listen().
-  std::chrono::milliseconds dra_reprobe_{0};
-  std::map<int, std::string> guard_watches_;  // inotify wd -> plugins_registry, CDI dirs
-  mutable absl::Mutex guard_mu_;
-  GuardStatus guard_status_ ABSL_GUARDED_BY(guard_mu_);
 };
 
 }  // namespace efa::plugin

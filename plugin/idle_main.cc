@@ -25,6 +25,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,10 +34,12 @@
 #include "plugin/ops/efa_count.h"
 #include "plugin/ops/fd_budget.h"
 #include "plugin/ops/http_server.h"
+#include "plugin/ops/idle_args.h"
 #include "plugin/ops/logging.h"
 #include "plugin/ops/metrics.h"
 #include "plugin/ops/orphan_reaper.h"
 #include "plugin/ops/probes.h"
+#include "plugin/ops/signals.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 #include "topology/uevents.h"
@@ -45,70 +48,18 @@ namespace {
 
 using efa::plugin::HttpHandler;
 using efa::plugin::HttpServer;
+using efa::plugin::IdleArgs;
 using SteadyClock = std::chrono::steady_clock;
 
 // The loop's last pass, for /healthz.
 std::atomic<SteadyClock::rep> heartbeat{0};
 
-}  // namespace
-
-// An exception that reaches main is a bug or memory exhaustion: std::terminate
-// then ends the process with a core dump and the DaemonSet restarts it.
-// NOLINTNEXTLINE(bugprone-exception-escape)
-int main(int argc, char** argv) {
-  // The daemon's test before it execs this binary: reaching main() shows
-  // that the dynamic loader found every library and the static
-  // initialisers ran (plugin/main.cc, CheckIdleBinary).
-  if (argc == 2 && std::string_view(argv[1]) == "--check") return 0;
-  std::string sysfs_root = "/sys", dev_root = "/dev", metrics_address, probe_address;
-  std::string instance_type;
-  int expected_efa_count = 0;
-  int64_t rescan_ms = 10000;
-  efa::plugin::EndpointLimits limits;
-  int64_t request_timeout_ms = limits.request_timeout.count();
-  efa::plugin::LogLevel level = efa::plugin::LogLevel::kInfo;
-  efa::plugin::LogFormat format = efa::plugin::LogFormat::kText;
-  std::vector<std::string> daemon;
-  CLI::App app{"The EFA device plugin on a node without EFA (run by the daemon)"};
-  app.add_option("--sysfs-root", sysfs_root);
-  app.add_option("--dev-root", dev_root);
-  app.add_option("--rescan-interval-ms", rescan_ms)->check(CLI::PositiveNumber);
-  app.add_option("--metrics-address", metrics_address);
-  app.add_option("--probe-address", probe_address);
-  app.add_option("--metrics-max-connections", limits.metrics_connections)
-      ->check(CLI::PositiveNumber);
-  app.add_option("--probe-max-connections", limits.probe_connections)->check(CLI::PositiveNumber);
-  app.add_option("--http-request-timeout-ms", request_timeout_ms)->check(CLI::PositiveNumber);
-  app.add_option("--instance-type", instance_type);
-  app.add_option("--expected-efa-count", expected_efa_count);
-  app.add_option("--log-level", level)
-      ->transform(CLI::CheckedTransformer(
-          std::map<std::string, efa::plugin::LogLevel>{{"trace", efa::plugin::LogLevel::kTrace},
-                                                       {"debug", efa::plugin::LogLevel::kDebug},
-                                                       {"info", efa::plugin::LogLevel::kInfo},
-                                                       {"warn", efa::plugin::LogLevel::kWarn},
-                                                       {"error", efa::plugin::LogLevel::kError}}));
-  app.add_option("--log-format", format)
-      ->transform(CLI::CheckedTransformer(std::map<std::string, efa::plugin::LogFormat>{
-          {"text", efa::plugin::LogFormat::kText}, {"json", efa::plugin::LogFormat::kJson}}));
-  app.add_option("daemon", daemon, "The daemon's command line, after --")->required();
-  CLI11_PARSE(app, argc, argv);
-  efa::plugin::ConfigureLogging(level, format);
-  limits.request_timeout = std::chrono::milliseconds(request_timeout_ms);
-
-  // The daemon blocked these before exec (the mask is inherited): taken here
-  // through a signalfd as the daemon does, SIGCHLD to reap the orphans it
-  // is handed as PID 1.
-  sigset_t signals;
-  sigemptyset(&signals);
-  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&signals, s);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
-  const efa::topology::HostRoots roots{sysfs_root, dev_root, "/proc"};
-  const auto interval = std::chrono::milliseconds(rescan_ms);
+// Serves /healthz, /readyz and /metrics on the daemon's addresses; the
+// error names the address that cannot be served.
+absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeIdleEndpoints(const IdleArgs& a) {
+  const auto interval = a.rescan_interval;
   const efa::plugin::EfaCountCheck count = efa::plugin::CheckEfaCount(
-      efa::plugin::ResolveInstanceType(instance_type, sysfs_root), expected_efa_count, 0);
+      efa::plugin::ResolveInstanceType(a.instance_type, a.sysfs_root), a.expected_efa_count, 0);
   std::map<std::string, HttpHandler> probes = {
       {"/healthz",
        [interval] {
@@ -132,15 +83,16 @@ int main(int argc, char** argv) {
                                      efa::plugin::SerializeMetrics(std::move(families))};
   });
   efa::plugin::InitDescriptorBudget();  // before the servers hold descriptors
-  auto servers = efa::plugin::ServeEndpoints(
-      metrics_address, std::move(routes), probe_address, std::move(probes),
-      efa::plugin::FitEndpointLimits(limits, efa::plugin::HttpDescriptorAllowance()), &http);
-  if (!servers.ok()) {
-    spdlog::error("{}", std::string(servers.status().message()));
-    return 1;
-  }
+  return efa::plugin::ServeEndpoints(
+      a.metrics_address, std::move(routes), a.probe_address, std::move(probes),
+      efa::plugin::FitEndpointLimits(a.limits, efa::plugin::HttpDescriptorAllowance()), &http);
+}
 
-  const int signal_fd = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
+// Waits until an EFA appears (nullopt); else the exit code: 0 after a stop
+// signal, 1 when the wait fails.
+std::optional<int> WaitForEfa(const IdleArgs& a) {
+  const efa::topology::HostRoots roots{a.sysfs_root, a.dev_root, "/proc"};
+  const int signal_fd = efa::plugin::OpenOwnerLoopSignalFd();
   const int inotify_fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   const int uevent_fd = efa::topology::OpenUeventSocket();
   // Watched again before each look: a directory created later (the driver
@@ -159,7 +111,8 @@ int main(int argc, char** argv) {
     heartbeat = SteadyClock::now().time_since_epoch().count();
     std::vector<pollfd> fds = {{signal_fd, POLLIN, 0}, {inotify_fd, POLLIN, 0}};
     if (uevent_fd >= 0) fds.push_back({uevent_fd, POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), static_cast<int>(rescan_ms)) < 0 && errno != EINTR) {
+    if (::poll(fds.data(), fds.size(), static_cast<int>(a.rescan_interval.count())) < 0 &&
+        errno != EINTR) {
       spdlog::error("poll: {}", std::strerror(errno));
       return 1;
     }
@@ -178,14 +131,43 @@ int main(int argc, char** argv) {
     if (uevent_fd >= 0) efa::topology::DrainUevents(uevent_fd);
     found = efa_present();
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// An exception that reaches main is a bug or memory exhaustion: std::terminate
+// then ends the process with a core dump and the DaemonSet restarts it.
+// NOLINTNEXTLINE(bugprone-exception-escape)
+int main(int argc, char** argv) {
+  // The daemon's test before it execs this binary: reaching main() shows
+  // that the dynamic loader found every library and the static
+  // initialisers ran (plugin/main.cc, CheckIdleBinary).
+  if (argc == 2 && std::string_view(argv[1]) == "--check") return 0;
+  IdleArgs args;
+  CLI::App app{"The EFA device plugin on a node without EFA (run by the daemon)"};
+  efa::plugin::AddIdleOptions(app, args);
+  CLI11_PARSE(app, argc, argv);
+  efa::plugin::ConfigureLogging(args.log_level, args.log_format);
+
+  // The daemon blocked these before exec (the mask is inherited): taken here
+  // through a signalfd as the daemon does, SIGCHLD to reap the orphans it
+  // is handed as PID 1.
+  efa::plugin::BlockOwnerLoopSignals();
+  auto servers = ServeIdleEndpoints(args);
+  if (!servers.ok()) {
+    spdlog::error("{}", std::string(servers.status().message()));
+    return 1;
+  }
+  if (std::optional<int> code = WaitForEfa(args)) return *code;
 
   spdlog::info("an EFA appeared; starting the device plugin");
   servers->clear();  // the daemon binds the same addresses
   spdlog::default_logger()->flush();
-  std::vector<char*> args;
-  for (std::string& a : daemon) args.push_back(a.data());
-  args.push_back(nullptr);
-  ::execv(args[0], args.data());
-  spdlog::error("cannot run {}: {}", daemon[0], std::strerror(errno));
+  std::vector<char*> exec_args;
+  for (std::string& a : args.daemon) exec_args.push_back(a.data());
+  exec_args.push_back(nullptr);
+  ::execv(exec_args[0], exec_args.data());
+  spdlog::error("cannot run {}: {}", args.daemon[0], std::strerror(errno));
   return 1;
 }

@@ -26,7 +26,9 @@
 #include "plugin/daemon_monitor.h"
 #include "plugin/ops/fd_budget.h"
 #include "plugin/ops/http_server.h"
+#include "plugin/ops/idle_args.h"
 #include "plugin/ops/logging.h"
+#include "plugin/ops/signals.h"
 #include "plugin/ops/topology_report.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
@@ -148,34 +150,22 @@ void ExecIdleProcess(const Config& c, int argc, char** argv) {
                  std::string(runs.message()));
     return;
   }
-  std::vector<std::string> args = {idle.string(),
-                                   "--sysfs-root",
-                                   *c.sysfs_root,
-                                   "--dev-root",
-                                   *c.dev_root,
-                                   "--rescan-interval-ms",
-                                   std::to_string(c.rescan_interval->count()),
-                                   "--metrics-address",
-                                   *c.metrics_address,
-                                   "--probe-address",
-                                   *c.probe_address,
-                                   "--metrics-max-connections",
-                                   std::to_string(*c.metrics_max_connections),
-                                   "--probe-max-connections",
-                                   std::to_string(*c.probe_max_connections),
-                                   "--http-request-timeout-ms",
-                                   std::to_string(c.http_request_timeout->count()),
-                                   "--instance-type",
-                                   *c.instance_type,
-                                   "--expected-efa-count",
-                                   std::to_string(*c.expected_efa_count),
-                                   "--log-level",
-                                   std::string(efa::plugin::LogLevelName(*c.log_level)),
-                                   "--log-format",
-                                   *c.log_format == efa::plugin::LogFormat::kJson ? "json" : "text",
-                                   "--",
-                                   self.string()};
-  args.insert(args.end(), argv + 1, argv + argc);
+  efa::plugin::IdleArgs idle_args{.sysfs_root = *c.sysfs_root,
+                                  .dev_root = *c.dev_root,
+                                  .rescan_interval = *c.rescan_interval,
+                                  .metrics_address = *c.metrics_address,
+                                  .probe_address = *c.probe_address,
+                                  .limits = {.metrics_connections = *c.metrics_max_connections,
+                                             .probe_connections = *c.probe_max_connections,
+                                             .request_timeout = *c.http_request_timeout},
+                                  .instance_type = *c.instance_type,
+                                  .expected_efa_count = *c.expected_efa_count,
+                                  .log_level = *c.log_level,
+                                  .log_format = *c.log_format,
+                                  .daemon = {self.string()}};
+  idle_args.daemon.insert(idle_args.daemon.end(), argv + 1, argv + argc);
+  std::vector<std::string> args = efa::plugin::IdleArgv(idle_args);
+  args.insert(args.begin(), idle.string());
   std::vector<char*> exec_args;
   for (std::string& a : args) exec_args.push_back(a.data());
   exec_args.push_back(nullptr);
@@ -227,11 +217,7 @@ int main(int argc, char** argv) {
   // Signals are taken by the owner loop through a signalfd: block them
   // before any thread (gRPC's included) exists. SIGCHLD too: as PID 1 the
   // loop reaps orphans on it (plugin/ops/orphan_reaper.h).
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&set, s);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  efa::plugin::BlockOwnerLoopSignals();
   // gRPC polls every client channel's connection every 5 s from its timer
   // thread, to notice a peer gone while no call runs. The daemon's one
   // lasting channel, to the kubelet's pod-resources socket, is replaced

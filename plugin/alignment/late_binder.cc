@@ -37,6 +37,34 @@ std::string DescribeClaim(const std::string& claim, const std::vector<std::strin
   return absl::StrCat(claim, " (kubelet devices ", absl::StrJoin(quoted, ", "), ")");
 }
 
+// The container of pod-resources' `list` that holds exactly the EFA
+// device IDs `kubelet_ids`, if any.
+std::optional<ContainerDevices> FindByDevices(const v1::ListPodResourcesResponse& list,
+                                              const AcceleratorResources& resources,
+                                              const std::string& efa_resource,
+                                              const std::vector<std::string>& kubelet_ids) {
+  const std::vector<std::string> wanted = Sorted(kubelet_ids);
+  for (ContainerDevices& c : ContainersWithDevices(list, resources, efa_resource)) {
+    if (Sorted(c.efas) == wanted) return std::move(c);
+  }
+  return std::nullopt;
+}
+
+// The EFAs of `table` a claim may be given: healthy, with room for one
+// more claim (`taken`: EFA -> claims bound to it); with sharing, how many
+// claims each holds already.
+topology::AllocationRequest FreeEfas(const topology::DeviceTable& table,
+                                     const std::map<std::string, int>& taken) {
+  topology::AllocationRequest request;
+  for (const topology::EfaDevice& d : table.devices) {
+    auto uses = taken.find(d.ibdev);
+    if (!d.healthy() || (uses != taken.end() && uses->second >= table.replicas)) continue;
+    request.available.push_back(d.ibdev);
+    if (uses != taken.end() && table.replicas > 1) request.shared[d.ibdev] = uses->second;
+  }
+  return request;
+}
+
 }  // namespace
 
 LateBinder::LateBinder(LateBinderOptions options)
@@ -260,18 +288,11 @@ absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& 
 
 absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
                                   const std::vector<std::string>& kubelet_ids) {
-  const std::string claim = ClaimName(kubelet_ids);
-  const std::string described = DescribeClaim(claim, kubelet_ids);
-  auto fail = [&](absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    ++counts_.failed;
-    spdlog::error("late binding: PreStartContainer failed: {}", std::string(status.message()));
-    return status;
-  };
+  Claim claim{ClaimName(kubelet_ids), "", kubelet_ids, ""};
+  claim.described = DescribeClaim(claim.name, kubelet_ids);
   if (kubelet_ids.empty()) {
-    return fail(absl::InvalidArgumentError("PreStartContainer names no devices"));
+    return Fail(absl::InvalidArgumentError("PreStartContainer names no devices"));
   }
-
   uint64_t generation;
   {
     absl::MutexLock lock(&mu_);
@@ -279,130 +300,136 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   }
   // By PreStartContainer the kubelet has checkpointed every resource of the
   // container: its accelerators are there, by pod UID and container name.
-  Checkpointed checkpointed = ReadCheckpointed(claim);
+  Checkpointed checkpointed = ReadCheckpointed(claim.name);
   std::optional<ContainerDevices> container = checkpointed.container;
-  std::string owner = container ? container->pod_uid + "/" + container->container : "";
-  {
-    // A restart of the container it was bound for: same EFAs.
-    std::optional<absl::Status> kept;
-    std::vector<std::string> kept_efas;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = bindings_.find(claim);
-      if (it != bindings_.end() && !owner.empty() && it->second.owner == owner) {
-        kept = absl::OkStatus();
-        kept_efas = it->second.efas;
-        std::error_code ec;
-        if (!fs::exists(SpecPath(claim), ec)) {
-          kept = WriteSpec(claim, described, it->second.spec);
-        }
-        if (kept->ok()) ++counts_.kept;
-      }
-    }
-    if (kept && !kept->ok()) return fail(*kept);
-    if (kept) {
-      spdlog::info("late binding: {} of {} started again; keeping EFAs {}", described, owner,
-                   absl::StrJoin(kept_efas, ","));
-      return absl::OkStatus();
-    }
+  if (container) claim.owner = container->pod_uid + "/" + container->container;
+  if (std::optional<absl::Status> kept = KeepBinding(claim)) {
+    return kept->ok() ? *kept : Fail(*kept);
   }
   // Which bindings are live (to free the EFAs of gone ones), and the
   // container when the checkpoint does not have it yet: the kubelet lists
   // its devices in pod-resources as soon as they are allocated.
   const auto list = pod_resources_.List(/*rate_limited=*/false);
   const std::optional<std::set<std::string>> live = LiveClaims(list, checkpointed);
-  if (!container) {
-    if (list.ok()) {
-      const std::vector<std::string> wanted = Sorted(kubelet_ids);
-      for (ContainerDevices& c :
-           ContainersWithDevices(*list, options_.resources, options_.efa_resource)) {
-        if (Sorted(c.efas) == wanted) {
-          owner = "pod " + c.Name();
-          container = std::move(c);
-          break;
-        }
-      }
-    }
+  if (!container && list.ok()) {
+    container = FindByDevices(*list, options_.resources, options_.efa_resource, kubelet_ids);
+    if (container) claim.owner = "pod " + container->Name();
   }
-  Targets targets;
-  if (container && !container->accelerators.empty()) {
-    const auto gpus = gpus_.Get(*table.model);
-    const std::vector<std::string>& errors = gpus->errors;
-    targets = ResolveTargets(container->accelerators, options_.resources, gpus->gpus, *table.model);
-    if (!targets.unresolved.empty()) {
-      spdlog::warn("late binding: cannot place accelerators {} of {}{}",
-                   absl::StrJoin(targets.unresolved, ", "), described,
-                   errors.empty() ? "" : " (" + absl::StrJoin(errors, "; ") + ")");
-    }
-  }
-
-  std::vector<std::string> efas;
-  absl::Status status;
-  {
-    absl::MutexLock lock(&mu_);
-    // A binding that held one of these IDs is gone: the kubelet gives an ID
-    // to one live container at a time.
-    const std::set<std::string> ids(kubelet_ids.begin(), kubelet_ids.end());
-    for (auto it = bindings_.begin(); it != bindings_.end();) {
-      const auto current = it++;  // Release erases it
-      const std::vector<std::string>& held = current->second.kubelet_ids;
-      if (current->first != claim && std::any_of(held.begin(), held.end(), [&](const auto& id) {
-            return ids.count(id) > 0;
-          })) {
-        Release(current, "the kubelet gave its devices to another container");
-      }
-    }
-    // Bindings confirmed gone free their EFAs too.
-    if (live) ReleaseLocked(*live, generation);
-    std::map<std::string, int> taken;  // EFA -> claims bound to it
-    for (const auto& [other, binding] : bindings_) {
-      if (other == claim) continue;
-      for (const std::string& efa : binding.efas) ++taken[efa];
-    }
-    topology::AllocationRequest request;
-    for (const topology::EfaDevice& d : table.devices) {
-      auto uses = taken.find(d.ibdev);
-      if (!d.healthy() || (uses != taken.end() && uses->second >= table.replicas)) continue;
-      request.available.push_back(d.ibdev);
-      if (uses != taken.end() && table.replicas > 1) request.shared[d.ibdev] = uses->second;
-    }
-    // With sharing, a claim of more replicas than there are EFAs with room
-    // gets each of those once (a device node is given once anyway).
-    const size_t wanted = table.replicas > 1
-                              ? std::min(kubelet_ids.size(), request.available.size())
-                              : kubelet_ids.size();
-    request.size = static_cast<int>(wanted);
-    request.target_accelerators = targets.pci;
-    request.target_neuron_indices = targets.neuron_indices;
-    std::vector<topology::EfaDevice> devices;
-    // The policy was offered ibdev names: it answers physical EFAs, which
-    // with sharing are no device IDs.
-    for (const std::string& ibdev : topology::ChooseEfas(*table.model, request)) {
-      if (const topology::EfaDevice* d = table.FindPhysical(ibdev)) devices.push_back(*d);
-    }
-    if (devices.size() < wanted || devices.empty()) {
-      status = absl::FailedPreconditionError(
-          absl::StrCat("cannot bind ", described, ": ", kubelet_ids.size(), " EFAs wanted, ",
-                       request.available.size(), " healthy and free (", taken.size(),
-                       " bound to other containers)"));
-    } else {
-      std::sort(devices.begin(), devices.end(),
-                [](const auto& a, const auto& b) { return a.pci < b.pci; });
-      for (const auto& d : devices) efas.push_back(d.ibdev);
-      std::string spec = CdiSpecJson(claim, devices);
-      status = WriteSpec(claim, described, spec);
-      if (status.ok()) {
-        bindings_[claim] = Binding{efas, owner, std::move(spec), ++generation_, kubelet_ids, {}};
-        ++counts_.bound;
-      }
-    }
-  }
-  if (!status.ok()) return fail(status);
-  spdlog::info("late binding: bound {} of {} to EFAs {} ({})", described,
-               owner.empty() ? "an unknown container" : owner, absl::StrJoin(efas, ","),
-               DescribeTargets(targets));
+  const Targets targets = TargetsOf(table, container, claim.described);
+  absl::StatusOr<std::vector<std::string>> efas = Bind(table, claim, live, generation, targets);
+  if (!efas.ok()) return Fail(efas.status());
+  spdlog::info("late binding: bound {} of {} to EFAs {} ({})", claim.described,
+               claim.owner.empty() ? "an unknown container" : claim.owner,
+               absl::StrJoin(*efas, ","), DescribeTargets(targets));
   if (options_.on_bound) options_.on_bound();
   return absl::OkStatus();
+}
+
+absl::Status LateBinder::Fail(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  ++counts_.failed;
+  spdlog::error("late binding: PreStartContainer failed: {}", std::string(status.message()));
+  return status;
+}
+
+std::optional<absl::Status> LateBinder::KeepBinding(const Claim& claim) {
+  // A restart of the container it was bound for: same EFAs.
+  if (claim.owner.empty()) return std::nullopt;
+  absl::Status kept;
+  std::vector<std::string> kept_efas;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = bindings_.find(claim.name);
+    if (it == bindings_.end() || it->second.owner != claim.owner) return std::nullopt;
+    kept_efas = it->second.efas;
+    std::error_code ec;
+    if (!fs::exists(SpecPath(claim.name), ec)) {
+      kept = WriteSpec(claim.name, claim.described, it->second.spec);
+    }
+    if (kept.ok()) ++counts_.kept;
+  }
+  if (kept.ok()) {
+    spdlog::info("late binding: {} of {} started again; keeping EFAs {}", claim.described,
+                 claim.owner, absl::StrJoin(kept_efas, ","));
+  }
+  return kept;
+}
+
+Targets LateBinder::TargetsOf(const topology::DeviceTable& table,
+                              const std::optional<ContainerDevices>& container,
+                              const std::string& described) {
+  if (!container || container->accelerators.empty()) return {};
+  const auto gpus = gpus_.Get(*table.model);
+  const std::vector<std::string>& errors = gpus->errors;
+  Targets targets =
+      ResolveTargets(container->accelerators, options_.resources, gpus->gpus, *table.model);
+  if (!targets.unresolved.empty()) {
+    spdlog::warn("late binding: cannot place accelerators {} of {}{}",
+                 absl::StrJoin(targets.unresolved, ", "), described,
+                 errors.empty() ? "" : " (" + absl::StrJoin(errors, "; ") + ")");
+  }
+  return targets;
+}
+
+absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
+    const topology::DeviceTable& table, const Claim& claim,
+    const std::optional<std::set<std::string>>& live, uint64_t generation, const Targets& targets) {
+  absl::MutexLock lock(&mu_);
+  ReleaseTakenOver(claim);
+  // Bindings confirmed gone free their EFAs too.
+  if (live) ReleaseLocked(*live, generation);
+  std::map<std::string, int> taken;  // EFA -> claims bound to it
+  for (const auto& [other, binding] : bindings_) {
+    if (other == claim.name) continue;
+    for (const std::string& efa : binding.efas) ++taken[efa];
+  }
+  topology::AllocationRequest request = FreeEfas(table, taken);
+  // With sharing, a claim of more replicas than there are EFAs with room
+  // gets each of those once (a device node is given once anyway).
+  const size_t wanted = table.replicas > 1
+                            ? std::min(claim.kubelet_ids.size(), request.available.size())
+                            : claim.kubelet_ids.size();
+  request.size = static_cast<int>(wanted);
+  request.target_accelerators = targets.pci;
+  request.target_neuron_indices = targets.neuron_indices;
+  std::vector<topology::EfaDevice> devices;
+  // The policy was offered ibdev names: it answers physical EFAs, which
+  // with sharing are no device IDs.
+  for (const std::string& ibdev : topology::ChooseEfas(*table.model, request)) {
+    if (const topology::EfaDevice* d = table.FindPhysical(ibdev)) devices.push_back(*d);
+  }
+  if (devices.size() < wanted || devices.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot bind ", claim.described, ": ", claim.kubelet_ids.size(),
+                     " EFAs wanted, ", request.available.size(), " healthy and free (",
+                     taken.size(), " bound to other containers)"));
+  }
+  std::sort(devices.begin(), devices.end(),
+            [](const auto& a, const auto& b) { return a.pci < b.pci; });
+  std::vector<std::string> efas;
+  for (const auto& d : devices) efas.push_back(d.ibdev);
+  std::string spec = CdiSpecJson(claim.name, devices);
+  if (absl::Status written = WriteSpec(claim.name, claim.described, spec); !written.ok()) {
+    return written;
+  }
+  bindings_[claim.name] =
+      Binding{efas, claim.owner, std::move(spec), ++generation_, claim.kubelet_ids, {}};
+  ++counts_.bound;
+  return efas;
+}
+
+void LateBinder::ReleaseTakenOver(const Claim& claim) {
+  // A binding that held one of these IDs is gone: the kubelet gives an ID
+  // to one live container at a time.
+  const std::set<std::string> ids(claim.kubelet_ids.begin(), claim.kubelet_ids.end());
+  for (auto it = bindings_.begin(); it != bindings_.end();) {
+    const auto current = it++;  // Release erases it
+    const std::vector<std::string>& held = current->second.kubelet_ids;
+    if (current->first != claim.name &&
+        std::any_of(held.begin(), held.end(), [&](const auto& id) { return ids.count(id) > 0; })) {
+      Release(current, "the kubelet gave its devices to another container");
+    }
+  }
 }
 
 std::optional<std::vector<std::string>> LateBinder::BoundEfas(

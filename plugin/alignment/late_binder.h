@@ -46,6 +46,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment/alignment.h"
 #include "plugin/alignment/nvidia_gpu_cache.h"
@@ -181,6 +182,31 @@ class LateBinder {
       const std::set<std::string>& live, uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(std::map<std::string, Binding>::iterator it, std::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One PreStartContainer's claim.
+  struct Claim {
+    std::string name;       // ClaimName(kubelet_ids)
+    std::string described;  // DescribeClaim(), how messages name it
+    std::vector<std::string> kubelet_ids;
+    // "<pod UID>/<container>" from the checkpoint, "pod <name>" from
+    // pod-resources, or "" when neither has the container yet.
+    std::string owner;
+  };
+  // PreStart's steps. Counts and logs a failure; returns `status`.
+  absl::Status Fail(absl::Status status);
+  // A restart of the container the claim is bound for: keeps the binding
+  // (writing its spec again if missing); nullopt when it is not one.
+  std::optional<absl::Status> KeepBinding(const Claim& claim);
+  // The container's accelerators as PCI addresses and Neuron indices.
+  Targets TargetsOf(const topology::DeviceTable& table,
+                    const std::optional<ContainerDevices>& container, const std::string& described);
+  // Releases the bindings gone (`live`, when known) or taken over, then
+  // binds the claim and writes its spec; the EFAs bound, in PCI order.
+  absl::StatusOr<std::vector<std::string>> Bind(const topology::DeviceTable& table,
+                                                const Claim& claim,
+                                                const std::optional<std::set<std::string>>& live,
+                                                uint64_t generation, const Targets& targets);
+  // Releases the bindings that hold one of the claim's kubelet IDs.
+  void ReleaseTakenOver(const Claim& claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the claim's spec atomically; the error names the claim and path.
   absl::Status WriteSpec(const std::string& claim, const std::string& described,
                          const std::string& spec) const;

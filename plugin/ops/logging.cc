@@ -79,6 +79,22 @@ spdlog::level::level_enum ToSpdlog(LogLevel level) {
 
 }  // namespace
 
+const std::vector<std::pair<LogLevel, std::string>>& LogLevelNames() {
+  static const auto* names =
+      new std::vector<std::pair<LogLevel, std::string>>{{LogLevel::kTrace, "trace"},
+                                                        {LogLevel::kDebug, "debug"},
+                                                        {LogLevel::kInfo, "info"},
+                                                        {LogLevel::kWarn, "warn"},
+                                                        {LogLevel::kError, "error"}};
+  return *names;
+}
+
+const std::vector<std::pair<LogFormat, std::string>>& LogFormatNames() {
+  static const auto* names = new std::vector<std::pair<LogFormat, std::string>>{
+      {LogFormat::kText, "text"}, {LogFormat::kJson, "json"}};
+  return *names;
+}
+
 std::unique_ptr<spdlog::formatter> MakeJsonLogFormatter() {
   return std::make_unique<JsonFormatter>();
 }

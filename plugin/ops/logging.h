@@ -4,6 +4,9 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "spdlog/formatter.h"
 
@@ -11,6 +14,11 @@ namespace efa::plugin {
 
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
 enum class LogFormat { kText, kJson };
+
+// The names of the levels and formats on the command line and in the
+// configuration, in declaration order.
+const std::vector<std::pair<LogLevel, std::string>>& LogLevelNames();
+const std::vector<std::pair<LogFormat, std::string>>& LogFormatNames();
 
 // Sets the default logger's level and format, and sends it to stderr when
 // `to_stderr` (commands whose stdout is their output) instead of stdout.

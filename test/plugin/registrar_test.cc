@@ -1,0 +1,63 @@
+// The registrar's backoff: which reasons to register again start it over.
+#include "plugin/registrar.h"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+
+#include "test/integration/fake_clock.h"
+#include "test/temp_dir.h"
+
+using namespace efa::plugin;
+using std::chrono::milliseconds;
+
+namespace {
+
+// A registrar whose kubelet is not there: every attempt fails at once
+// (the registration's dial is refused), and schedules the next.
+struct NoKubelet {
+  efa::testing::TempDir dir;
+  efa::testing::FakeClock clock;
+  DevicePluginService service{DevicePluginService::Options{}};
+  Registrar registrar{{.kubelet_dir = dir.path(), .resource_name = kResourceName, .clock = &clock},
+                      &service};
+
+  // The delay before the next attempt that one failed attempt now sets.
+  milliseconds FailOnce() {
+    registrar.Register();
+    REQUIRE_FALSE(registrar.registered());
+    return std::chrono::duration_cast<milliseconds>(registrar.next_attempt() - clock.Now());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Failed registrations back off, doubling from 250 ms", "[registrar]") {
+  NoKubelet node;
+  CHECK(node.FailOnce() == milliseconds(250));
+  CHECK(node.FailOnce() == milliseconds(500));
+  CHECK(node.FailOnce() == milliseconds(1000));
+}
+
+TEST_CASE("Registering again for the same kubelet keeps the backoff, for a new one starts it over",
+          "[registrar]") {
+  NoKubelet node;
+  node.FailOnce();
+  node.FailOnce();  // 500 ms
+  // The same kubelet: the attempt is due now, and its failure keeps the pace.
+  for (Registrar::Reason same :
+       {Registrar::Reason::kPluginSocketDeleted, Registrar::Reason::kSighup}) {
+    node.clock.Advance(std::chrono::seconds(1));
+    node.registrar.RegisterAgainNow(same);
+    CHECK(node.registrar.next_attempt() == node.clock.Now());
+  }
+  CHECK(node.FailOnce() == milliseconds(1000));
+  // A new kubelet, lost events, the DRA driver gone: from the shortest delay.
+  for (Registrar::Reason fresh :
+       {Registrar::Reason::kKubeletSocketCreated, Registrar::Reason::kEventsLost,
+        Registrar::Reason::kDraDriverGone}) {
+    node.FailOnce();
+    node.registrar.RegisterAgainNow(fresh);
+    CHECK(node.registrar.next_attempt() == node.clock.Now());
+    CHECK(node.FailOnce() == milliseconds(250));
+  }
+}
