@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "plugin/ops/efa_count.h"
+#include "plugin/ops/expected_efas.h"
 #include "plugin/ops/fd_budget.h"
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/logging.h"
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
 
   const efa::topology::HostRoots roots{sysfs_root, dev_root, "/proc"};
   const auto interval = std::chrono::milliseconds(rescan_ms);
-  const efa::plugin::EfaCountCheck count = efa::plugin::CheckEfaCount(
+  const efa::plugin::ExpectedEfasCheck count = efa::plugin::CheckExpectedEfas(
       efa::plugin::ResolveInstanceType(instance_type, sysfs_root), expected_efa_count, 0);
   std::map<std::string, HttpHandler> probes = {
       {"/healthz",
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   routes.emplace("/metrics", [count] {
     std::vector<prometheus::MetricFamily> families;
     efa::plugin::CollectIdentity(efa::plugin::kModeIdle, 0, 0, families);
-    efa::plugin::CollectEfaCount(count, families);
+    efa::plugin::CollectExpectedEfas(count, families);
     efa::plugin::CollectEndpointCounters(http, families);
     return efa::plugin::HttpResponse{200, efa::plugin::kMetricsContentType,
                                      efa::plugin::SerializeMetrics(std::move(families))};

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "plugin/ops/efa_count.h"
+#include "plugin/ops/expected_efas.h"
 #include "topology/efa_device.h"
 #include "topology/host_model.h"
 #include "topology/sysfs.h"
@@ -34,7 +34,7 @@ struct TopologyReport {
   topology::Inventory inventory;
   std::shared_ptr<const topology::HostModel> model;  // never null
   std::string topology_error;  // why the PCI tree could not be read (then no accelerators)
-  EfaCountCheck count;
+  ExpectedEfasCheck count;
   int replicas = 1;
   std::string resource_name;  // never empty
 };

@@ -1,4 +1,4 @@
-#include "plugin/ops/efa_count.h"
+#include "plugin/ops/expected_efas.h"
 
 #include <utility>
 
@@ -151,8 +151,9 @@ std::string ResolveInstanceType(const std::string& configured,
   return dmi.ok() ? *dmi : std::string();
 }
 
-EfaCountCheck CheckEfaCount(const std::string& instance_type, int expected_efa_count, int found) {
-  EfaCountCheck check;
+ExpectedEfasCheck CheckExpectedEfas(const std::string& instance_type, int expected_efa_count,
+                                    int found) {
+  ExpectedEfasCheck check;
   check.instance_type = instance_type;
   check.found = found;
   if (expected_efa_count > 0) {
@@ -164,7 +165,7 @@ EfaCountCheck CheckEfaCount(const std::string& instance_type, int expected_efa_c
   return check;
 }
 
-std::string EfaCountCheck::Describe() const {
+std::string ExpectedEfasCheck::Describe() const {
   const std::string found_text = absl::StrCat("found ", Efas(found));
   if (!expected) {
     if (instance_type.empty()) {
@@ -195,11 +196,11 @@ std::string EfaCountCheck::Describe() const {
       found == 0 ? ", and the efa kernel module must be loaded" : "");
 }
 
-EfaCountMonitor::EfaCountMonitor(std::string instance_type, int expected_efa_count)
+ExpectedEfasMonitor::ExpectedEfasMonitor(std::string instance_type, int expected_efa_count)
     : instance_type_(std::move(instance_type)), expected_efa_count_(expected_efa_count) {}
 
-void EfaCountMonitor::Observe(int found) {
-  EfaCountCheck check = CheckEfaCount(instance_type_, expected_efa_count_, found);
+void ExpectedEfasMonitor::Observe(int found) {
+  ExpectedEfasCheck check = CheckExpectedEfas(instance_type_, expected_efa_count_, found);
   {
     absl::MutexLock lock(&mu_);
     if (latest_ && latest_->found == found) return;
@@ -212,13 +213,13 @@ void EfaCountMonitor::Observe(int found) {
   }
 }
 
-std::optional<EfaCountCheck> EfaCountMonitor::latest() const {
+std::optional<ExpectedEfasCheck> ExpectedEfasMonitor::latest() const {
   absl::MutexLock lock(&mu_);
   return latest_;
 }
 
-void CollectEfaCount(const std::optional<EfaCountCheck>& check,
-                     std::vector<prometheus::MetricFamily>& out) {
+void CollectExpectedEfas(const std::optional<ExpectedEfasCheck>& check,
+                         std::vector<prometheus::MetricFamily>& out) {
   using prometheus::MetricType;
   AddSample(AddFamily(out, absl::StrCat(kMetricPrefix, "efas_found"),
                       "EFAs found on the node by the last scan.", MetricType::Gauge),
