@@ -18,11 +18,6 @@
 
 namespace efa::plugin {
 
-// The number of EFAs an instance type supports (EC2's
-// MaximumEfaInterfaces), from a built-in table; nullopt for a type it does
-// not list. A HyperPod "ml." prefix is ignored.
-std::optional<int> SupportedEfaCount(std::string_view instance_type);
-
 // The node's instance type: `configured` when not empty, else the DMI
 // product name under `sysfs_root`, else empty (unknown). Reads the host.
 std::string ResolveInstanceType(const std::string& configured,
@@ -31,7 +26,9 @@ std::string ResolveInstanceType(const std::string& configured,
 struct ExpectedEfasCheck {
   std::string instance_type;    // empty when unknown
   std::optional<int> expected;  // nullopt: nothing to compare with
-  bool configured = false;      // `expected` is expectedEfaCount, not the table's
+  // `expected` is expectedEfaCount, not the instance-type table's
+  // (topology::SupportedEfaCount).
+  bool configured = false;
   int found = 0;
 
   bool short_of_expected() const { return expected && found < *expected; }

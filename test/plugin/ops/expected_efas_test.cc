@@ -12,24 +12,6 @@ using namespace efa::plugin;
 using efa::sim::SimRoot;
 
 TEST_CASE("The EFA count check", "[topology-report]") {
-  CHECK(SupportedEfaCount("p5.48xlarge") == 32);
-  CHECK(SupportedEfaCount("ml.p5.48xlarge") == 32);
-  CHECK(SupportedEfaCount("p5en.48xlarge") == 16);
-  CHECK(SupportedEfaCount("trn1.32xlarge") == 8);
-  CHECK(SupportedEfaCount("p6-b300.48xlarge") == 16);
-  CHECK(SupportedEfaCount("p6e-gb200.36xlarge") == 16);
-  CHECK(SupportedEfaCount("hpc7g.16xlarge") == 1);
-  CHECK(SupportedEfaCount("c7gn.16xlarge") == 1);
-  CHECK(SupportedEfaCount("c8gn.48xlarge") == 2);
-  CHECK(SupportedEfaCount("r8gb.metal-48xl") == 2);
-  CHECK(SupportedEfaCount("c8gn.24xlarge") == 1);
-  CHECK(SupportedEfaCount("c8g.48xlarge") == 1);
-  // No public count: not checked.
-  CHECK(SupportedEfaCount("p6e-gb300.36xlarge") == std::nullopt);
-  CHECK(SupportedEfaCount("c7gn.8xlarge") == std::nullopt);
-  CHECK(SupportedEfaCount("m5.8xlarge") == std::nullopt);
-  CHECK(SupportedEfaCount("") == std::nullopt);
-
   CHECK(CheckExpectedEfas("p4d.24xlarge", 0, 4).Describe() ==
         "found 4 EFAs, as many as a p4d.24xlarge supports");
   CHECK(CheckExpectedEfas("p4d.24xlarge", 2, 2).Describe() ==
