@@ -19,8 +19,8 @@ namespace efa::plugin {
 
 struct TopologyReportOptions {
   topology::HostRoots roots;
-  std::string topology_xml;   // empty: hwloc reads the host (or the root above roots.sysfs)
-  std::string instance_type;  // empty: the DMI product name
+  std::string topology_xml = {};   // empty: hwloc reads the host (or the root above roots.sysfs)
+  std::string instance_type = {};  // empty: the DMI product name
   int expected_efa_count = 0;
   int replicas = 1;  // sharing.replicas: device IDs per EFA
   // The resource the EFAs are advertised as (docs/alignment.md, "Sharing"); empty:
