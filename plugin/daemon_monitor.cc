@@ -79,8 +79,8 @@ ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& gu
 
 DaemonMonitor::DaemonMonitor(MonitorOptions options)
     : options_(std::move(options)),
-      efa_count_(ResolveInstanceType(options_.instance_type, options_.sysfs_root),
-                 options_.expected_efa_count) {
+      expected_efas_(ResolveInstanceType(options_.instance_type, options_.sysfs_root),
+                     options_.expected_efa_count) {
   allocations_ = &prometheus::BuildCounter()
                       .Name(absl::StrCat(kMetricPrefix, "allocations_total"))
                       .Help("Allocate calls, by gRPC status code.")
@@ -114,7 +114,7 @@ DaemonMonitor::DaemonMonitor(MonitorOptions options)
 void DaemonMonitor::Attach(DaemonOptions& options) {
   options.rpc_observer = this;
   options.on_inventory = [this](const topology::Inventory& inventory) {
-    efa_count_.Observe(static_cast<int>(inventory.devices.size()));
+    expected_efas_.Observe(static_cast<int>(inventory.devices.size()));
   };
 }
 
@@ -143,7 +143,7 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
   auto family = [&](const char* name, const char* help, MetricType type) -> auto& {
     return AddFamily(out, absl::StrCat(kMetricPrefix, name), help, type);
   };
-  CollectEfaCount(efa_count_.latest(), out);
+  CollectExpectedEfas(expected_efas_.latest(), out);
   const Daemon* daemon = daemon_.load();
   int healthy = 0, unhealthy = 0;
   std::set<std::string> unhealthy_efas;  // physical EFAs, for the alert to name

@@ -30,7 +30,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/daemon.h"
-#include "plugin/ops/efa_count.h"
+#include "plugin/ops/expected_efas.h"
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/metrics.h"
 #include "plugin/ops/probes.h"
@@ -75,7 +75,7 @@ class DaemonMonitor final : public RpcObserver {
   std::map<std::string, HttpHandler> Routes() const;
   std::map<std::string, HttpHandler> ProbeRoutes() const;
 
-  const EfaCountMonitor& efa_count() const { return efa_count_; }
+  const ExpectedEfasMonitor& expected_efas() const { return expected_efas_; }
   // The counters of the HTTP listeners, for ServeEndpoints: /metrics
   // reports them. Thread-safe.
   EndpointCounters& http() { return http_; }
@@ -97,7 +97,7 @@ class DaemonMonitor final : public RpcObserver {
 
   const MonitorOptions options_;
   std::atomic<const Daemon*> daemon_{nullptr};
-  EfaCountMonitor efa_count_;
+  ExpectedEfasMonitor expected_efas_;
   EndpointCounters http_;
   mutable absl::Mutex counters_mu_;
   mutable std::shared_ptr<const EfaCounterSnapshot> counters_snapshot_

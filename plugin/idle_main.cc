@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "plugin/ops/efa_count.h"
+#include "plugin/ops/expected_efas.h"
 #include "plugin/ops/fd_budget.h"
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/idle_args.h"
@@ -58,7 +58,7 @@ std::atomic<SteadyClock::rep> heartbeat{0};
 // error names the address that cannot be served.
 absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeIdleEndpoints(const IdleArgs& a) {
   const auto interval = a.rescan_interval;
-  const efa::plugin::EfaCountCheck count = efa::plugin::CheckEfaCount(
+  const efa::plugin::ExpectedEfasCheck count = efa::plugin::CheckExpectedEfas(
       efa::plugin::ResolveInstanceType(a.instance_type, a.sysfs_root), a.expected_efa_count, 0);
   std::map<std::string, HttpHandler> probes = {
       {"/healthz",
@@ -77,7 +77,7 @@ absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeIdleEndpoints(cons
   routes.emplace("/metrics", [count] {
     std::vector<prometheus::MetricFamily> families;
     efa::plugin::CollectIdentity(efa::plugin::kModeIdle, 0, 0, families);
-    efa::plugin::CollectEfaCount(count, families);
+    efa::plugin::CollectExpectedEfas(count, families);
     efa::plugin::CollectEndpointCounters(http, families);
     return efa::plugin::HttpResponse{200, efa::plugin::kMetricsContentType,
                                      efa::plugin::SerializeMetrics(std::move(families))};

@@ -68,12 +68,13 @@ int RunInventory(const efa::topology::HostRoots& roots) {
 int RunTopology(const Config& c, const std::string& format) {
   // The daemon's options: the replicas and the resource name it would serve.
   const efa::plugin::DaemonOptions daemon = efa::plugin::ToDaemonOptions(c);
-  auto report = efa::plugin::BuildTopologyReport({{*c.sysfs_root, *c.dev_root, *c.proc_root},
-                                                  *c.topology_xml,
-                                                  *c.instance_type,
-                                                  *c.expected_efa_count,
-                                                  daemon.replicas,
-                                                  daemon.resource_name});
+  auto report =
+      efa::plugin::BuildTopologyReport({.roots = {*c.sysfs_root, *c.dev_root, *c.proc_root},
+                                        .topology_xml = *c.topology_xml,
+                                        .instance_type = *c.instance_type,
+                                        .expected_efa_count = *c.expected_efa_count,
+                                        .replicas = daemon.replicas,
+                                        .resource_name = daemon.resource_name});
   auto text = efa::plugin::FormatTopology(report, format);
   if (!text.ok()) {
     std::fprintf(stderr, "%s\n", std::string(text.status().message()).c_str());

@@ -1,7 +1,14 @@
-// The EC2 instance type of the node ("p5.48xlarge") and its family ("p5").
+// The EC2 instance type of the node ("p5.48xlarge"), its family ("p5"),
+// and the production facts the daemon keeps per instance type, in one
+// place: how many EFAs a type supports and how many NeuronCores a family's
+// Neuron device has. The third kind of fact, which EFA serves each Neuron
+// device, is AWS's own data and is kept whole, with its instance-family
+// mapping, in topology/neuron_efa_map.cc. ARCHITECTURE.md ("A new instance
+// type") lists every place to touch for a new type.
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -18,5 +25,15 @@ absl::StatusOr<std::string> ReadInstanceType(const std::filesystem::path& sysfs_
 // The part of an instance type before the first '.', e.g. "trn2u" for
 // "trn2u.48xlarge"; the whole text when it has no '.'.
 std::string_view InstanceFamily(std::string_view instance_type);
+
+// The number of EFAs an instance type supports (EC2's
+// MaximumEfaInterfaces), from a built-in table; nullopt for a type it does
+// not list. A HyperPod "ml." prefix is ignored. Thread-safe.
+std::optional<int> SupportedEfaCount(std::string_view instance_type);
+
+// NeuronCores per Neuron device by instance family, to map a NeuronCore ID
+// to its device: inf1 4, inf2/trn1/trn1n 2, and 4 for the others (trn2,
+// trn3: 8 physical cores, default logical NeuronCore size 2). Thread-safe.
+int DefaultNeuronCoresPerDevice(std::string_view instance_type);
 
 }  // namespace efa::topology

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "absl/strings/str_join.h"
+#include "topology/instance_type.h"
 
 namespace efa::plugin {
 namespace {
@@ -24,10 +25,7 @@ std::optional<int> ParseIndex(const std::string& id) {
 
 int CoresPerDevice(const AcceleratorResources& resources, const std::string& instance_type) {
   if (resources.neuroncores_per_device > 0) return resources.neuroncores_per_device;
-  std::string family = instance_type.substr(0, instance_type.find('.'));
-  if (family == "inf1") return 4;
-  if (family == "inf2" || family.starts_with("trn1")) return 2;
-  return 4;  // trn2, trn3: 8 physical cores, logical NeuronCore size 2
+  return topology::DefaultNeuronCoresPerDevice(instance_type);
 }
 
 // Distance class of EFA `efa` to its nearest target; -1 for an EFA the

@@ -25,8 +25,7 @@ struct AcceleratorResources {
   std::vector<std::string> neuron = {"aws.amazon.com/neuron"};
   std::vector<std::string> neuroncore = {"aws.amazon.com/neuroncore"};
   // NeuronCores per Neuron device, to map a NeuronCore ID to its device;
-  // 0: by instance family (inf1 4, inf2/trn1/trn1n 2, trn2/trn3 4 with the
-  // default logical NeuronCore size 2).
+  // 0: by instance family (topology::DefaultNeuronCoresPerDevice).
   int neuroncores_per_device = 0;
 };
 

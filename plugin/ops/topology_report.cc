@@ -122,8 +122,8 @@ TopologyReport BuildTopologyReport(const TopologyReportOptions& options) {
   if (report.instance_type.empty()) report.instance_type_source.clear();
   report.replicas = options.replicas;
   report.resource_name = options.resource_name.empty() ? kResourceName : options.resource_name;
-  report.count = CheckEfaCount(report.instance_type, options.expected_efa_count,
-                               static_cast<int>(report.inventory.devices.size()));
+  report.count = CheckExpectedEfas(report.instance_type, options.expected_efa_count,
+                                   static_cast<int>(report.inventory.devices.size()));
   return report;
 }
 

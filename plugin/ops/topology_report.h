@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "plugin/ops/efa_count.h"
+#include "plugin/ops/expected_efas.h"
 #include "topology/efa_device.h"
 #include "topology/host_model.h"
 #include "topology/sysfs.h"
@@ -19,8 +19,8 @@ namespace efa::plugin {
 
 struct TopologyReportOptions {
   topology::HostRoots roots;
-  std::string topology_xml;   // empty: hwloc reads the host (or the root above roots.sysfs)
-  std::string instance_type;  // empty: the DMI product name
+  std::string topology_xml = {};   // empty: hwloc reads the host (or the root above roots.sysfs)
+  std::string instance_type = {};  // empty: the DMI product name
   int expected_efa_count = 0;
   int replicas = 1;  // sharing.replicas: device IDs per EFA
   // The resource the EFAs are advertised as (docs/alignment.md, "Sharing"); empty:
@@ -34,7 +34,7 @@ struct TopologyReport {
   topology::Inventory inventory;
   std::shared_ptr<const topology::HostModel> model;  // never null
   std::string topology_error;  // why the PCI tree could not be read (then no accelerators)
-  EfaCountCheck count;
+  ExpectedEfasCheck count;
   int replicas = 1;
   std::string resource_name;  // never empty
 };

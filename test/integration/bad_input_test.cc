@@ -1,4 +1,4 @@
-// The bad-input catalogue (issue 11): what the daemon does with every kind of
+// The bad-input catalogue: what the daemon does with every kind of
 // bad outside input, one case each. Every case asserts the exact message (or
 // the exact degraded result) and that nothing else changed: the kubelet's
 // device list, the daemon's advertised list and a later valid request for

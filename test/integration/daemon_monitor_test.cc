@@ -545,10 +545,11 @@ std::string EfaSeries(const std::string& counter) {
 // registered p4d node after one granted and one refused Allocate: every
 // family the daemon exports, its type, HELP text and series (a counter's
 // family name is without _total, as the parser reports it).
-// The HELP texts and names are main's before prometheus-cpp, read the same
-// way from its exposition (checkpoint_entries_skipped came with issue 18,
-// efa_allocations with issue 23, the EFAs' own counters with issue 22: the
-// p4d's 4 EFAs, no container series since this kubelet serves no
+// The names and HELP texts are pinned because dashboards and alerts read
+// them: those the daemon exported before it moved to prometheus-cpp, read
+// the same way from that exposition, and the families added since
+// (checkpoint_entries_skipped, efa_allocations and the EFAs' own counters:
+// the p4d's 4 EFAs, no container series since this kubelet serves no
 // pod-resources).
 const std::string kExposition =
     std::string() +

@@ -569,9 +569,14 @@ TEST_CASE("The daemon serves next to a listening registration socket that does n
     bool present;
   };
   for (const Case& c : {
-           Case{"the DRA driver under policy ignore", DraPolicy::kIgnore, "dra.net-reg.sock", true},
-           Case{"another driver whose name contains dra.net", DraPolicy::kYield,
-                "foo.dra.net-reg.sock", false},
+           Case{.what = "the DRA driver under policy ignore",
+          .policy = DraPolicy::kIgnore,
+          .socket = "dra.net-reg.sock",
+          .present = true},
+           Case{.what = "another driver whose name contains dra.net",
+           .policy = DraPolicy::kYield,
+           .socket = "foo.dra.net-reg.sock",
+           .present = false},
        }) {
     INFO(c.what);
     GuardedNode node(MofedPolicy::kWarn, c.policy);

@@ -28,34 +28,52 @@ Endpoint Neuron(uint8_t bus, uint8_t dev, uint16_t id) {
 }
 // The primary ENA interface every instance has (same vendor as EFA).
 PcieGroup EnaRoot(int numa = 0) {
-  return {0x00, numa, false, {{Bdf(0x00, 0x05), Kind::kEna, 0xec20}}};
+  return {.root_bus = 0x00,
+          .numa = numa,
+          .switched = false,
+          .endpoints = {{Bdf(0x00, 0x05), Kind::kEna, 0xec20}}};
 }
 
 // p5 / p5en / p6-b200 / trn2 style: root port -> Nitro switch -> one endpoint
 // per downstream port: `efas` then `accels` on consecutive buses from `first`.
 // The root port is on `root`, the switch's upstream port on root + 1 and its
 // downstream ports on root + 2.
-PcieGroup SwitchGroup(uint8_t root, uint8_t first, int numa, int efas, uint16_t efa_id, int accels,
-                      Kind accel_kind, uint16_t accel_id) {
-  PcieGroup g{root, numa, true, {}};
-  uint8_t bus = first;
-  for (int i = 0; i < efas; ++i) g.endpoints.push_back(Efa(bus++, 0, efa_id));
-  for (int i = 0; i < accels; ++i) g.endpoints.push_back({Bdf(bus++), accel_kind, accel_id});
+struct Switch {
+  uint8_t root;
+  uint8_t first;
+  int numa;
+  int efas;
+  uint16_t efa_id;
+  int accels;
+  Kind accel_kind;
+  uint16_t accel_id;
+};
+PcieGroup SwitchGroup(const Switch& sw) {
+  PcieGroup g{.root_bus = sw.root, .numa = sw.numa, .switched = true, .endpoints = {}};
+  uint8_t bus = sw.first;
+  for (int i = 0; i < sw.efas; ++i) g.endpoints.push_back(Efa(bus++, 0, sw.efa_id));
+  for (int i = 0; i < sw.accels; ++i)
+    g.endpoints.push_back({Bdf(bus++), sw.accel_kind, sw.accel_id});
   return g;
 }
 
 MachineSpec P4d() {
-  MachineSpec m{"p4d.24xlarge", 2, 2, {EnaRoot()}};
+  MachineSpec m{
+      .instance_type = "p4d.24xlarge", .numa_nodes = 2, .cpus_per_numa = 2, .groups = {EnaRoot()}};
   for (auto [bus, numa] : {std::pair{0x10, 0}, {0x20, 0}, {0x90, 1}, {0xa0, 1}}) {
     auto b = static_cast<uint8_t>(bus);
     m.groups.push_back(
-        {b, numa, false, {Efa(b, 0x1b, 0xefa0), Gpu(b, 0x1c, 0x20b0), Gpu(b, 0x1d, 0x20b0)}});
+        {.root_bus = b,
+         .numa = numa,
+         .switched = false,
+         .endpoints = {Efa(b, 0x1b, 0xefa0), Gpu(b, 0x1c, 0x20b0), Gpu(b, 0x1d, 0x20b0)}});
   }
   return m;
 }
 
 MachineSpec P5() {
-  MachineSpec m{"p5.48xlarge", 2, 2, {EnaRoot()}};
+  MachineSpec m{
+      .instance_type = "p5.48xlarge", .numa_nodes = 2, .cpus_per_numa = 2, .groups = {EnaRoot()}};
   // NVSwitches are PCI-visible on HGX H100 but are not GPUs (class 0x0680).
   for (uint8_t dev = 0x1b; dev <= 0x1e; ++dev) {
     m.groups[0].endpoints.push_back({Bdf(0x00, dev), Kind::kNvSwitch, 0x22a3});
@@ -64,32 +82,63 @@ MachineSpec P5() {
   // EFAs on the next buses +10..+13 and the GPU on +14 (45 -> 4f-52, 53).
   const uint8_t upstream[] = {0x45, 0x56, 0x67, 0x78, 0x89, 0x9a, 0xab, 0xbc};
   for (int i = 0; i < 8; ++i) {
-    m.groups.push_back(SwitchGroup(static_cast<uint8_t>(upstream[i] - 1),
-                                   static_cast<uint8_t>(upstream[i] + 10), i < 4 ? 0 : 1, 4, 0xefa1,
-                                   1, Kind::kGpu, 0x2330));
+    m.groups.push_back(SwitchGroup({.root = static_cast<uint8_t>(upstream[i] - 1),
+                                    .first = static_cast<uint8_t>(upstream[i] + 10),
+                                    .numa = i < 4 ? 0 : 1,
+                                    .efas = 4,
+                                    .efa_id = 0xefa1,
+                                    .accels = 1,
+                                    .accel_kind = Kind::kGpu,
+                                    .accel_id = 0x2330}));
   }
   return m;
 }
 
 // p5en / p6-b200 / p6-b300 style: four switches (first EFA buses 55, 6e,
-// 87, a0), two on each NUMA node, each with `efas` EFAs and two GPUs.
-MachineSpec FourSwitches(std::string type, int efas, uint16_t efa_id, uint16_t gpu_id) {
-  MachineSpec m{std::move(type), 2, 2, {EnaRoot()}};
+// 87, a0), two on each NUMA node, each with `efas_per_switch` EFAs and two
+// GPUs.
+struct FourSwitchMachine {
+  std::string instance_type;
+  int efas_per_switch;
+  uint16_t efa_id;
+  uint16_t gpu_id;
+};
+MachineSpec FourSwitches(const FourSwitchMachine& f) {
+  MachineSpec m{
+      .instance_type = f.instance_type, .numa_nodes = 2, .cpus_per_numa = 2, .groups = {EnaRoot()}};
   const uint8_t first[] = {0x55, 0x6e, 0x87, 0xa0};
   for (int i = 0; i < 4; ++i) {
-    m.groups.push_back(SwitchGroup(static_cast<uint8_t>(first[i] - 3), first[i], i < 2 ? 0 : 1,
-                                   efas, efa_id, 2, Kind::kGpu, gpu_id));
+    m.groups.push_back(SwitchGroup({.root = static_cast<uint8_t>(first[i] - 3),
+                                    .first = first[i],
+                                    .numa = i < 2 ? 0 : 1,
+                                    .efas = f.efas_per_switch,
+                                    .efa_id = f.efa_id,
+                                    .accels = 2,
+                                    .accel_kind = Kind::kGpu,
+                                    .accel_id = f.gpu_id}));
   }
   return m;
 }
 
-MachineSpec P5en() { return FourSwitches("p5en.48xlarge", 4, 0xefa2, 0x2335); }
+MachineSpec P5en() {
+  return FourSwitches(
+      {.instance_type = "p5en.48xlarge", .efas_per_switch = 4, .efa_id = 0xefa2, .gpu_id = 0x2335});
+}
 
 MachineSpec P6B200() {
-  MachineSpec m = FourSwitches("p6-b200.48xlarge", 2, 0xefa3, 0x2901);
+  MachineSpec m = FourSwitches({.instance_type = "p6-b200.48xlarge",
+                                .efas_per_switch = 2,
+                                .efa_id = 0xefa3,
+                                .gpu_id = 0x2901});
   // ConnectX-7 verbs devices beside the EFAs: verbs devices, not EFA.
-  m.groups.push_back({0x30, 0, false, {{Bdf(0x30, 0x01), Kind::kMlx5, 0x1021}}});
-  m.groups.push_back({0xb0, 1, false, {{Bdf(0xb0, 0x01), Kind::kMlx5, 0x1021}}});
+  m.groups.push_back({.root_bus = 0x30,
+                      .numa = 0,
+                      .switched = false,
+                      .endpoints = {{Bdf(0x30, 0x01), Kind::kMlx5, 0x1021}}});
+  m.groups.push_back({.root_bus = 0xb0,
+                      .numa = 1,
+                      .switched = false,
+                      .endpoints = {{Bdf(0xb0, 0x01), Kind::kMlx5, 0x1021}}});
   return m;
 }
 
@@ -97,7 +146,12 @@ MachineSpec P6B200() {
 // card ENA only (EC2 user guide, P6-B300 network cards). Assumed, as no
 // public source we read gives them (correct here): p5en's layout of four
 // switches with four EFAs and two GPUs each, EFA ID efa3, GPU ID 10de:3182.
-MachineSpec P6B300() { return FourSwitches("p6-b300.48xlarge", 4, 0xefa3, 0x3182); }
+MachineSpec P6B300() {
+  return FourSwitches({.instance_type = "p6-b300.48xlarge",
+                       .efas_per_switch = 4,
+                       .efa_id = 0xefa3,
+                       .gpu_id = 0x3182});
+}
 
 // p6e-gb200.36xlarge, arm64: two Grace CPUs (Neoverse-V2), a NUMA node
 // each, and four Blackwell GPUs, two per Grace. Public facts (EC2 user
@@ -114,7 +168,10 @@ MachineSpec P6B300() { return FourSwitches("p6-b300.48xlarge", 4, 0xefa3, 0x3182
 // ID efa3, GPU ID 10de:2941, Grace root ports 10de:22b2, and PCI domain 0
 // throughout (a Grace host gives each root port a domain of its own).
 MachineSpec P6eGb200() {
-  MachineSpec m{"p6e-gb200.36xlarge", 2, 2, {EnaRoot()}};
+  MachineSpec m{.instance_type = "p6e-gb200.36xlarge",
+                .numa_nodes = 2,
+                .cpus_per_numa = 2,
+                .groups = {EnaRoot()}};
   m.arm64_cpu_part = 0xd4f;
   m.root_port_vendor = 0x10de;
   m.root_port_device = 0x22b2;
@@ -122,17 +179,23 @@ MachineSpec P6eGb200() {
     const auto root = static_cast<uint8_t>(0x10 + 0x40 * g);
     const int numa = g / 2;
     // Cards 4g+1 and 4g+3, then the GPU, behind one switch.
-    m.groups.push_back(
-        SwitchGroup(root, static_cast<uint8_t>(root + 3), numa, 2, 0xefa3, 1, Kind::kGpu, 0x2941));
+    m.groups.push_back(SwitchGroup({.root = root,
+                                    .first = static_cast<uint8_t>(root + 3),
+                                    .numa = numa,
+                                    .efas = 2,
+                                    .efa_id = 0xefa3,
+                                    .accels = 1,
+                                    .accel_kind = Kind::kGpu,
+                                    .accel_id = 0x2941}));
     // Cards 4g+2 and 4g+4: EFA and ENA functions on a root bus of their own.
     const auto even = static_cast<uint8_t>(root + 0x20);
-    m.groups.push_back({even,
-                        numa,
-                        false,
-                        {Efa(even, 0x01, 0xefa3),
-                         Efa(even, 0x02, 0xefa3),
-                         {Bdf(even, 0x03), Kind::kEna, 0xec20},
-                         {Bdf(even, 0x04), Kind::kEna, 0xec20}}});
+    m.groups.push_back({.root_bus = even,
+                        .numa = numa,
+                        .switched = false,
+                        .endpoints = {Efa(even, 0x01, 0xefa3),
+                                      Efa(even, 0x02, 0xefa3),
+                                      {Bdf(even, 0x03), Kind::kEna, 0xec20},
+                                      {Bdf(even, 0x04), Kind::kEna, 0xec20}}});
   }
   return m;
 }
@@ -141,7 +204,10 @@ MachineSpec P6eGb200() {
 // (Karpenter's instance-types reference). Assumed (correct here): the EFA
 // at 00:06.0 beside the primary ENA, EFA ID efa1.
 MachineSpec Hpc7g() {
-  MachineSpec m{"hpc7g.16xlarge", 1, 2, {EnaRoot()}};
+  MachineSpec m{.instance_type = "hpc7g.16xlarge",
+                .numa_nodes = 1,
+                .cpus_per_numa = 2,
+                .groups = {EnaRoot()}};
   m.arm64_cpu_part = 0xd40;
   m.groups[0].endpoints.push_back(Efa(0x00, 0x06, 0xefa1));
   return m;
@@ -151,18 +217,23 @@ MachineSpec Hpc7g() {
 // (Karpenter's instance-types reference). Assumed (correct here): one EFA
 // per socket, the second on a root complex of NUMA node 1, EFA ID efa2.
 MachineSpec C8gn() {
-  MachineSpec m{"c8gn.48xlarge", 2, 2, {EnaRoot()}};
+  MachineSpec m{
+      .instance_type = "c8gn.48xlarge", .numa_nodes = 2, .cpus_per_numa = 2, .groups = {EnaRoot()}};
   m.arm64_cpu_part = 0xd4f;
   m.groups[0].endpoints.push_back(Efa(0x00, 0x06, 0xefa2));
-  m.groups.push_back({0x80, 1, false, {Efa(0x80, 0x06, 0xefa2)}});
+  m.groups.push_back(
+      {.root_bus = 0x80, .numa = 1, .switched = false, .endpoints = {Efa(0x80, 0x06, 0xefa2)}});
   return m;
 }
 
 MachineSpec Trn1(bool trn1n) {
-  MachineSpec m{trn1n ? "trn1n.32xlarge" : "trn1.32xlarge", 2, 2, {EnaRoot()}};
+  MachineSpec m{.instance_type = trn1n ? "trn1n.32xlarge" : "trn1.32xlarge",
+                .numa_nodes = 2,
+                .cpus_per_numa = 2,
+                .groups = {EnaRoot()}};
   for (auto [bus, numa] : {std::pair{0x10, 0}, {0x20, 0}, {0x90, 1}, {0xa0, 1}}) {
     auto b = static_cast<uint8_t>(bus);
-    PcieGroup g{b, numa, false, {}};
+    PcieGroup g{.root_bus = b, .numa = numa, .switched = false, .endpoints = {}};
     if (trn1n) {
       g.endpoints.push_back(Efa(b, 0x17, 0xefa1));
       g.endpoints.push_back(Efa(b, 0x18, 0xefa1));
@@ -176,26 +247,37 @@ MachineSpec Trn1(bool trn1n) {
 }
 
 MachineSpec Trn2() {
-  MachineSpec m{"trn2.48xlarge", 2, 2, {EnaRoot()}};
+  MachineSpec m{
+      .instance_type = "trn2.48xlarge", .numa_nodes = 2, .cpus_per_numa = 2, .groups = {EnaRoot()}};
   // Two EFAs and two Trainium2 per switch (EFA 56,57 beside Neuron 58,59 ...).
   const uint8_t first[] = {0x56, 0x6c, 0x82, 0x98, 0xb3, 0xc9, 0xdf, 0xf5};
   for (int i = 0; i < 8; ++i) {
-    m.groups.push_back(SwitchGroup(static_cast<uint8_t>(first[i] - 3), first[i], i < 4 ? 0 : 1, 2,
-                                   0xefa2, 2, Kind::kNeuron, 0x7364));
+    m.groups.push_back(SwitchGroup({.root = static_cast<uint8_t>(first[i] - 3),
+                                    .first = first[i],
+                                    .numa = i < 4 ? 0 : 1,
+                                    .efas = 2,
+                                    .efa_id = 0xefa2,
+                                    .accels = 2,
+                                    .accel_kind = Kind::kNeuron,
+                                    .accel_id = 0x7364}));
   }
   return m;
 }
 
 MachineSpec G5() {
   // Everything on bus 00 and numa_node -1 (no proximity information).
-  MachineSpec m{"g5.48xlarge", 2, 2, {EnaRoot(-1)}};
+  MachineSpec m{
+      .instance_type = "g5.48xlarge", .numa_nodes = 2, .cpus_per_numa = 2, .groups = {EnaRoot(-1)}};
   auto& eps = m.groups[0].endpoints;
   eps.push_back(Efa(0x00, 0x15, 0xefa0));
   for (uint8_t dev = 0x16; dev <= 0x1d; ++dev) eps.push_back(Gpu(0x00, dev, 0x2237));
   return m;
 }
 
-MachineSpec NoEfa() { return {"m5.8xlarge", 1, 2, {EnaRoot()}}; }
+MachineSpec NoEfa() {
+  return {
+      .instance_type = "m5.8xlarge", .numa_nodes = 1, .cpus_per_numa = 2, .groups = {EnaRoot()}};
+}
 
 struct KindInfo {
   uint16_t vendor;

@@ -58,78 +58,79 @@ std::vector<std::string> Addresses(const std::vector<PciAddress>& pcis) {
 TEST_CASE("HostModel places the EFAs and accelerators of every simulated machine", "[topology]") {
   struct Case {
     std::string machine;
-    size_t gpus;
-    size_t neurons;
-    std::string efa;  // one EFA and what Describe() says about it
-    std::vector<std::string> lines;
+    size_t gpus = 0;
+    size_t neurons = 0;
+    std::string efa = {};  // one EFA and what Describe() says about it
+    std::vector<std::string> lines = {};
   };
   const std::vector<Case> cases = {
-      {"p4d.24xlarge",
-       8,
-       0,
-       "rdmap16s27",
-       {"efa rdmap16s27 0000:10:1b.0 numa=0 root=pci0000:10 switch=-",
-        "  root-complex: 0000:10:1c.0 0000:10:1d.0", "  numa: 0000:20:1c.0 0000:20:1d.0",
-        "  other: 0000:90:1c.0 0000:90:1d.0 0000:a0:1c.0 0000:a0:1d.0"}},
+      {.machine = "p4d.24xlarge",
+       .gpus = 8,
+       .neurons = 0,
+       .efa = "rdmap16s27",
+       .lines = {"efa rdmap16s27 0000:10:1b.0 numa=0 root=pci0000:10 switch=-",
+                 "  root-complex: 0000:10:1c.0 0000:10:1d.0", "  numa: 0000:20:1c.0 0000:20:1d.0",
+                 "  other: 0000:90:1c.0 0000:90:1d.0 0000:a0:1c.0 0000:a0:1d.0"}},
       // The four NVSwitches (class 0x0680) are not GPUs.
-      {"p5.48xlarge",
-       8,
-       0,
-       "rdmap96s0",
-       {"efa rdmap96s0 0000:60:00.0 numa=0 root=pci0000:55 switch=0000:56:00.0",
-        "  switch: 0000:64:00.0", "  numa: 0000:53:00.0 0000:75:00.0 0000:86:00.0",
-        "  other: 0000:97:00.0 0000:a8:00.0 0000:b9:00.0 0000:ca:00.0"}},
-      {"p5en.48xlarge",
-       8,
-       0,
-       "rdmap137s0",
-       {"efa rdmap137s0 0000:89:00.0 numa=1 root=pci0000:84 switch=0000:85:00.0",
-        "  switch: 0000:8b:00.0 0000:8c:00.0", "  numa: 0000:a4:00.0 0000:a5:00.0",
-        "  other: 0000:59:00.0 0000:5a:00.0 0000:72:00.0 0000:73:00.0"}},
+      {.machine = "p5.48xlarge",
+       .gpus = 8,
+       .neurons = 0,
+       .efa = "rdmap96s0",
+       .lines = {"efa rdmap96s0 0000:60:00.0 numa=0 root=pci0000:55 switch=0000:56:00.0",
+                 "  switch: 0000:64:00.0", "  numa: 0000:53:00.0 0000:75:00.0 0000:86:00.0",
+                 "  other: 0000:97:00.0 0000:a8:00.0 0000:b9:00.0 0000:ca:00.0"}},
+      {.machine = "p5en.48xlarge",
+       .gpus = 8,
+       .neurons = 0,
+       .efa = "rdmap137s0",
+       .lines = {"efa rdmap137s0 0000:89:00.0 numa=1 root=pci0000:84 switch=0000:85:00.0",
+                 "  switch: 0000:8b:00.0 0000:8c:00.0", "  numa: 0000:a4:00.0 0000:a5:00.0",
+                 "  other: 0000:59:00.0 0000:5a:00.0 0000:72:00.0 0000:73:00.0"}},
       // The ConnectX-7 functions are neither EFAs nor accelerators.
-      {"p6-b200.48xlarge",
-       8,
-       0,
-       "rdmap86s0",
-       {"efa rdmap86s0 0000:56:00.0 numa=0 root=pci0000:52 switch=0000:53:00.0",
-        "  switch: 0000:57:00.0 0000:58:00.0", "  numa: 0000:70:00.0 0000:71:00.0",
-        "  other: 0000:89:00.0 0000:8a:00.0 0000:a2:00.0 0000:a3:00.0"}},
-      {"trn1.32xlarge",
-       0,
-       16,
-       "rdmap144s26",
-       {"efa rdmap144s26 0000:90:1a.0 numa=1 root=pci0000:90 switch=-",
-        "  root-complex: 0000:90:1b.0 0000:90:1c.0 0000:90:1d.0 0000:90:1e.0",
-        "  numa: 0000:a0:1b.0 0000:a0:1c.0 0000:a0:1d.0 0000:a0:1e.0",
-        "  other: 0000:10:1b.0 0000:10:1c.0 0000:10:1d.0 0000:10:1e.0 0000:20:1b.0 0000:20:1c.0 "
-        "0000:20:1d.0 0000:20:1e.0"}},
-      {"trn1n.32xlarge",
-       0,
-       16,
-       "rdmap16s23",
-       {"efa rdmap16s23 0000:10:17.0 numa=0 root=pci0000:10 switch=-",
-        "  root-complex: 0000:10:1b.0 0000:10:1c.0 0000:10:1d.0 0000:10:1e.0",
-        "  numa: 0000:20:1b.0 0000:20:1c.0 0000:20:1d.0 0000:20:1e.0",
-        "  other: 0000:90:1b.0 0000:90:1c.0 0000:90:1d.0 0000:90:1e.0 0000:a0:1b.0 0000:a0:1c.0 "
-        "0000:a0:1d.0 0000:a0:1e.0"}},
-      {"trn2.48xlarge",
-       0,
-       16,
-       "rdmap201s0",
-       {"efa rdmap201s0 0000:c9:00.0 numa=1 root=pci0000:c6 switch=0000:c7:00.0",
-        "  switch: 0000:cb:00.0 0000:cc:00.0",
-        "  numa: 0000:b5:00.0 0000:b6:00.0 0000:e1:00.0 0000:e2:00.0 0000:f7:00.0 0000:f8:00.0",
-        "  other: 0000:58:00.0 0000:59:00.0 0000:6e:00.0 0000:6f:00.0 0000:84:00.0 0000:85:00.0 "
-        "0000:9a:00.0 0000:9b:00.0"}},
+      {.machine = "p6-b200.48xlarge",
+       .gpus = 8,
+       .neurons = 0,
+       .efa = "rdmap86s0",
+       .lines = {"efa rdmap86s0 0000:56:00.0 numa=0 root=pci0000:52 switch=0000:53:00.0",
+                 "  switch: 0000:57:00.0 0000:58:00.0", "  numa: 0000:70:00.0 0000:71:00.0",
+                 "  other: 0000:89:00.0 0000:8a:00.0 0000:a2:00.0 0000:a3:00.0"}},
+      {.machine = "trn1.32xlarge",
+       .gpus = 0,
+       .neurons = 16,
+       .efa = "rdmap144s26",
+       .lines = {"efa rdmap144s26 0000:90:1a.0 numa=1 root=pci0000:90 switch=-",
+                 "  root-complex: 0000:90:1b.0 0000:90:1c.0 0000:90:1d.0 0000:90:1e.0",
+                 "  numa: 0000:a0:1b.0 0000:a0:1c.0 0000:a0:1d.0 0000:a0:1e.0",
+                 "  other: 0000:10:1b.0 0000:10:1c.0 0000:10:1d.0 0000:10:1e.0 0000:20:1b.0 "
+                 "0000:20:1c.0 0000:20:1d.0 0000:20:1e.0"}},
+      {.machine = "trn1n.32xlarge",
+       .gpus = 0,
+       .neurons = 16,
+       .efa = "rdmap16s23",
+       .lines = {"efa rdmap16s23 0000:10:17.0 numa=0 root=pci0000:10 switch=-",
+                 "  root-complex: 0000:10:1b.0 0000:10:1c.0 0000:10:1d.0 0000:10:1e.0",
+                 "  numa: 0000:20:1b.0 0000:20:1c.0 0000:20:1d.0 0000:20:1e.0",
+                 "  other: 0000:90:1b.0 0000:90:1c.0 0000:90:1d.0 0000:90:1e.0 0000:a0:1b.0 "
+                 "0000:a0:1c.0 0000:a0:1d.0 0000:a0:1e.0"}},
+      {.machine = "trn2.48xlarge",
+       .gpus = 0,
+       .neurons = 16,
+       .efa = "rdmap201s0",
+       .lines =
+           {"efa rdmap201s0 0000:c9:00.0 numa=1 root=pci0000:c6 switch=0000:c7:00.0",
+            "  switch: 0000:cb:00.0 0000:cc:00.0",
+            "  numa: 0000:b5:00.0 0000:b6:00.0 0000:e1:00.0 0000:e2:00.0 0000:f7:00.0 0000:f8:00.0",
+            "  other: 0000:58:00.0 0000:59:00.0 0000:6e:00.0 0000:6f:00.0 0000:84:00.0 "
+            "0000:85:00.0 0000:9a:00.0 0000:9b:00.0"}},
       // numa_node -1 everywhere: the only proximity left is the shared root bus.
-      {"g5.48xlarge",
-       8,
-       0,
-       "rdmap0s21",
-       {"efa rdmap0s21 0000:00:15.0 numa=? root=pci0000:00 switch=-",
-        "  root-complex: 0000:00:16.0 0000:00:17.0 0000:00:18.0 0000:00:19.0 0000:00:1a.0 "
-        "0000:00:1b.0 0000:00:1c.0 0000:00:1d.0"}},
-      {"no-efa", 0, 0, "", {}},
+      {.machine = "g5.48xlarge",
+       .gpus = 8,
+       .neurons = 0,
+       .efa = "rdmap0s21",
+       .lines = {"efa rdmap0s21 0000:00:15.0 numa=? root=pci0000:00 switch=-",
+                 "  root-complex: 0000:00:16.0 0000:00:17.0 0000:00:18.0 0000:00:19.0 0000:00:1a.0 "
+                 "0000:00:1b.0 0000:00:1c.0 0000:00:1d.0"}},
+      {.machine = "no-efa", .gpus = 0, .neurons = 0},
   };
   for (const Case& c : cases) {
     SECTION(c.machine) {

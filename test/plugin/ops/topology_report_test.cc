@@ -38,7 +38,7 @@ void CheckExpected(const std::string& name, const std::string& actual) {
 }
 
 TopologyReport Report(const SimRoot& sim, int expected_efa_count = 0) {
-  return BuildTopologyReport({sim.roots(), "", "", expected_efa_count});
+  return BuildTopologyReport({.roots = sim.roots(), .expected_efa_count = expected_efa_count});
 }
 
 }  // namespace
@@ -74,7 +74,8 @@ TEST_CASE("The hwloc XML gives the same topology as the simulated sysfs", "[topo
   for (const char* machine : {"p5.48xlarge", "trn2.48xlarge"}) {
     INFO(machine);
     SimRoot sim(machine);
-    const TopologyReport from_xml = BuildTopologyReport({sim.roots(), sim.xml().string(), "", 0});
+    const TopologyReport from_xml =
+        BuildTopologyReport({.roots = sim.roots(), .topology_xml = sim.xml().string()});
     CHECK(FormatTopologyTable(from_xml) == FormatTopologyTable(Report(sim)));
   }
 }
@@ -107,7 +108,8 @@ TEST_CASE("A p5.48xlarge with 31 EFAs gets the count warning naming the likely c
 namespace {
 
 TopologyReport SharedReport(const SimRoot& sim, int replicas, const std::string& resource) {
-  return BuildTopologyReport({sim.roots(), "", "", 0, replicas, resource});
+  return BuildTopologyReport(
+      {.roots = sim.roots(), .replicas = replicas, .resource_name = resource});
 }
 
 // `json` without its "sharing" object.

@@ -1,4 +1,4 @@
-#include "plugin/ops/efa_count.h"
+#include "plugin/ops/expected_efas.h"
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -12,41 +12,24 @@ using namespace efa::plugin;
 using efa::sim::SimRoot;
 
 TEST_CASE("The EFA count check", "[topology-report]") {
-  CHECK(SupportedEfaCount("p5.48xlarge") == 32);
-  CHECK(SupportedEfaCount("ml.p5.48xlarge") == 32);
-  CHECK(SupportedEfaCount("p5en.48xlarge") == 16);
-  CHECK(SupportedEfaCount("trn1.32xlarge") == 8);
-  CHECK(SupportedEfaCount("p6-b300.48xlarge") == 16);
-  CHECK(SupportedEfaCount("p6e-gb200.36xlarge") == 16);
-  CHECK(SupportedEfaCount("hpc7g.16xlarge") == 1);
-  CHECK(SupportedEfaCount("c7gn.16xlarge") == 1);
-  CHECK(SupportedEfaCount("c8gn.48xlarge") == 2);
-  CHECK(SupportedEfaCount("r8gb.metal-48xl") == 2);
-  CHECK(SupportedEfaCount("c8gn.24xlarge") == 1);
-  CHECK(SupportedEfaCount("c8g.48xlarge") == 1);
-  // No public count: not checked.
-  CHECK(SupportedEfaCount("p6e-gb300.36xlarge") == std::nullopt);
-  CHECK(SupportedEfaCount("c7gn.8xlarge") == std::nullopt);
-  CHECK(SupportedEfaCount("m5.8xlarge") == std::nullopt);
-  CHECK(SupportedEfaCount("") == std::nullopt);
-
-  CHECK(CheckEfaCount("p4d.24xlarge", 0, 4).Describe() ==
+  CHECK(CheckExpectedEfas("p4d.24xlarge", 0, 4).Describe() ==
         "found 4 EFAs, as many as a p4d.24xlarge supports");
-  CHECK(CheckEfaCount("p4d.24xlarge", 2, 2).Describe() == "found 2 EFAs, as expectedEfaCount says");
-  CHECK(CheckEfaCount("m5.8xlarge", 0, 0).Describe() ==
+  CHECK(CheckExpectedEfas("p4d.24xlarge", 2, 2).Describe() ==
+        "found 2 EFAs, as expectedEfaCount says");
+  CHECK(CheckExpectedEfas("m5.8xlarge", 0, 0).Describe() ==
         "found 0 EFAs; no EFA count is known for m5.8xlarge (set expectedEfaCount to check it)");
-  CHECK(CheckEfaCount("", 0, 1).Describe() ==
+  CHECK(CheckExpectedEfas("", 0, 1).Describe() ==
         "found 1 EFA; the instance type is unknown (set instanceType or expectedEfaCount to "
         "check the count)");
-  CHECK(CheckEfaCount("g5.48xlarge", 0, 2).Describe() ==
+  CHECK(CheckExpectedEfas("g5.48xlarge", 0, 2).Describe() ==
         "found 2 EFAs, more than expected: a g5.48xlarge supports 1 (set expectedEfaCount if "
         "the table is out of date)");
-  CHECK(CheckEfaCount("trn2.48xlarge", 0, 0).Describe() ==
+  CHECK(CheckExpectedEfas("trn2.48xlarge", 0, 0).Describe() ==
         "found 0 EFAs, but a trn2.48xlarge supports 16: the node was likely launched with fewer "
         "EFA interfaces than it supports. Check the launch template or the Karpenter "
         "EC2NodeClass: every network card needs a network interface with interfaceType efa or "
         "efa-only, and the efa kernel module must be loaded");
-  const EfaCountCheck configured = CheckEfaCount("m5.8xlarge", 4, 3);
+  const ExpectedEfasCheck configured = CheckExpectedEfas("m5.8xlarge", 4, 3);
   CHECK(configured.short_of_expected());
   CHECK(configured.Describe().rfind("found 3 EFAs, but expectedEfaCount is 4: ", 0) == 0);
 }
@@ -62,8 +45,8 @@ TEST_CASE("ResolveInstanceType: configuration wins, then DMI, then unknown", "[o
   CHECK(ResolveInstanceType("", sim.path() / "no-sys") == "");
 }
 
-TEST_CASE("EfaCountMonitor keeps the check of the latest observation", "[ops]") {
-  EfaCountMonitor monitor("p5.48xlarge", 0);
+TEST_CASE("ExpectedEfasMonitor keeps the check of the latest observation", "[ops]") {
+  ExpectedEfasMonitor monitor("p5.48xlarge", 0);
   CHECK_FALSE(monitor.latest().has_value());
   monitor.Observe(31);
   REQUIRE(monitor.latest().has_value());
@@ -84,8 +67,8 @@ TEST_CASE("EfaCountMonitor keeps the check of the latest observation", "[ops]") 
   CHECK(monitor.latest()->short_of_expected());
 }
 
-TEST_CASE("EfaCountMonitor compares with expectedEfaCount when it is set", "[ops]") {
-  EfaCountMonitor configured("p5.48xlarge", 4);
+TEST_CASE("ExpectedEfasMonitor compares with expectedEfaCount when it is set", "[ops]") {
+  ExpectedEfasMonitor configured("p5.48xlarge", 4);
   configured.Observe(4);
   REQUIRE(configured.latest().has_value());
   CHECK(configured.latest()->configured);
@@ -97,12 +80,12 @@ TEST_CASE("EfaCountMonitor compares with expectedEfaCount when it is set", "[ops
   CHECK_FALSE(configured.latest()->short_of_expected());
 
   // An unknown type has nothing to compare with, unless configured.
-  EfaCountMonitor unknown("", 0);
+  ExpectedEfasMonitor unknown("", 0);
   unknown.Observe(2);
   CHECK_FALSE(unknown.latest()->expected.has_value());
   CHECK_FALSE(unknown.latest()->as_expected());
   CHECK_FALSE(unknown.latest()->short_of_expected());
-  EfaCountMonitor unknown_configured("", 2);
+  ExpectedEfasMonitor unknown_configured("", 2);
   unknown_configured.Observe(1);
   CHECK(unknown_configured.latest()->expected == 2);
   CHECK(unknown_configured.latest()->short_of_expected());

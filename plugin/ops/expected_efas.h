@@ -18,20 +18,17 @@
 
 namespace efa::plugin {
 
-// The number of EFAs an instance type supports (EC2's
-// MaximumEfaInterfaces), from a built-in table; nullopt for a type it does
-// not list. A HyperPod "ml." prefix is ignored.
-std::optional<int> SupportedEfaCount(std::string_view instance_type);
-
 // The node's instance type: `configured` when not empty, else the DMI
 // product name under `sysfs_root`, else empty (unknown). Reads the host.
 std::string ResolveInstanceType(const std::string& configured,
                                 const std::filesystem::path& sysfs_root);
 
-struct EfaCountCheck {
+struct ExpectedEfasCheck {
   std::string instance_type;    // empty when unknown
   std::optional<int> expected;  // nullopt: nothing to compare with
-  bool configured = false;      // `expected` is expectedEfaCount, not the table's
+  // `expected` is expectedEfaCount, not the instance-type table's
+  // (topology::SupportedEfaCount).
+  bool configured = false;
   int found = 0;
 
   bool short_of_expected() const { return expected && found < *expected; }
@@ -43,28 +40,29 @@ struct EfaCountCheck {
 };
 
 // `expected_efa_count` > 0 wins over the table.
-EfaCountCheck CheckEfaCount(const std::string& instance_type, int expected_efa_count, int found);
+ExpectedEfasCheck CheckExpectedEfas(const std::string& instance_type, int expected_efa_count,
+                                    int found);
 
 // The check across the daemon's rescans: logs when the outcome changes
 // (never once per rescan) and keeps the latest for metrics. Thread-safe.
-class EfaCountMonitor {
+class ExpectedEfasMonitor {
  public:
-  EfaCountMonitor(std::string instance_type, int expected_efa_count);
+  ExpectedEfasMonitor(std::string instance_type, int expected_efa_count);
   // A rescan found `found` EFAs.
   void Observe(int found);
   // The latest check, or nullopt before the first Observe().
-  std::optional<EfaCountCheck> latest() const;
+  std::optional<ExpectedEfasCheck> latest() const;
 
  private:
   const std::string instance_type_;
   const int expected_efa_count_;
   mutable absl::Mutex mu_;
-  std::optional<EfaCountCheck> latest_ ABSL_GUARDED_BY(mu_);
+  std::optional<ExpectedEfasCheck> latest_ ABSL_GUARDED_BY(mu_);
 };
 
 // The families efas_found and efas_expected of `check` (nullopt: before
 // the first scan) appended to `out`.
-void CollectEfaCount(const std::optional<EfaCountCheck>& check,
-                     std::vector<prometheus::MetricFamily>& out);
+void CollectExpectedEfas(const std::optional<ExpectedEfasCheck>& check,
+                         std::vector<prometheus::MetricFamily>& out);
 
 }  // namespace efa::plugin
