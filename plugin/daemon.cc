@@ -460,13 +460,21 @@ void Daemon::ReportAlignment(bool periodic) {
   // pod-resources for nothing new.
   if (periodic && checkpoint == reported_checkpoint_) return;
   if (aligner_ && model_) {
-    if (aligner_->Report(*model_)) {
-      reported_checkpoint_ = checkpoint;
-      report_backoff_ = std::chrono::milliseconds(0);
-    } else {
-      // pod-resources failed: try again, less often while it keeps failing.
-      report_backoff_ = std::clamp(report_backoff_ * 2, kReportRetryFirst, kReportRetryMost);
-      next_report_ = options_.clock->Now() + report_backoff_;
+    switch (aligner_->Report(*model_)) {
+      case Aligner::ReportOutcome::kJudged:
+        reported_checkpoint_ = checkpoint;
+        report_backoff_ = std::chrono::milliseconds(0);
+        break;
+      case Aligner::ReportOutcome::kDeferred:
+        // A burst of admissions spent our own tokens: one is due soon, and
+        // doubling here would leave the burst unjudged for up to 30 s.
+        next_report_ = options_.clock->Now() + kReportRetryFirst;
+        break;
+      case Aligner::ReportOutcome::kFailed:
+        // pod-resources failed: try again, less often while it keeps failing.
+        report_backoff_ = std::clamp(report_backoff_ * 2, kReportRetryFirst, kReportRetryMost);
+        next_report_ = options_.clock->Now() + report_backoff_;
+        break;
     }
   }
 }
