@@ -21,6 +21,9 @@ namespace {
 // most while pod-resources keeps failing.
 constexpr std::chrono::milliseconds kReportRetryFirst{500};
 constexpr std::chrono::milliseconds kReportRetryMost{30000};
+// A timer's due time: at once, and never.
+constexpr Clock::time_point kNow = Clock::time_point::min();
+constexpr Clock::time_point kNever = Clock::time_point::max();
 
 void CloseFd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -139,8 +142,6 @@ void Daemon::SetUpAlignment() {
 }
 
 void Daemon::AddTimers() {
-  constexpr Clock::time_point kNow = Clock::time_point::min();
-  constexpr Clock::time_point kNever = Clock::time_point::max();
   loop_.AddTimer([this] { return guards_.next_check(); },
                  [this] {
                    if (CheckGuards()) tracker_.Rescan();
