@@ -104,6 +104,7 @@ void Daemon::SetUpAlignment() {
   aligner_options.proc_root = options_.roots.proc;
   aligner_options.efa_resource = options_.resource_name;
   aligner_options.resources = options_.accelerator_resources;
+  aligner_options.pod_resources.now = [this] { return options_.clock->Now(); };
   if (options_.alignment == AlignmentMode::kLateBinding) {
     LateBinderOptions late;
     late.cdi_dir = options_.cdi_dir;

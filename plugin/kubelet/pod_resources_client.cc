@@ -20,14 +20,14 @@ constexpr char kOwnRateLimitPayload[] = "efa.plugin/pod-resources-own-rate-limit
 
 PodResourcesClient::PodResourcesClient(std::filesystem::path socket, Options options)
     : socket_(std::move(socket)),
-      options_(options),
+      options_(std::move(options)),
       watch_(socket_),
-      tokens_(options.burst),
-      refilled_(std::chrono::steady_clock::now()) {}
+      tokens_(options_.burst),
+      refilled_(options_.now()) {}
 
 bool PodResourcesClient::TakeToken(bool rate_limited) {
   absl::MutexLock lock(&mu_);
-  auto now = std::chrono::steady_clock::now();
+  auto now = options_.now();
   tokens_ =
       std::min(options_.burst,
                tokens_ + std::chrono::duration<double>(now - refilled_).count() * options_.max_qps);

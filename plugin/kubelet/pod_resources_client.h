@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -34,6 +35,11 @@ class PodResourcesClient {
     double burst = 5;
     // A larger answer is refused (RESOURCE_EXHAUSTED) and not read.
     int max_answer_bytes = kMaxPodResourcesAnswerBytes;
+    // The time the rate limit refills by: the daemon's clock, so that a test
+    // moving a fake one gives tokens as a real minute would.
+    std::function<std::chrono::steady_clock::time_point()> now = [] {
+      return std::chrono::steady_clock::now();
+    };
   };
   PodResourcesClient(std::filesystem::path socket, Options options);
 
