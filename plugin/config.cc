@@ -89,6 +89,8 @@ constexpr milliseconds kMaxLongDuration{24 * 3600 * 1000};
 // limit of 1024 with room for the daemon's own.
 constexpr int kMaxHttpConnections = 512;
 
+// A table, one row per option: it grows with the options, not with logic.
+// NOLINTNEXTLINE(readability-function-size)
 const std::vector<Option>& Options() {
   static const std::vector<Option>* options = new std::vector<Option>{
       {.key = "sysfsRoot",

@@ -18,6 +18,220 @@ std::vector<prometheus::ClientMetric::Label> EfaLabels(const topology::EfaDevice
           {"numa_node", d.numa_node ? std::to_string(*d.numa_node) : "-1"}};
 }
 
+// A family named kMetricPrefix + `name`, appended to `out`; the reference
+// is valid until the next is added.
+prometheus::MetricFamily& Family(std::vector<prometheus::MetricFamily>& out,
+                                 const std::string& name, std::string help,
+                                 prometheus::MetricType type) {
+  return AddFamily(out, absl::StrCat(kMetricPrefix, name), std::move(help), type);
+}
+
+// The labels of a container's series.
+std::vector<prometheus::ClientMetric::Label> ContainerLabels(const EfaHolder& h) {
+  return {{"namespace", h.pod_namespace}, {"pod", h.pod}, {"container", h.container}};
+}
+
+// The devices the daemon advertises, by health.
+struct AdvertisedHealth {
+  int healthy = 0, unhealthy = 0;
+  std::set<std::string> unhealthy_efas;  // physical EFAs, for the alert to name
+};
+
+AdvertisedHealth Advertised(const Daemon& daemon) {
+  AdvertisedHealth out;
+  const v1beta1::ListAndWatchResponse advertised = daemon.advertised();
+  for (const auto& d : advertised.devices()) {
+    (d.health() == kHealthy ? out.healthy : out.unhealthy)++;
+    if (d.health() == kHealthy) continue;
+    const auto replica = topology::ParseReplicaId(d.id());
+    out.unhealthy_efas.insert(replica ? replica->ibdev : d.id());
+  }
+  return out;
+}
+
+// The devices advertised Unhealthy, the registration with the kubelet,
+// discovery's errors and the owner loop's heartbeat.
+void CollectOwnerLoop(const Daemon& daemon, const std::set<std::string>& unhealthy_efas,
+                      std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  auto& unhealthy_by_efa =
+      Family(out, "efa_advertised_unhealthy",
+             "1 for each EFA advertised Unhealthy to the kubelet, whatever the cause (gone, "
+             "device health, MOFED protect); absent while Healthy.",
+             MetricType::Gauge);
+  for (const std::string& efa : unhealthy_efas) AddSample(unhealthy_by_efa, 1, {{"efa", efa}});
+  AddSample(
+      Family(out, "registered", "1 while vpc.amazonaws.com/efa is registered.", MetricType::Gauge),
+      daemon.registered() ? 1 : 0);
+  AddSample(Family(out, "registrations_total", "Successful registrations with the kubelet.",
+                   MetricType::Counter),
+            daemon.registrations());
+  AddSample(Family(out, "kubelet_restarts_total",
+                   "Kubelet restarts seen (kubelet.sock re-created).", MetricType::Counter),
+            daemon.kubelet_restarts());
+  const Daemon::DiscoveryErrorCounts discovery = daemon.discovery_errors();
+  auto& discovery_errors =
+      Family(out, "discovery_errors_total",
+             "Device discovery's listings (list) and device reads (read) that failed for a reason "
+             "that says nothing about the devices (out of descriptors or memory); the EFAs they "
+             "hid kept their last known state.",
+             MetricType::Counter);
+  AddSample(discovery_errors, static_cast<double>(discovery.list), {{"operation", "list"}});
+  AddSample(discovery_errors, static_cast<double>(discovery.read), {{"operation", "read"}});
+  const auto beat = daemon.heartbeat();
+  AddSample(Family(out, "heartbeat_age_seconds",
+                   "Seconds since the owner loop's last pass (see /healthz).", MetricType::Gauge),
+            beat ? std::chrono::duration<double>(daemon.clock().Now() - *beat).count() : 0);
+}
+
+// The aligner's decisions and judgments, and late binding's events.
+void CollectAlignment(const Daemon& daemon, std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  const AlignmentStats* stats = daemon.alignment_stats();
+  const AlignmentStats::Counts counts = stats ? stats->Get() : AlignmentStats::Counts{};
+  auto& decisions = Family(
+      out, "alignment_decisions_total",
+      "GetPreferredAllocation decisions: targeted (the container's accelerators were known), "
+      "predicted (none known yet), degraded (pod-resources failed).",
+      MetricType::Counter);
+  if (stats) {
+    AddSample(decisions, counts.targeted, {{"decision", "targeted"}});
+    AddSample(decisions, counts.predicted, {{"decision", "predicted"}});
+    AddSample(decisions, counts.degraded, {{"decision", "degraded"}});
+  }
+  auto& judgments = Family(out, "alignment_judgments_total",
+                           "Containers holding EFAs and accelerators, judged once after admission.",
+                           MetricType::Counter);
+  if (stats) {
+    AddSample(judgments, counts.aligned, {{"result", "aligned"}});
+    AddSample(judgments, counts.unaligned, {{"result", "unaligned"}});
+  }
+  auto& failures = Family(out, "alignment_report_failures_total",
+                          "Judgment passes that pod-resources failed; retried with backoff.",
+                          MetricType::Counter);
+  if (stats) AddSample(failures, counts.report_failed, {});
+  auto& events = Family(
+      out, "late_binding_total",
+      "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "
+      "(kept), PreStartContainer failures (failed), bindings released (released), recovered "
+      "from the CDI dir at start (recovered), and release passes the kubelet's records could "
+      "not decide (undecided).",
+      MetricType::Counter);
+  if (const LateBinder* late = daemon.late_binder()) {
+    const LateBindingCounts c = late->counts();
+    AddSample(events, c.bound, {{"event", "bound"}});
+    AddSample(events, c.kept, {{"event", "kept"}});
+    AddSample(events, c.failed, {{"event", "failed"}});
+    AddSample(events, c.released, {{"event", "released"}});
+    AddSample(events, c.recovered, {{"event", "recovered"}});
+    AddSample(events, c.undecided, {{"event", "undecided"}});
+  }
+}
+
+// The guards' findings: the MOFED guard's and the DRA guard's.
+void CollectGuards(const GuardStatus& g, std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  // Not looked yet: a node without EFA has nothing to guard.
+  const bool looked = g.mofed_policy != MofedPolicy::kOff && g.checks > 0;
+  auto& mofed = Family(
+      out, "mofed_state",
+      "1 for the NVIDIA MOFED guard's current state (off, on, unknown); all 0 with the policy off.",
+      MetricType::Gauge);
+  for (MofedState s : {MofedState::kOff, MofedState::kOn, MofedState::kUnknown}) {
+    AddSample(mofed, looked && g.mofed.state == s ? 1 : 0,
+              {{"state", std::string(MofedStateName(s))}});
+  }
+  AddSample(Family(out, "dra_driver_present", "1 while the EFA DRA driver (dra.net) is registered.",
+                   MetricType::Gauge),
+            g.dra.present ? 1 : 0);
+  AddSample(Family(out, "efas_held_unhealthy",
+                   "1 while MOFED policy protect reports every EFA Unhealthy.", MetricType::Gauge),
+            g.efas_held_unhealthy ? 1 : 0);
+  AddSample(
+      Family(out, "withdrawn", "1 while vpc.amazonaws.com/efa is withdrawn for the DRA driver.",
+             MetricType::Gauge),
+      g.withdrawn ? 1 : 0);
+  AddSample(Family(out, "guard_checks_total", "Guard checks run.", MetricType::Counter),
+            static_cast<double>(g.checks));
+  AddSample(Family(out, "mofed_checks_incomplete_total",
+                   "MOFED guard checks that stopped at a bound (the time box, the cap on "
+                   "nvidia-device-plugin processes read, a file's size) or for want of "
+                   "descriptors or memory, and kept the previous verdict.",
+                   MetricType::Counter),
+            static_cast<double>(g.mofed_incomplete));
+}
+
+// Each counter of the efa driver per EFA, and the traffic counters per
+// container holding the EFA.
+void CollectCounterValues(const EfaCounterSnapshot& snapshot,
+                          std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  const auto& counters = topology::EfaCounters();
+  std::map<std::string, const EfaCounterSnapshot::Efa*> by_ibdev;
+  for (const auto& efa : snapshot.efas) by_ibdev[efa.device.ibdev] = &efa;
+  for (size_t i = 0; i < counters.size(); ++i) {
+    const topology::EfaCounter& c = counters[i];
+    auto& per_efa = Family(out, absl::StrCat("efa_", c.name, "_total"),
+                           absl::StrCat(c.help, " The efa driver's ", c.name, " counter."),
+                           MetricType::Counter);
+    for (const auto& efa : snapshot.efas) {
+      if (efa.counters.values[i]) {
+        AddSample(per_efa, static_cast<double>(*efa.counters.values[i]), EfaLabels(efa.device));
+      }
+    }
+    if (!c.traffic) continue;
+    auto& held = Family(
+        out, absl::StrCat("container_efa_", c.name, "_total"),
+        absl::StrCat("The efa driver's ", c.name,
+                     " counter of each EFA a container holds now, labelled with the container "
+                     "(with sharing, every sharer of an EFA shows the EFA's whole count)."),
+        MetricType::Counter);
+    for (const auto& container : snapshot.containers) {
+      for (const std::string& ibdev : container.holder.efas) {
+        auto efa = by_ibdev.find(ibdev);
+        if (efa == by_ibdev.end() || !efa->second->counters.values[i]) continue;
+        auto labels = ContainerLabels(container.holder);
+        for (auto& label : EfaLabels(efa->second->device)) labels.push_back(std::move(label));
+        AddSample(held, static_cast<double>(*efa->second->counters.values[i]), std::move(labels));
+      }
+    }
+  }
+}
+
+// The counters not read at the latest read, and the EFAs device health
+// holds Unhealthy by them.
+void CollectCounterProblems(const EfaCounterSnapshot& snapshot,
+                            std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  // Each family's reference is valid until the next is added.
+  auto& unavailable =
+      Family(out, "efa_counters_unavailable",
+             "EFA counters not read at the latest read: missing (the driver has no such counter, "
+             "as on older kernels), error (the device answered the read with an error) or "
+             "unreadable (not read for a reason that says nothing about the device: out of "
+             "descriptors or memory, not a counter).",
+             MetricType::Gauge);
+  for (const auto& efa : snapshot.efas) {
+    AddSample(unavailable, efa.counters.missing,
+              {{"efa", efa.device.ibdev}, {"reason", "missing"}});
+    AddSample(unavailable, static_cast<double>(efa.counters.errors.size()),
+              {{"efa", efa.device.ibdev}, {"reason", "error"}});
+    AddSample(unavailable, static_cast<double>(efa.counters.unreadable.size()),
+              {{"efa", efa.device.ibdev}, {"reason", "unreadable"}});
+  }
+  auto& unhealthy =
+      Family(out, "efa_unhealthy_by_counters",
+             "1 for each EFA device health holds Unhealthy, by reason: keep_alive "
+             "(keep_alive_rcvd stopped) or admin_errors (admin commands failing); only with "
+             "deviceHealth on.",
+             MetricType::Gauge);
+  for (const auto& efa : snapshot.efas) {
+    if (!efa.unhealthy.empty()) {
+      AddSample(unhealthy, 1, {{"efa", efa.device.ibdev}, {"reason", efa.unhealthy_kind}});
+    }
+  }
+}
+
 }  // namespace
 
 std::string_view GrpcCodeName(grpc::StatusCode code) {
@@ -139,214 +353,46 @@ void DaemonMonitor::EfaAllocated(std::string_view ibdev) {
 }
 
 void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) const {
-  using prometheus::MetricType;
-  auto family = [&](const char* name, const char* help, MetricType type) -> auto& {
-    return AddFamily(out, absl::StrCat(kMetricPrefix, name), help, type);
-  };
   CollectExpectedEfas(expected_efas_.latest(), out);
   const Daemon* daemon = daemon_.load();
-  int healthy = 0, unhealthy = 0;
-  std::set<std::string> unhealthy_efas;  // physical EFAs, for the alert to name
-  if (daemon != nullptr) {
-    const v1beta1::ListAndWatchResponse advertised = daemon->advertised();
-    for (const auto& d : advertised.devices()) {
-      (d.health() == kHealthy ? healthy : unhealthy)++;
-      if (d.health() == kHealthy) continue;
-      const auto replica = topology::ParseReplicaId(d.id());
-      unhealthy_efas.insert(replica ? replica->ibdev : d.id());
-    }
-  }
+  const AdvertisedHealth advertised = daemon ? Advertised(*daemon) : AdvertisedHealth{};
   // Idle as long as no EFA was ever found: the daemon waiting in its own
   // loop, when it cannot exec the idle process, reads as that process.
   const bool serving =
       daemon != nullptr && (daemon->known_devices() > 0 || daemon->registrations() > 0);
-  CollectIdentity(serving ? kModeServing : kModeIdle, healthy, unhealthy, out);
+  CollectIdentity(serving ? kModeServing : kModeIdle, advertised.healthy, advertised.unhealthy,
+                  out);
   if (daemon == nullptr) return;
-  auto& unhealthy_by_efa =
-      family("efa_advertised_unhealthy",
-             "1 for each EFA advertised Unhealthy to the kubelet, whatever the cause (gone, "
-             "device health, MOFED protect); absent while Healthy.",
-             MetricType::Gauge);
-  for (const std::string& efa : unhealthy_efas) AddSample(unhealthy_by_efa, 1, {{"efa", efa}});
-  AddSample(family("registered", "1 while vpc.amazonaws.com/efa is registered.", MetricType::Gauge),
-            daemon->registered() ? 1 : 0);
-  AddSample(family("registrations_total", "Successful registrations with the kubelet.",
-                   MetricType::Counter),
-            daemon->registrations());
-  AddSample(family("kubelet_restarts_total", "Kubelet restarts seen (kubelet.sock re-created).",
-                   MetricType::Counter),
-            daemon->kubelet_restarts());
-  const Daemon::DiscoveryErrorCounts discovery = daemon->discovery_errors();
-  auto& discovery_errors =
-      family("discovery_errors_total",
-             "Device discovery's listings (list) and device reads (read) that failed for a reason "
-             "that says nothing about the devices (out of descriptors or memory); the EFAs they "
-             "hid kept their last known state.",
-             MetricType::Counter);
-  AddSample(discovery_errors, static_cast<double>(discovery.list), {{"operation", "list"}});
-  AddSample(discovery_errors, static_cast<double>(discovery.read), {{"operation", "read"}});
-  const auto beat = daemon->heartbeat();
-  AddSample(family("heartbeat_age_seconds",
-                   "Seconds since the owner loop's last pass (see /healthz).", MetricType::Gauge),
-            beat ? std::chrono::duration<double>(daemon->clock().Now() - *beat).count() : 0);
-
-  const AlignmentStats* stats = daemon->alignment_stats();
-  const AlignmentStats::Counts counts = stats ? stats->Get() : AlignmentStats::Counts{};
-  auto& decisions = family(
-      "alignment_decisions_total",
-      "GetPreferredAllocation decisions: targeted (the container's accelerators were known), "
-      "predicted (none known yet), degraded (pod-resources failed).",
-      MetricType::Counter);
-  if (stats) {
-    AddSample(decisions, counts.targeted, {{"decision", "targeted"}});
-    AddSample(decisions, counts.predicted, {{"decision", "predicted"}});
-    AddSample(decisions, counts.degraded, {{"decision", "degraded"}});
-  }
-  auto& judgments = family("alignment_judgments_total",
-                           "Containers holding EFAs and accelerators, judged once after admission.",
-                           MetricType::Counter);
-  if (stats) {
-    AddSample(judgments, counts.aligned, {{"result", "aligned"}});
-    AddSample(judgments, counts.unaligned, {{"result", "unaligned"}});
-  }
-  auto& failures = family("alignment_report_failures_total",
-                          "Judgment passes that pod-resources failed; retried with backoff.",
-                          MetricType::Counter);
-  if (stats) AddSample(failures, counts.report_failed, {});
-  auto& events = family(
-      "late_binding_total",
-      "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "
-      "(kept), PreStartContainer failures (failed), bindings released (released), recovered "
-      "from the CDI dir at start (recovered), and release passes the kubelet's records could "
-      "not decide (undecided).",
-      MetricType::Counter);
-  if (const LateBinder* late = daemon->late_binder()) {
-    const LateBindingCounts c = late->counts();
-    AddSample(events, c.bound, {{"event", "bound"}});
-    AddSample(events, c.kept, {{"event", "kept"}});
-    AddSample(events, c.failed, {{"event", "failed"}});
-    AddSample(events, c.released, {{"event", "released"}});
-    AddSample(events, c.recovered, {{"event", "recovered"}});
-    AddSample(events, c.undecided, {{"event", "undecided"}});
-  }
-
-  const GuardStatus g = daemon->guard_status();
-  // Not looked yet: a node without EFA has nothing to guard.
-  const bool looked = g.mofed_policy != MofedPolicy::kOff && g.checks > 0;
-  auto& mofed = family(
-      "mofed_state",
-      "1 for the NVIDIA MOFED guard's current state (off, on, unknown); all 0 with the policy off.",
-      MetricType::Gauge);
-  for (MofedState s : {MofedState::kOff, MofedState::kOn, MofedState::kUnknown}) {
-    AddSample(mofed, looked && g.mofed.state == s ? 1 : 0,
-              {{"state", std::string(MofedStateName(s))}});
-  }
-  AddSample(family("dra_driver_present", "1 while the EFA DRA driver (dra.net) is registered.",
-                   MetricType::Gauge),
-            g.dra.present ? 1 : 0);
-  AddSample(family("efas_held_unhealthy",
-                   "1 while MOFED policy protect reports every EFA Unhealthy.", MetricType::Gauge),
-            g.efas_held_unhealthy ? 1 : 0);
-  AddSample(family("withdrawn", "1 while vpc.amazonaws.com/efa is withdrawn for the DRA driver.",
-                   MetricType::Gauge),
-            g.withdrawn ? 1 : 0);
-  AddSample(family("guard_checks_total", "Guard checks run.", MetricType::Counter),
-            static_cast<double>(g.checks));
-  AddSample(family("mofed_checks_incomplete_total",
-                   "MOFED guard checks that stopped at a bound (the time box, the cap on "
-                   "nvidia-device-plugin processes read, a file's size) or for want of "
-                   "descriptors or memory, and kept the previous verdict.",
-                   MetricType::Counter),
-            static_cast<double>(g.mofed_incomplete));
-  AddSample(family("checkpoint_entries_skipped",
+  CollectOwnerLoop(*daemon, advertised.unhealthy_efas, out);
+  CollectAlignment(*daemon, out);
+  CollectGuards(daemon->guard_status(), out);
+  AddSample(Family(out, "checkpoint_entries_skipped",
                    "Entries of the kubelet checkpoint skipped at its latest read because they "
                    "cannot be parsed (the others are still used).",
-                   MetricType::Gauge),
+                   prometheus::MetricType::Gauge),
             static_cast<double>(daemon->checkpoint_entries_skipped()));
 }
 
 void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
                                     std::vector<prometheus::MetricFamily>& out) {
   using prometheus::MetricType;
-  auto family = [&](const std::string& name, const std::string& help, MetricType type) -> auto& {
-    return AddFamily(out, absl::StrCat(kMetricPrefix, name), help, type);
-  };
-  auto container_labels = [](const EfaHolder& h) {
-    return std::vector<prometheus::ClientMetric::Label>{
-        {"namespace", h.pod_namespace}, {"pod", h.pod}, {"container", h.container}};
-  };
-  const auto& counters = topology::EfaCounters();
-  std::map<std::string, const EfaCounterSnapshot::Efa*> by_ibdev;
-  for (const auto& efa : snapshot.efas) by_ibdev[efa.device.ibdev] = &efa;
-  for (size_t i = 0; i < counters.size(); ++i) {
-    const topology::EfaCounter& c = counters[i];
-    auto& per_efa = family(absl::StrCat("efa_", c.name, "_total"),
-                           absl::StrCat(c.help, " The efa driver's ", c.name, " counter."),
-                           MetricType::Counter);
-    for (const auto& efa : snapshot.efas) {
-      if (efa.counters.values[i]) {
-        AddSample(per_efa, static_cast<double>(*efa.counters.values[i]), EfaLabels(efa.device));
-      }
-    }
-    if (!c.traffic) continue;
-    auto& held = family(
-        absl::StrCat("container_efa_", c.name, "_total"),
-        absl::StrCat("The efa driver's ", c.name,
-                     " counter of each EFA a container holds now, labelled with the container "
-                     "(with sharing, every sharer of an EFA shows the EFA's whole count)."),
-        MetricType::Counter);
-    for (const auto& container : snapshot.containers) {
-      for (const std::string& ibdev : container.holder.efas) {
-        auto efa = by_ibdev.find(ibdev);
-        if (efa == by_ibdev.end() || !efa->second->counters.values[i]) continue;
-        auto labels = container_labels(container.holder);
-        for (auto& label : EfaLabels(efa->second->device)) labels.push_back(std::move(label));
-        AddSample(held, static_cast<double>(*efa->second->counters.values[i]), std::move(labels));
-      }
-    }
-  }
-  auto& idle = family("container_idle_efas",
+  CollectCounterValues(snapshot, out);
+  auto& idle = Family(out, "container_idle_efas",
                       "EFAs a running container holds that moved no bytes for the idle timeout "
                       "(allocated but unused: NCCL or libfabric may have fallen back to TCP).",
                       MetricType::Gauge);
   for (const auto& container : snapshot.containers) {
-    AddSample(idle, static_cast<double>(container.idle.size()), container_labels(container.holder));
+    AddSample(idle, static_cast<double>(container.idle.size()), ContainerLabels(container.holder));
   }
-  // Each family's reference is valid until the next is added.
-  auto& unavailable =
-      family("efa_counters_unavailable",
-             "EFA counters not read at the latest read: missing (the driver has no such counter, "
-             "as on older kernels), error (the device answered the read with an error) or "
-             "unreadable (not read for a reason that says nothing about the device: out of "
-             "descriptors or memory, not a counter).",
-             MetricType::Gauge);
-  for (const auto& efa : snapshot.efas) {
-    AddSample(unavailable, efa.counters.missing,
-              {{"efa", efa.device.ibdev}, {"reason", "missing"}});
-    AddSample(unavailable, static_cast<double>(efa.counters.errors.size()),
-              {{"efa", efa.device.ibdev}, {"reason", "error"}});
-    AddSample(unavailable, static_cast<double>(efa.counters.unreadable.size()),
-              {{"efa", efa.device.ibdev}, {"reason", "unreadable"}});
-  }
-  auto& unhealthy =
-      family("efa_unhealthy_by_counters",
-             "1 for each EFA device health holds Unhealthy, by reason: keep_alive "
-             "(keep_alive_rcvd stopped) or admin_errors (admin commands failing); only with "
-             "deviceHealth on.",
-             MetricType::Gauge);
-  for (const auto& efa : snapshot.efas) {
-    if (!efa.unhealthy.empty()) {
-      AddSample(unhealthy, 1, {{"efa", efa.device.ibdev}, {"reason", efa.unhealthy_kind}});
-    }
-  }
+  CollectCounterProblems(snapshot, out);
   // "efa_counters_", as efa_counters_unavailable: a counter named
   // "..._counter_..." reads to promtool's lint as naming its type.
-  AddSample(family("efa_counters_reads_total",
+  AddSample(Family(out, "efa_counters_reads_total",
                    "Reads of the EFAs' counters (on a scrape, or for device health; at most one "
                    "per counterInterval).",
                    MetricType::Counter),
             static_cast<double>(snapshot.reads));
-  AddSample(family("efa_counters_files_unreadable_total",
+  AddSample(Family(out, "efa_counters_files_unreadable_total",
                    "Counter files not read for a reason that says nothing about the device (out "
                    "of descriptors or memory, not a counter); device health keeps its verdict "
                    "meanwhile.",

@@ -3,8 +3,9 @@
 #   formatting  clang-format: every C++ and proto file as .clang-format says
 #   scripts     shellcheck -x: every shell script (warnings and errors)
 #   layering    every #include "..." points down (scripts/check-layering.py)
-#   bug-prone   clang-tidy with .clang-tidy on plugin/ and topology/, from the
-#               ci preset's compile_commands.json (configures build/ci and
+#   bug-prone   clang-tidy with .clang-tidy (bug-prone checks, functions of
+#               at most 80 lines) on plugin/ and topology/, from the ci
+#               preset's compile_commands.json (configures build/ci and
 #               builds the generated proto headers it needs)
 # Usage: scripts/lint.sh [--changed]
 #   --changed   clang-tidy only the sources that differ from main (and the
@@ -17,7 +18,7 @@ changed=0
 for arg in "$@"; do
   case "$arg" in
     --changed) changed=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "lint.sh: unknown argument '$arg' (--changed or nothing)" >&2; exit 2 ;;
   esac
 done

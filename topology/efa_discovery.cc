@@ -162,6 +162,112 @@ void SortDevices(std::vector<EfaDevice>& devices) {
   });
 }
 
+// The efa generation of the PCI function vendor:device behind
+// `class_dir` (0: newer than any this build knows), or NotFound when it is
+// not an EFA; any other error is a host error (IsHostResourceError).
+absl::StatusOr<int> GenerationOf(const fs::path& class_dir, uint32_t vendor, uint32_t device) {
+  const bool in_range = vendor <= 0xffff && device <= 0xffff;
+  if (in_range) {
+    if (auto generation =
+            EfaGeneration(static_cast<uint16_t>(vendor), static_cast<uint16_t>(device))) {
+      return *generation;
+    }
+  }
+  // A function the efa driver took is an EFA whatever its ID: a
+  // generation newer than this table (bound through the driver's own
+  // ID list) must not leave the node with zero EFAs. An ENA or a
+  // ConnectX never is, whatever a (forced) binding says.
+  if (IsEnaOrMellanox(vendor, device)) {
+    return absl::NotFoundError(
+        absl::StrFormat("PCI %04x:%04x is %s, not an EFA", vendor, device,
+                        vendor == kAmazonVendorId ? "an ENA" : "a Mellanox device"));
+  }
+  absl::StatusOr<bool> bound = in_range ? BoundToEfa(class_dir) : absl::StatusOr<bool>(false);
+  if (!bound.ok()) return bound.status();
+  if (!*bound) {
+    return absl::NotFoundError(absl::StrFormat(
+        "PCI %04x:%04x is not an EFA (neither 1d0f:efa0-efaf nor bound to the efa driver)", vendor,
+        device));
+  }
+  return 0;  // unknown: newer than any this build knows
+}
+
+// device/numa_node under `class_dir`: -1 (none) or a node number.
+absl::StatusOr<int64_t> NumaNodeOf(const fs::path& class_dir) {
+  const fs::path path = class_dir / "device/numa_node";
+  auto numa = ReadIntAttribute(path);
+  if (!numa.ok()) return numa.status();
+  if (*numa < -1 || *numa > 1023) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), ": expected -1 or a NUMA node number, got ", *numa));
+  }
+  return *numa;
+}
+
+// Adds class/infiniband/<ibdev> to `inv`: to its devices when it is an
+// EFA (healthy or not), else to skipped (with why) or unknown.
+void AddDevice(Inventory& inv, const HostRoots& roots, const UverbsListing& uverbs,
+               const std::string& ibdev) {
+  const fs::path class_dir = roots.sysfs / "class/infiniband" / ibdev;
+  // A device's file that cannot be read for a host reason leaves the
+  // device unknown; any other failure is the device's sysfs, named.
+  auto skip = [&](const absl::Status& why, bool malformed = true) {
+    if (IsHostResourceError(ErrnoOf(why))) {
+      inv.unknown.push_back(ibdev);
+      inv.errors.push_back(HostError("read", why));
+      return;
+    }
+    inv.skipped.push_back({ibdev, std::string(why.message()), malformed});
+  };
+  auto pci_dir = ResolvePath(class_dir / "device");
+  if (!pci_dir.ok()) return skip(pci_dir.status());
+  auto vendor = ReadHexAttribute(class_dir / "device/vendor");
+  if (!vendor.ok()) return skip(vendor.status());
+  auto device = ReadHexAttribute(class_dir / "device/device");
+  if (!device.ok()) return skip(device.status());
+  auto generation = GenerationOf(class_dir, *vendor, *device);
+  if (!generation.ok()) return skip(generation.status(), /*malformed=*/false);
+  auto pci = PciAddress::Parse(pci_dir->filename().string());
+  if (!pci) {
+    return skip(absl::InvalidArgumentError(absl::StrCat((class_dir / "device").string(),
+                                                        ": links to ", pci_dir->string(),
+                                                        ", which is not a PCI function")));
+  }
+  auto numa = NumaNodeOf(class_dir);
+  if (!numa.ok()) return skip(numa.status());
+  auto uv = uverbs.by_ibdev.find(ibdev);
+  if (uv == uverbs.by_ibdev.end() && !uverbs.complete) {
+    inv.unknown.push_back(ibdev);  // its error is listed once, by ListUverbs
+    return;
+  }
+  if (uv == uverbs.by_ibdev.end()) {
+    return skip(absl::NotFoundError(absl::StrCat((roots.sysfs / "class/infiniband_verbs").string(),
+                                                 ": no uverbs device names ", ibdev)));
+  }
+  if (!uv->second.numbers.ok()) return skip(uv->second.numbers.status());
+
+  EfaDevice dev;
+  dev.ibdev = ibdev;
+  dev.uverbs = uv->second.name;
+  dev.uverbs_path = (roots.dev / "infiniband" / uv->second.name).string();
+  dev.major = uv->second.numbers->first;
+  dev.minor = uv->second.numbers->second;
+  dev.pci = *pci;
+  dev.device_id = static_cast<uint16_t>(*device);
+  dev.generation = *generation;
+  if (*numa >= 0) dev.numa_node = static_cast<int>(*numa);
+  auto node_guid = ReadAttribute(class_dir / "node_guid");
+  if (!node_guid.ok() && IsHostResourceError(ErrnoOf(node_guid.status()))) {
+    return skip(node_guid.status());
+  }
+  dev.node_guid = node_guid.value_or("");
+  dev.root_complex = RootComplexOf(*pci_dir);
+  auto problem = HealthProblem(dev, class_dir);
+  if (!problem.ok()) return skip(problem.status());
+  dev.health_problem = *std::move(problem);
+  inv.devices.push_back(std::move(dev));
+}
+
 }  // namespace
 
 Inventory DiscoverEfaDevices(const HostRoots& roots) {
@@ -179,124 +285,7 @@ Inventory DiscoverEfaDevices(const HostRoots& roots) {
     return inv;
   }
   const UverbsListing uverbs = ListUverbs(roots.sysfs, inv.errors);
-
-  for (const std::string& ibdev : *names) {
-    const fs::path class_dir = class_root / ibdev;
-    // A device's file that cannot be read for a host reason leaves the
-    // device unknown; any other failure is the device's sysfs, named.
-    auto skip = [&](const absl::Status& why, bool malformed = true) {
-      if (IsHostResourceError(ErrnoOf(why))) {
-        inv.unknown.push_back(ibdev);
-        inv.errors.push_back(HostError("read", why));
-        return;
-      }
-      inv.skipped.push_back({ibdev, std::string(why.message()), malformed});
-    };
-    auto pci_dir = ResolvePath(class_dir / "device");
-    if (!pci_dir.ok()) {
-      skip(pci_dir.status());
-      continue;
-    }
-    auto vendor = ReadHexAttribute(class_dir / "device/vendor");
-    if (!vendor.ok()) {
-      skip(vendor.status());
-      continue;
-    }
-    auto device = ReadHexAttribute(class_dir / "device/device");
-    if (!device.ok()) {
-      skip(device.status());
-      continue;
-    }
-    const bool in_range = *vendor <= 0xffff && *device <= 0xffff;
-    std::optional<int> generation;
-    if (in_range) {
-      generation = EfaGeneration(static_cast<uint16_t>(*vendor), static_cast<uint16_t>(*device));
-    }
-    if (!generation) {
-      // A function the efa driver took is an EFA whatever its ID: a
-      // generation newer than this table (bound through the driver's own
-      // ID list) must not leave the node with zero EFAs. An ENA or a
-      // ConnectX never is, whatever a (forced) binding says.
-      if (IsEnaOrMellanox(*vendor, *device)) {
-        skip(absl::NotFoundError(
-                 absl::StrFormat("PCI %04x:%04x is %s, not an EFA", *vendor, *device,
-                                 *vendor == kAmazonVendorId ? "an ENA" : "a Mellanox device")),
-             /*malformed=*/false);
-        continue;
-      }
-      absl::StatusOr<bool> bound = in_range ? BoundToEfa(class_dir) : absl::StatusOr<bool>(false);
-      if (!bound.ok()) {
-        skip(bound.status());
-        continue;
-      }
-      if (!*bound) {
-        skip(absl::NotFoundError(absl::StrFormat(
-                 "PCI %04x:%04x is not an EFA (neither 1d0f:efa0-efaf nor bound to the efa "
-                 "driver)",
-                 *vendor, *device)),
-             /*malformed=*/false);
-        continue;
-      }
-      generation = 0;  // unknown: newer than any this build knows
-    }
-    auto pci = PciAddress::Parse(pci_dir->filename().string());
-    if (!pci) {
-      skip(absl::InvalidArgumentError(absl::StrCat((class_dir / "device").string(), ": links to ",
-                                                   pci_dir->string(),
-                                                   ", which is not a PCI function")));
-      continue;
-    }
-    auto numa = ReadIntAttribute(class_dir / "device/numa_node");
-    if (!numa.ok()) {
-      skip(numa.status());
-      continue;
-    }
-    if (*numa < -1 || *numa > 1023) {
-      skip(absl::InvalidArgumentError(absl::StrCat((class_dir / "device/numa_node").string(),
-                                                   ": expected -1 or a NUMA node number, got ",
-                                                   *numa)));
-      continue;
-    }
-    auto uv = uverbs.by_ibdev.find(ibdev);
-    if (uv == uverbs.by_ibdev.end() && !uverbs.complete) {
-      inv.unknown.push_back(ibdev);  // its error is listed once, by ListUverbs
-      continue;
-    }
-    if (uv == uverbs.by_ibdev.end()) {
-      skip(absl::NotFoundError(absl::StrCat((roots.sysfs / "class/infiniband_verbs").string(),
-                                            ": no uverbs device names ", ibdev)));
-      continue;
-    }
-    if (!uv->second.numbers.ok()) {
-      skip(uv->second.numbers.status());
-      continue;
-    }
-
-    EfaDevice dev;
-    dev.ibdev = ibdev;
-    dev.uverbs = uv->second.name;
-    dev.uverbs_path = (roots.dev / "infiniband" / uv->second.name).string();
-    dev.major = uv->second.numbers->first;
-    dev.minor = uv->second.numbers->second;
-    dev.pci = *pci;
-    dev.device_id = static_cast<uint16_t>(*device);
-    dev.generation = *generation;
-    if (*numa >= 0) dev.numa_node = static_cast<int>(*numa);
-    auto node_guid = ReadAttribute(class_dir / "node_guid");
-    if (!node_guid.ok() && IsHostResourceError(ErrnoOf(node_guid.status()))) {
-      skip(node_guid.status());
-      continue;
-    }
-    dev.node_guid = node_guid.value_or("");
-    dev.root_complex = RootComplexOf(*pci_dir);
-    auto problem = HealthProblem(dev, class_dir);
-    if (!problem.ok()) {
-      skip(problem.status());
-      continue;
-    }
-    dev.health_problem = *std::move(problem);
-    inv.devices.push_back(std::move(dev));
-  }
+  for (const std::string& ibdev : *names) AddDevice(inv, roots, uverbs, ibdev);
   SortDevices(inv.devices);
   return inv;
 }

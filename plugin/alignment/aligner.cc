@@ -7,6 +7,38 @@
 #include "spdlog/spdlog.h"
 
 namespace efa::plugin {
+namespace {
+
+// Where the accelerator plugins will put the next accelerators, beside
+// which the EFAs go: by the lowest accelerator none of `containers` holds.
+Targets Predict(const std::vector<ContainerDevices>& containers,
+                const AcceleratorResources& resources, const std::vector<topology::NvidiaGpu>& gpus,
+                const topology::HostModel& model) {
+  std::vector<std::pair<std::string, std::string>> held;
+  for (const ContainerDevices& c : containers) {
+    held.insert(held.end(), c.accelerators.begin(), c.accelerators.end());
+  }
+  Targets busy = ResolveTargets(held, resources, gpus, model);
+  Targets prediction;
+  prediction.busy_known = busy.unresolved.empty() && busy.neuron_indices.empty();
+  prediction.busy = std::move(busy.pci);
+  if (model.neuron_table() != nullptr) {
+    // With the AWS table: the EFAs of the lowest Neuron device nobody
+    // holds, the one the Neuron plugin hands out next.
+    for (int n = 0;; ++n) {
+      if (model.NeuronEfas(n).empty()) break;
+      if (std::find(busy.neuron_indices.begin(), busy.neuron_indices.end(), n) ==
+          busy.neuron_indices.end()) {
+        prediction.neuron_indices = {n};
+        break;
+      }
+    }
+  }
+  return prediction;
+}
+
+}  // namespace
+
 AlignmentStats::Counts AlignmentStats::Get() const {
   absl::MutexLock lock(&mu_);
   return counts_;
@@ -45,23 +77,7 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
   }
   // Admissions are serialized by the kubelet: not subject to our own limit.
   auto list = pod_resources_.List(/*rate_limited=*/false);
-  {
-    // Once per cause, not per call: an absent pod-resources socket would
-    // otherwise log at every admission.
-    absl::MutexLock lock(&failure_mu_);
-    const std::string failure = list.ok() ? "" : std::string(list.status().message());
-    if (failure != last_failure_) {
-      if (!list.ok()) {
-        spdlog::warn(
-            "cannot learn the admitted container's accelerators ({}); placing EFAs by prediction "
-            "until pod-resources answers",
-            failure);
-      } else {
-        spdlog::info("pod-resources answers again: aligning EFAs with admitted containers");
-      }
-      last_failure_ = failure;
-    }
-  }
+  LogPodResourcesChange(list.status());
   if (!list.ok()) {
     stats_.Add(&AlignmentStats::Counts::degraded);
     if (spdlog::should_log(spdlog::level::debug)) {
@@ -82,28 +98,7 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
   const std::vector<topology::NvidiaGpu>& gpus = gpu_list->gpus;
   const std::vector<std::string>& errors = gpu_list->errors;
   if (!admitted) {
-    // Place the EFAs where the accelerator plugins will put the next
-    // accelerators: beside the lowest one nobody holds yet.
-    std::vector<std::pair<std::string, std::string>> held;
-    for (const ContainerDevices& c : containers) {
-      held.insert(held.end(), c.accelerators.begin(), c.accelerators.end());
-    }
-    Targets busy = ResolveTargets(held, options_.resources, gpus, model);
-    Targets prediction;
-    prediction.busy_known = busy.unresolved.empty() && busy.neuron_indices.empty();
-    prediction.busy = std::move(busy.pci);
-    if (model.neuron_table() != nullptr) {
-      // With the AWS table: the EFAs of the lowest Neuron device nobody
-      // holds, the one the Neuron plugin hands out next.
-      for (int n = 0;; ++n) {
-        if (model.NeuronEfas(n).empty()) break;
-        if (std::find(busy.neuron_indices.begin(), busy.neuron_indices.end(), n) ==
-            busy.neuron_indices.end()) {
-          prediction.neuron_indices = {n};
-          break;
-        }
-      }
-    }
+    Targets prediction = Predict(containers, options_.resources, gpus, model);
     stats_.Add(&AlignmentStats::Counts::predicted);
     if (spdlog::should_log(spdlog::level::debug)) {  // (the arguments cost allocations)
       spdlog::debug(
@@ -128,6 +123,23 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
                   admitted->Name(), DescribeTargets(targets));
   }
   return targets;
+}
+
+void Aligner::LogPodResourcesChange(const absl::Status& status) {
+  // Once per cause, not per call: an absent pod-resources socket would
+  // otherwise log at every admission.
+  absl::MutexLock lock(&failure_mu_);
+  const std::string failure = status.ok() ? "" : std::string(status.message());
+  if (failure == last_failure_) return;
+  if (!status.ok()) {
+    spdlog::warn(
+        "cannot learn the admitted container's accelerators ({}); placing EFAs by prediction "
+        "until pod-resources answers",
+        failure);
+  } else {
+    spdlog::info("pod-resources answers again: aligning EFAs with admitted containers");
+  }
+  last_failure_ = failure;
 }
 
 std::optional<std::vector<ContainerDevices>> Aligner::Checkpointed() {

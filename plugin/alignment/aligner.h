@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment/alignment.h"
 #include "plugin/alignment/nvidia_gpu_cache.h"
@@ -88,6 +89,9 @@ class Aligner {
  private:
   // The checkpoint's containers; nullopt when it cannot be read.
   std::optional<std::vector<ContainerDevices>> Checkpointed();
+  // Logs when pod-resources starts failing, fails for another cause or
+  // answers again after a failure (`status` is the latest call's).
+  void LogPodResourcesChange(const absl::Status& status);
 
   const AlignerOptions options_;
   PodResourcesClient pod_resources_;

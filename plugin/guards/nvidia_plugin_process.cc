@@ -273,6 +273,64 @@ absl::StatusOr<std::string> HeldNvidiaPluginSocket(const fs::path& pid_dir,
   return absl::NotFoundError(absl::StrCat("holds no socket of ", found));
 }
 
+namespace {
+
+// Reads the candidate at `pid_dir`, process `pid`, named as the plugin and
+// run by root (`cmdline`: its command line's first bytes), into `scan`:
+// its process, or why the scan has no verdict. False when the time box
+// ran out on the way.
+bool ReadCandidate(const fs::path& pid_dir, int pid, Prefix cmdline,
+                   const fs::path& device_plugin_dir,
+                   std::chrono::steady_clock::time_point deadline, NvidiaPluginScan& scan) {
+  auto past_deadline = [&] { return std::chrono::steady_clock::now() >= deadline; };
+  const fs::path cmdline_path = pid_dir / "cmdline";
+  if (cmdline.truncated) {
+    std::optional<Prefix> whole = ReadPrefix(cmdline_path, kMaxCmdlineBytes);
+    if (!whole) return true;
+    cmdline = *std::move(whole);
+  }
+  NvidiaPluginProcess process;
+  process.pid = pid;
+  if (past_deadline()) return false;
+  absl::StatusOr<std::string> socket = HeldNvidiaPluginSocket(pid_dir, device_plugin_dir, deadline);
+  if (absl::IsDeadlineExceeded(socket.status())) return false;
+  if (cmdline.truncated) {
+    // The last --mofed-enabled may lie beyond the bound: no verdict from
+    // this one, and none from the scan if it is the plugin.
+    const std::string too_large(topology::TooLargeError(cmdline_path, kMaxCmdlineBytes).message());
+    if (socket.ok()) {
+      scan.incomplete = absl::StrCat(too_large, " (process ", pid, " holds ", *socket, ")");
+      return true;
+    }
+    process.untrusted = too_large;
+    scan.processes.push_back(std::move(process));
+    return true;
+  }
+  if (socket.ok()) {
+    process.plugin_socket = *socket;
+  } else {
+    process.untrusted = std::string(socket.status().message());
+  }
+  process.mofed_flag = MofedFlagFromCmdline(cmdline.bytes);
+  if (past_deadline()) return false;
+  if (std::optional<Prefix> environ = ReadPrefix(pid_dir / "environ", kMaxEnvironBytes)) {
+    // Beyond the bound only a mention in the part read counts (Go reads
+    // the first); the entry cut at the bound is dropped.
+    std::string_view whole = environ->bytes;
+    if (environ->truncated) whole = whole.substr(0, whole.rfind('\0') + 1);
+    process.mofed_env = MofedEnvFromEnviron(whole);
+    process.environ_readable = !environ->truncated || process.mofed_env.has_value();
+  }
+  if (past_deadline()) return false;
+  if (auto info = ReadGoBuildInfo(pid_dir / "exe"); info.ok() && info->main_version != "(devel)") {
+    process.version = info->main_version;
+  }
+  scan.processes.push_back(std::move(process));
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<NvidiaPluginScan> FindNvidiaPluginProcesses(const fs::path& proc_root,
                                                            const fs::path& device_plugin_dir,
                                                            const ProcessScanLimits& limits) {
@@ -294,8 +352,7 @@ absl::StatusOr<NvidiaPluginScan> FindNvidiaPluginProcesses(const fs::path& proc_
     if (!ParseNumber(it->path().filename().native(), &pid)) continue;
     // A process may exit at any point below: whatever is gone is skipped.
     // The name first: it rules out nearly every process for 4 KiB.
-    const fs::path cmdline_path = it->path() / "cmdline";
-    std::optional<Prefix> cmdline = ReadPrefix(cmdline_path, kNameBytes);
+    std::optional<Prefix> cmdline = ReadPrefix(it->path() / "cmdline", kNameBytes);
     if (!cmdline || !IsNvidiaPluginCommand(cmdline->bytes) ||
         (cmdline->truncated && cmdline->bytes.find('\0') == std::string::npos)) {
       continue;
@@ -309,48 +366,10 @@ absl::StatusOr<NvidiaPluginScan> FindNvidiaPluginProcesses(const fs::path& proc_
       ++scan.over_cap;
       continue;
     }
-    if (cmdline->truncated) cmdline = ReadPrefix(cmdline_path, kMaxCmdlineBytes);
-    if (!cmdline) continue;
-    NvidiaPluginProcess process;
-    process.pid = pid;
-    if (past_deadline()) return stopped();
-    absl::StatusOr<std::string> socket =
-        HeldNvidiaPluginSocket(it->path(), device_plugin_dir, limits.deadline);
-    if (absl::IsDeadlineExceeded(socket.status())) return stopped();
-    if (cmdline->truncated) {
-      // The last --mofed-enabled may lie beyond the bound: no verdict from
-      // this one, and none from the scan if it is the plugin.
-      const std::string too_large(
-          topology::TooLargeError(cmdline_path, kMaxCmdlineBytes).message());
-      if (socket.ok()) {
-        scan.incomplete = absl::StrCat(too_large, " (process ", pid, " holds ", *socket, ")");
-        continue;
-      }
-      process.untrusted = too_large;
-      scan.processes.push_back(std::move(process));
-      continue;
+    if (!ReadCandidate(it->path(), pid, *std::move(cmdline), device_plugin_dir, limits.deadline,
+                       scan)) {
+      return stopped();
     }
-    if (socket.ok()) {
-      process.plugin_socket = *socket;
-    } else {
-      process.untrusted = std::string(socket.status().message());
-    }
-    process.mofed_flag = MofedFlagFromCmdline(cmdline->bytes);
-    if (past_deadline()) return stopped();
-    if (std::optional<Prefix> environ = ReadPrefix(it->path() / "environ", kMaxEnvironBytes)) {
-      // Beyond the bound only a mention in the part read counts (Go reads
-      // the first); the entry cut at the bound is dropped.
-      std::string_view whole = environ->bytes;
-      if (environ->truncated) whole = whole.substr(0, whole.rfind('\0') + 1);
-      process.mofed_env = MofedEnvFromEnviron(whole);
-      process.environ_readable = !environ->truncated || process.mofed_env.has_value();
-    }
-    if (past_deadline()) return stopped();
-    if (auto info = ReadGoBuildInfo(it->path() / "exe");
-        info.ok() && info->main_version != "(devel)") {
-      process.version = info->main_version;
-    }
-    scan.processes.push_back(std::move(process));
   }
   if (ec) return topology::PathError(proc_root, ec.value());
   if (scan.over_cap > 0 && scan.incomplete.empty()) {

@@ -81,6 +81,223 @@ std::string DotId(std::string_view kind, std::string_view name) {
   return absl::StrCat("\"", std::string(kind), " ", std::string(name), "\"");
 }
 
+// The table's first lines: the instance type, the EFA count, the sharing,
+// whether the PCI tree could be read; then a blank line.
+std::string TableHeading(const TopologyReport& report) {
+  std::string out;
+  absl::StrAppend(&out, "Instance type: ",
+                  report.instance_type.empty()
+                      ? std::string("unknown")
+                      : absl::StrCat(report.instance_type, " (", report.instance_type_source, ")"),
+                  "\n");
+  absl::StrAppend(&out, "EFA count: ", report.count.Describe(), "\n");
+  if (report.replicas > 1) {
+    // What the kubelet will show: allocatable counts the healthy devices.
+    const int healthy = HealthyEfas(report);
+    const int unhealthy = static_cast<int>(report.inventory.devices.size()) - healthy;
+    absl::StrAppend(
+        &out, "Sharing: ", report.resource_name, ", ", report.replicas,
+        " replicas per EFA (device IDs ", topology::ReplicaId("<ibdev>", 0), " to ",
+        topology::ReplicaId("<ibdev>", report.replicas - 1), "): ", report.replicas * healthy,
+        " allocatable = ", report.replicas, " x ", healthy,
+        unhealthy == 0 ? " EFAs" : absl::StrCat(" healthy EFAs (", unhealthy, " unhealthy)"), "\n");
+  }
+  if (!report.topology_error.empty()) {
+    absl::StrAppend(&out, "PCI tree: unavailable (", report.topology_error,
+                    "): accelerators and switches unknown\n");
+  }
+  out += "\n";
+  return out;
+}
+
+// One row per EFA under a header: its relation to each accelerator
+// (`names`), NUMA node, uverbs device, PCI address, Neuron pairs (with
+// AWS's table) and health.
+std::string EfaTable(const TopologyReport& report, const std::vector<std::string>& names) {
+  const HostModel& model = *report.model;
+  size_t id_width = 3;
+  for (const EfaPlacement& p : model.efas()) id_width = std::max(id_width, p.id.size());
+  size_t cell = 4;
+  for (const std::string& n : names) cell = std::max(cell, n.size());
+  cell += 2;
+  const bool table = model.neuron_table() != nullptr;
+  std::string header = absl::StrFormat("%-*s  ", id_width, "EFA");
+  for (const std::string& n : names) absl::StrAppendFormat(&header, "%-*s", cell, n);
+  absl::StrAppendFormat(&header, "%-6s%-10s%-14s", "NUMA", "UVERBS", "PCI");
+  if (table) absl::StrAppendFormat(&header, "%-10s", "NEURON");
+  header += "HEALTH";
+  std::string out = header + "\n";
+  const auto matrix = Matrix(model);
+  for (size_t e = 0; e < model.efas().size(); ++e) {
+    const EfaPlacement& p = model.efas()[e];
+    const EfaDevice* d = FindDevice(report, p.id);
+    std::string row = absl::StrFormat("%-*s  ", id_width, p.id);
+    for (size_t a = 0; a < names.size(); ++a) {
+      absl::StrAppendFormat(&row, "%-*s", cell, std::string(RelationCode(matrix[e][a])));
+    }
+    absl::StrAppendFormat(&row, "%-6s%-10s%-14s", NumaText(p.numa_node),
+                          d ? d->uverbs : std::string("-"), p.pci.ToString());
+    if (table) {
+      std::vector<std::string> pairs;
+      for (int n : TablePairs(model, e)) pairs.push_back(absl::StrCat(n));
+      absl::StrAppendFormat(&row, "%-10s", pairs.empty() ? "-" : absl::StrJoin(pairs, ","));
+    }
+    row += !d ? "-" : d->healthy() ? "Healthy" : absl::StrCat("Unhealthy: ", d->health_problem);
+    out += row + "\n";
+  }
+  return out;
+}
+
+// What EfaTable's codes and columns mean.
+std::string TableLegend(const HostModel& model) {
+  std::string out =
+      "\nLegend:\n"
+      "  SW    behind the same PCIe switch\n"
+      "  RC    under the same root complex (PCIe host bridge), not the same switch\n"
+      "  NUMA  on the same NUMA node, not the same root complex\n"
+      "  X     on another NUMA node, or the NUMA node is unknown\n";
+  if (model.neuron_table() != nullptr) {
+    absl::StrAppend(&out, "  NEURON  the Neuron devices (/dev/neuronN) AWS's ",
+                    std::string(model.neuron_table()->name),
+                    " Neuron-to-EFA table pairs with the EFA\n");
+  }
+  return out;
+}
+
+// The sections below the EFA table, each only when it has lines: the
+// accelerators (`names`), the verbs devices that are not EFAs, the
+// model's warnings.
+std::string TableNotes(const TopologyReport& report, const std::vector<std::string>& names) {
+  const HostModel& model = *report.model;
+  std::string out;
+  if (!model.accelerators().empty()) {
+    out += "\nAccelerators (numbered per kind in PCI order):\n";
+    for (size_t a = 0; a < names.size(); ++a) {
+      const Accelerator& acc = model.accelerators()[a];
+      absl::StrAppendFormat(&out, "  %-6s %s  %s %04x:%04x  NUMA %s  %s  switch %s\n", names[a],
+                            acc.pci.ToString(), KindName(acc), acc.vendor_id, acc.device_id,
+                            NumaText(acc.numa_node),
+                            acc.root_complex.empty() ? "-" : acc.root_complex,
+                            acc.pcie_switch ? acc.pcie_switch->ToString() : "-");
+    }
+  }
+  if (!report.inventory.skipped.empty()) {
+    out += "\nVerbs devices that are not EFAs:\n";
+    for (const auto& s : report.inventory.skipped) {
+      absl::StrAppend(&out, "  ", s.ibdev, ": ", s.reason, "\n");
+    }
+  }
+  if (!model.warnings().empty()) {
+    out += "\nWarnings:\n";
+    for (const std::string& w : model.warnings()) absl::StrAppend(&out, "  ", w, "\n");
+  }
+  return out;
+}
+
+// The DOT graph's tree: root complex -> switch (optional) -> devices.
+struct DotLeaf {
+  topology::PciAddress pci;
+  std::string id;  // DOT node id
+  std::string decl;
+  std::optional<int> numa;
+};
+struct DotSwitch {
+  std::vector<DotLeaf> leaves;
+};
+struct DotRoot {
+  std::map<topology::PciAddress, DotSwitch> switches;  // by upstream port
+  std::vector<DotLeaf> direct;                         // on the root bus
+  std::set<std::string> numa;                          // NUMA nodes of its devices ("-": unknown)
+};
+using DotRoots = std::map<std::string, DotRoot>;  // by root complex ("" = unknown)
+
+void AddDotLeaf(DotRoots& roots, const std::string& root_complex,
+                const std::optional<topology::PciAddress>& sw, DotLeaf leaf) {
+  DotRoot& r = roots[root_complex];
+  r.numa.insert(NumaText(leaf.numa));
+  if (sw) {
+    r.switches[*sw].leaves.push_back(std::move(leaf));
+  } else {
+    r.direct.push_back(std::move(leaf));
+  }
+}
+
+// Every EFA and accelerator of the report, placed in the tree.
+DotRoots DotTree(const TopologyReport& report) {
+  const HostModel& model = *report.model;
+  const std::vector<std::string> names = AcceleratorNames(model);
+  DotRoots roots;
+  for (const EfaPlacement& p : model.efas()) {
+    const EfaDevice* d = FindDevice(report, p.id);
+    const bool healthy = d && d->healthy();
+    std::string label = absl::StrCat("EFA ", p.id, "\\n", d ? d->uverbs : std::string("-"), "\\n",
+                                     p.pci.ToString(), healthy ? "" : "\\nUnhealthy");
+    std::string id = DotId("efa", p.id);
+    AddDotLeaf(roots, p.root_complex, p.pcie_switch,
+               {p.pci, id,
+                absl::StrCat(id, " [shape=box, style=filled, fillcolor=\"",
+                             healthy ? "#cfe2ff" : "#f8d7da", "\", label=\"", label, "\"];"),
+                p.numa_node});
+  }
+  for (size_t a = 0; a < names.size(); ++a) {
+    const Accelerator& acc = model.accelerators()[a];
+    std::string id =
+        DotId(acc.kind == AcceleratorKind::kNvidiaGpu ? "gpu" : "neuron", acc.pci.ToString());
+    AddDotLeaf(roots, acc.root_complex, acc.pcie_switch,
+               {acc.pci, id,
+                absl::StrCat(id, " [shape=box, style=filled, fillcolor=\"",
+                             acc.kind == AcceleratorKind::kNvidiaGpu ? "#d1e7dd" : "#fff3cd",
+                             "\", label=\"", names[a], "\\n", acc.pci.ToString(), "\"];"),
+                acc.numa_node});
+  }
+  return roots;
+}
+
+// "p5.48xlarge: 32 EFAs, 8 GPUs".
+std::string DotTitle(const TopologyReport& report) {
+  const HostModel& model = *report.model;
+  size_t gpus = 0, neurons = 0;
+  for (const Accelerator& a : model.accelerators()) {
+    (a.kind == AcceleratorKind::kNvidiaGpu ? gpus : neurons)++;
+  }
+  std::string title = absl::StrCat(
+      report.instance_type.empty() ? std::string("unknown instance type") : report.instance_type,
+      ": ", model.efas().size(), " EFAs");
+  if (gpus) absl::StrAppend(&title, ", ", gpus, " GPUs");
+  if (neurons) absl::StrAppend(&title, ", ", neurons, " Neuron devices");
+  return title;
+}
+
+std::vector<DotLeaf> ByPci(std::vector<DotLeaf> leaves) {
+  std::sort(leaves.begin(), leaves.end(),
+            [](const DotLeaf& a, const DotLeaf& b) { return a.pci < b.pci; });
+  return leaves;
+}
+
+// Declares root complex `rc`, its switches and their devices in `out`,
+// each line after `indent`, and adds their edges to `edges`.
+void AppendDotRoot(const std::string& rc, const DotRoot& r, const std::string& indent,
+                   std::string& out, std::string& edges) {
+  const std::string rc_id = DotId("root", rc.empty() ? "unknown" : rc);
+  absl::StrAppend(&out, indent, rc_id,
+                  " [shape=box, style=\"rounded,bold\", label=\"root complex\\n",
+                  rc.empty() ? "unknown" : rc, "\"];\n");
+  for (const DotLeaf& leaf : ByPci(r.direct)) {
+    absl::StrAppend(&out, indent, leaf.decl, "\n");
+    absl::StrAppend(&edges, "  ", rc_id, " -> ", leaf.id, ";\n");
+  }
+  for (const auto& [sw, s] : r.switches) {
+    const std::string sw_id = DotId("switch", sw.ToString());
+    absl::StrAppend(&out, indent, sw_id, " [shape=ellipse, label=\"PCIe switch\\n", sw.ToString(),
+                    "\"];\n");
+    absl::StrAppend(&edges, "  ", rc_id, " -> ", sw_id, ";\n");
+    for (const DotLeaf& leaf : ByPci(s.leaves)) {
+      absl::StrAppend(&out, indent, leaf.decl, "\n");
+      absl::StrAppend(&edges, "  ", sw_id, " -> ", leaf.id, ";\n");
+    }
+  }
+}
+
 }  // namespace
 
 std::string_view RelationCode(Distance distance) {
@@ -130,97 +347,14 @@ TopologyReport BuildTopologyReport(const TopologyReportOptions& options) {
 std::string FormatTopologyTable(const TopologyReport& report) {
   const HostModel& model = *report.model;
   const std::vector<std::string> names = AcceleratorNames(model);
-  std::string out;
-  absl::StrAppend(&out, "Instance type: ",
-                  report.instance_type.empty()
-                      ? std::string("unknown")
-                      : absl::StrCat(report.instance_type, " (", report.instance_type_source, ")"),
-                  "\n");
-  absl::StrAppend(&out, "EFA count: ", report.count.Describe(), "\n");
-  if (report.replicas > 1) {
-    // What the kubelet will show: allocatable counts the healthy devices.
-    const int healthy = HealthyEfas(report);
-    const int unhealthy = static_cast<int>(report.inventory.devices.size()) - healthy;
-    absl::StrAppend(
-        &out, "Sharing: ", report.resource_name, ", ", report.replicas,
-        " replicas per EFA (device IDs ", topology::ReplicaId("<ibdev>", 0), " to ",
-        topology::ReplicaId("<ibdev>", report.replicas - 1), "): ", report.replicas * healthy,
-        " allocatable = ", report.replicas, " x ", healthy,
-        unhealthy == 0 ? " EFAs" : absl::StrCat(" healthy EFAs (", unhealthy, " unhealthy)"), "\n");
-  }
-  if (!report.topology_error.empty()) {
-    absl::StrAppend(&out, "PCI tree: unavailable (", report.topology_error,
-                    "): accelerators and switches unknown\n");
-  }
-  out += "\n";
-
+  std::string out = TableHeading(report);
   if (model.efas().empty()) {
     out += "No EFA on this node.\n";
   } else {
-    size_t id_width = 3;
-    for (const EfaPlacement& p : model.efas()) id_width = std::max(id_width, p.id.size());
-    size_t cell = 4;
-    for (const std::string& n : names) cell = std::max(cell, n.size());
-    cell += 2;
-    const bool table = model.neuron_table() != nullptr;
-    std::string header = absl::StrFormat("%-*s  ", id_width, "EFA");
-    for (const std::string& n : names) absl::StrAppendFormat(&header, "%-*s", cell, n);
-    absl::StrAppendFormat(&header, "%-6s%-10s%-14s", "NUMA", "UVERBS", "PCI");
-    if (table) absl::StrAppendFormat(&header, "%-10s", "NEURON");
-    header += "HEALTH";
-    out += header + "\n";
-    const auto matrix = Matrix(model);
-    for (size_t e = 0; e < model.efas().size(); ++e) {
-      const EfaPlacement& p = model.efas()[e];
-      const EfaDevice* d = FindDevice(report, p.id);
-      std::string row = absl::StrFormat("%-*s  ", id_width, p.id);
-      for (size_t a = 0; a < names.size(); ++a) {
-        absl::StrAppendFormat(&row, "%-*s", cell, std::string(RelationCode(matrix[e][a])));
-      }
-      absl::StrAppendFormat(&row, "%-6s%-10s%-14s", NumaText(p.numa_node),
-                            d ? d->uverbs : std::string("-"), p.pci.ToString());
-      if (table) {
-        std::vector<std::string> pairs;
-        for (int n : TablePairs(model, e)) pairs.push_back(absl::StrCat(n));
-        absl::StrAppendFormat(&row, "%-10s", pairs.empty() ? "-" : absl::StrJoin(pairs, ","));
-      }
-      row += !d ? "-" : d->healthy() ? "Healthy" : absl::StrCat("Unhealthy: ", d->health_problem);
-      out += row + "\n";
-    }
-    out +=
-        "\nLegend:\n"
-        "  SW    behind the same PCIe switch\n"
-        "  RC    under the same root complex (PCIe host bridge), not the same switch\n"
-        "  NUMA  on the same NUMA node, not the same root complex\n"
-        "  X     on another NUMA node, or the NUMA node is unknown\n";
-    if (table) {
-      absl::StrAppend(&out, "  NEURON  the Neuron devices (/dev/neuronN) AWS's ",
-                      std::string(model.neuron_table()->name),
-                      " Neuron-to-EFA table pairs with the EFA\n");
-    }
+    out += EfaTable(report, names);
+    out += TableLegend(model);
   }
-
-  if (!model.accelerators().empty()) {
-    out += "\nAccelerators (numbered per kind in PCI order):\n";
-    for (size_t a = 0; a < names.size(); ++a) {
-      const Accelerator& acc = model.accelerators()[a];
-      absl::StrAppendFormat(&out, "  %-6s %s  %s %04x:%04x  NUMA %s  %s  switch %s\n", names[a],
-                            acc.pci.ToString(), KindName(acc), acc.vendor_id, acc.device_id,
-                            NumaText(acc.numa_node),
-                            acc.root_complex.empty() ? "-" : acc.root_complex,
-                            acc.pcie_switch ? acc.pcie_switch->ToString() : "-");
-    }
-  }
-  if (!report.inventory.skipped.empty()) {
-    out += "\nVerbs devices that are not EFAs:\n";
-    for (const auto& s : report.inventory.skipped) {
-      absl::StrAppend(&out, "  ", s.ibdev, ": ", s.reason, "\n");
-    }
-  }
-  if (!model.warnings().empty()) {
-    out += "\nWarnings:\n";
-    for (const std::string& w : model.warnings()) absl::StrAppend(&out, "  ", w, "\n");
-  }
+  out += TableNotes(report, names);
   return out;
 }
 
@@ -288,71 +422,10 @@ std::string FormatTopologyJson(const TopologyReport& report) {
 }
 
 std::string FormatTopologyDot(const TopologyReport& report) {
-  const HostModel& model = *report.model;
-  const std::vector<std::string> names = AcceleratorNames(model);
-
-  // The tree: root complex -> switch (optional) -> devices.
-  struct Leaf {
-    topology::PciAddress pci;
-    std::string id;  // DOT node id
-    std::string decl;
-    std::optional<int> numa;
-  };
-  struct Switch {
-    std::vector<Leaf> leaves;
-  };
-  struct Root {
-    std::map<topology::PciAddress, Switch> switches;  // by upstream port
-    std::vector<Leaf> direct;                         // on the root bus
-    std::set<std::string> numa;                       // NUMA nodes of its devices ("-": unknown)
-  };
-  std::map<std::string, Root> roots;  // by root complex ("" = unknown)
-  auto add = [&](const std::string& root_complex, const std::optional<topology::PciAddress>& sw,
-                 Leaf leaf) {
-    Root& r = roots[root_complex];
-    r.numa.insert(NumaText(leaf.numa));
-    if (sw) {
-      r.switches[*sw].leaves.push_back(std::move(leaf));
-    } else {
-      r.direct.push_back(std::move(leaf));
-    }
-  };
-  for (const EfaPlacement& p : model.efas()) {
-    const EfaDevice* d = FindDevice(report, p.id);
-    const bool healthy = d && d->healthy();
-    std::string label = absl::StrCat("EFA ", p.id, "\\n", d ? d->uverbs : std::string("-"), "\\n",
-                                     p.pci.ToString(), healthy ? "" : "\\nUnhealthy");
-    std::string id = DotId("efa", p.id);
-    add(p.root_complex, p.pcie_switch,
-        {p.pci, id,
-         absl::StrCat(id, " [shape=box, style=filled, fillcolor=\"",
-                      healthy ? "#cfe2ff" : "#f8d7da", "\", label=\"", label, "\"];"),
-         p.numa_node});
-  }
-  for (size_t a = 0; a < names.size(); ++a) {
-    const Accelerator& acc = model.accelerators()[a];
-    std::string id =
-        DotId(acc.kind == AcceleratorKind::kNvidiaGpu ? "gpu" : "neuron", acc.pci.ToString());
-    add(acc.root_complex, acc.pcie_switch,
-        {acc.pci, id,
-         absl::StrCat(id, " [shape=box, style=filled, fillcolor=\"",
-                      acc.kind == AcceleratorKind::kNvidiaGpu ? "#d1e7dd" : "#fff3cd",
-                      "\", label=\"", names[a], "\\n", acc.pci.ToString(), "\"];"),
-         acc.numa_node});
-  }
-
-  size_t gpus = 0, neurons = 0;
-  for (const Accelerator& a : model.accelerators()) {
-    (a.kind == AcceleratorKind::kNvidiaGpu ? gpus : neurons)++;
-  }
-  std::string title = absl::StrCat(
-      report.instance_type.empty() ? std::string("unknown instance type") : report.instance_type,
-      ": ", model.efas().size(), " EFAs");
-  if (gpus) absl::StrAppend(&title, ", ", gpus, " GPUs");
-  if (neurons) absl::StrAppend(&title, ", ", neurons, " Neuron devices");
-
+  const DotRoots roots = DotTree(report);
   std::string out = "// Render with: dot -Tpng -o topology.png\n";
-  absl::StrAppend(&out, "digraph topology {\n  fontname=\"Helvetica\";\n  label=\"", title,
+  absl::StrAppend(&out, "digraph topology {\n  fontname=\"Helvetica\";\n  label=\"",
+                  DotTitle(report),
                   "\";\n  labelloc=t;\n  node [fontname=\"Helvetica\", fontsize=10];\n"
                   "  edge [arrowhead=none];\n");
   // Root complexes whose devices share one known NUMA node are drawn in
@@ -371,33 +444,7 @@ std::string FormatTopologyDot(const TopologyReport& report) {
                       "\";\n    style=rounded;\n");
       indent = "    ";
     }
-    for (const std::string& rc : rcs) {
-      const Root& r = roots.at(rc);
-      const std::string rc_id = DotId("root", rc.empty() ? "unknown" : rc);
-      absl::StrAppend(&out, indent, rc_id,
-                      " [shape=box, style=\"rounded,bold\", label=\"root complex\\n",
-                      rc.empty() ? "unknown" : rc, "\"];\n");
-      std::vector<Leaf> direct = r.direct;
-      std::sort(direct.begin(), direct.end(),
-                [](const Leaf& a, const Leaf& b) { return a.pci < b.pci; });
-      for (const Leaf& leaf : direct) {
-        absl::StrAppend(&out, indent, leaf.decl, "\n");
-        absl::StrAppend(&edges, "  ", rc_id, " -> ", leaf.id, ";\n");
-      }
-      for (const auto& [sw, s] : r.switches) {
-        const std::string sw_id = DotId("switch", sw.ToString());
-        absl::StrAppend(&out, indent, sw_id, " [shape=ellipse, label=\"PCIe switch\\n",
-                        sw.ToString(), "\"];\n");
-        absl::StrAppend(&edges, "  ", rc_id, " -> ", sw_id, ";\n");
-        std::vector<Leaf> leaves = s.leaves;
-        std::sort(leaves.begin(), leaves.end(),
-                  [](const Leaf& a, const Leaf& b) { return a.pci < b.pci; });
-        for (const Leaf& leaf : leaves) {
-          absl::StrAppend(&out, indent, leaf.decl, "\n");
-          absl::StrAppend(&edges, "  ", sw_id, " -> ", leaf.id, ";\n");
-        }
-      }
-    }
+    for (const std::string& rc : rcs) AppendDotRoot(rc, roots.at(rc), indent, out, edges);
     if (!numa.empty()) out += "  }\n";
   }
   out += edges;
