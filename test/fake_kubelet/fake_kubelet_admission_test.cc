@@ -29,7 +29,7 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
-#include "test/temp_dir.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using efa::testing::AcceleratorKind;

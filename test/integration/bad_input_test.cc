@@ -30,9 +30,9 @@
 #include "plugin/guards/nvidia_plugin_process.h"
 #include "plugin/kubelet/kubelet_checkpoint.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/integration/fake_clock.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
+#include "test/support/fake_clock.h"
 #include "topology/efa_discovery.h"
 #include "topology/nvidia_gpus.h"
 

@@ -28,10 +28,10 @@
 #include "test/bench/http_flood.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/integration/fake_clock.h"
-#include "test/plugin/exposition.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
+#include "test/support/exposition.h"
+#include "test/support/fake_clock.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;

@@ -29,17 +29,17 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/plugin/exposition.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/child_process.h"
+#include "test/support/exposition.h"
+#include "test/support/temp_dir.h"
 #include "topology/replica_id.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ChildProcess;
 using efa::sim::SimRoot;
+using efa::testing::ChildProcess;
 using efa::testing::FakeKubelet;
 
 namespace {

@@ -22,12 +22,12 @@
 #include <set>
 #include <thread>
 
-#include "test/descriptor_table_full.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/integration/fake_clock.h"
-#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/descriptor_table_full.h"
+#include "test/support/fake_clock.h"
+#include "test/support/sanitized.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;

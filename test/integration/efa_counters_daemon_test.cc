@@ -20,16 +20,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/plugin/exposition.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/child_process.h"
+#include "test/support/exposition.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ChildProcess;
 using efa::sim::SimRoot;
+using efa::testing::ChildProcess;
 using efa::testing::FakeKubelet;
 using efa::testing::ParseMetrics;
 using efa::testing::ReadFile;

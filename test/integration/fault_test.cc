@@ -25,17 +25,17 @@
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "plugin/alignment/cdi_spec.h"
-#include "test/bench/child_process.h"
 #include "test/bench/proc_stats.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/child_process.h"
+#include "test/support/sanitized.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ChildProcess;
 using efa::sim::SimRoot;
+using efa::testing::ChildProcess;
 using efa::testing::DirEntries;
 using efa::testing::FakeKubelet;
 

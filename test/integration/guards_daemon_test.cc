@@ -13,9 +13,9 @@
 #include "plugin/daemon.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/integration/fake_clock.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
+#include "test/support/fake_clock.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;

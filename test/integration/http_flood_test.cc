@@ -21,18 +21,18 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/child_process.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ChildProcess;
 using efa::bench::ConnectionFlood;
 using efa::bench::ProbeOnce;
 using efa::bench::Prober;
 using efa::sim::SimRoot;
+using efa::testing::ChildProcess;
 using efa::testing::FakeKubelet;
 
 namespace {

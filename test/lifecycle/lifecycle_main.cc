@@ -59,20 +59,20 @@
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "plugin/alignment/cdi_spec.h"
-#include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/child_process.h"
+#include "test/support/temp_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-using efa::bench::ChildProcess;
 using efa::sim::SimRoot;
 using efa::testing::AcceleratorKind;
+using efa::testing::ChildProcess;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeKubelet;
 

@@ -9,7 +9,7 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
-#include "test/temp_dir.h"
+#include "test/support/temp_dir.h"
 
 using namespace std::chrono_literals;
 using efa::plugin::PodResourcesClient;
