@@ -46,6 +46,7 @@
 #include "test/sim/machine_spec.h"
 #include "test/sim/sim_root.h"
 #include "test/support/child_process.h"
+#include "test/support/devices.h"
 #include "topology/hwloc_loader.h"
 
 namespace {
@@ -58,9 +59,9 @@ using efa::testing::ChildProcess;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeKubelet;
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr char kGpu[] = "nvidia.com/gpu";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
+using efa::testing::kGpu;
 
 struct Settings {
   bool quick = false;

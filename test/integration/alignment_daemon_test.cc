@@ -16,6 +16,7 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
 #include "test/support/fake_clock.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -31,8 +32,8 @@ using efa::testing::FakeKubelet;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 
 enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
 

@@ -32,6 +32,7 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
 #include "test/support/fake_clock.h"
 #include "topology/efa_discovery.h"
 #include "topology/nvidia_gpus.h"
@@ -49,8 +50,8 @@ using efa::topology::Inventory;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 

@@ -30,6 +30,7 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
 #include "test/support/exposition.h"
 #include "test/support/fake_clock.h"
 
@@ -49,8 +50,8 @@ using efa::testing::SummarizeExposition;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 using Metrics = std::map<std::string, double>;
 
 struct HttpReply {

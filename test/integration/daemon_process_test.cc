@@ -32,6 +32,7 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
 #include "test/support/child_process.h"
+#include "test/support/devices.h"
 #include "test/support/exposition.h"
 #include "test/support/temp_dir.h"
 #include "topology/replica_id.h"
@@ -44,7 +45,7 @@ using efa::testing::FakeKubelet;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+using efa::testing::kEfa;
 // Threads a sanitizer's runtime adds to every process (TSan's background
 // thread).
 #if defined(__has_feature)
@@ -58,7 +59,7 @@ constexpr int kRuntimeThreads = 1;
 #else
 constexpr int kRuntimeThreads = 0;
 #endif
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
 
 // The daemon binary's command line on `sim` (its roots, a log level, the
 // HTTP addresses), then `extra`.

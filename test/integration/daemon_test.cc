@@ -25,6 +25,7 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
 #include "test/support/descriptor_table_full.h"
+#include "test/support/devices.h"
 #include "test/support/fake_clock.h"
 #include "test/support/sanitized.h"
 #include "test/support/temp_dir.h"
@@ -41,8 +42,8 @@ using efa::testing::FakeKubelet;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 
 // A simulated node, a fake kubelet in a kubelet dir of its own and the
 // daemon running on a thread.

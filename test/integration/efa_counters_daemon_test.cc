@@ -23,6 +23,7 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
 #include "test/support/child_process.h"
+#include "test/support/devices.h"
 #include "test/support/exposition.h"
 #include "test/support/temp_dir.h"
 
@@ -37,8 +38,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 // The p4d's EFAs in PCI order, with their series' device labels.
 const std::vector<std::string> kEfas = {"rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"};
 const std::map<std::string, std::string> kEfaLabels = {

@@ -29,6 +29,7 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
 #include "test/support/child_process.h"
+#include "test/support/devices.h"
 #include "test/support/sanitized.h"
 #include "test/support/temp_dir.h"
 
@@ -41,10 +42,10 @@ using efa::testing::FakeKubelet;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+using efa::testing::kEfa;
 
+using efa::testing::kDeadline;
 using efa::testing::kSanitized;
-constexpr auto kDeadline = 10s;
 
 // What the process holds: open files, threads, resident memory.
 struct Footprint {

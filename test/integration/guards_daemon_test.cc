@@ -15,6 +15,7 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
 #include "test/support/fake_clock.h"
 
 namespace fs = std::filesystem;
@@ -36,8 +37,8 @@ using efa::testing::WriteFileAtomically;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 
 bool AllAre(const std::vector<v1beta1::Device>& devices, const std::string& health, size_t n) {
   return devices.size() == n && std::all_of(devices.begin(), devices.end(),

@@ -24,6 +24,7 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
 #include "test/support/child_process.h"
+#include "test/support/devices.h"
 #include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -37,8 +38,8 @@ using efa::testing::FakeKubelet;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 // A container's usual RLIMIT_NOFILE, soft and hard, and a flood of more
 // connections than that.
 constexpr rlim_t kContainerFiles = 1024;

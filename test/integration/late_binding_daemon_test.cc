@@ -24,6 +24,7 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
 #include "test/support/temp_dir.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -44,9 +45,9 @@ using efa::testing::ReadFile;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+using efa::testing::kEfa;
 constexpr char kMain[] = "main";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
 
 enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
 
