@@ -1,10 +1,6 @@
 #include "plugin/daemon.h"
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/inotify.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,13 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "plugin/alignment/cdi_spec.h"
-#include "plugin/ops/orphan_reaper.h"
-#include "plugin/ops/signals.h"
 #include "spdlog/spdlog.h"
-#include "topology/efa_discovery.h"
-#include "topology/hwloc_loader.h"
 #include "topology/uevents.h"
 
 namespace efa::plugin {
@@ -30,8 +21,9 @@ namespace {
 // most while pod-resources keeps failing.
 constexpr std::chrono::milliseconds kReportRetryFirst{500};
 constexpr std::chrono::milliseconds kReportRetryMost{30000};
-// Periodic passes between two full rescans when nothing seemed to change.
-constexpr int kFullRescanEvery = 6;
+// A timer's due time: at once, and never.
+constexpr Clock::time_point kNow = Clock::time_point::min();
+constexpr Clock::time_point kNever = Clock::time_point::max();
 
 void CloseFd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -41,22 +33,20 @@ void CloseFd(int& fd) {
 }  // namespace
 
 struct Daemon::Fds {
-  int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);  // Stop(), stream ends
   // The device-plugins dir, the device directories and the guards' ones.
   int inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   int uevent = -1;
-  int signal = -1;
-  bool reap_orphans = false;  // SIGCHLD reaps the container's orphans (PID 1)
   ~Fds() {
-    CloseFd(wake);
     CloseFd(inotify);
     CloseFd(uevent);
-    CloseFd(signal);
   }
 };
 
 Daemon::Daemon(DaemonOptions options)
     : options_(std::move(options)),
+      loop_({.now = [clock = options_.clock] { return clock->Now(); },
+             .take_signals = options_.handle_signals,
+             .on_hangup = [this] { Hangup(); }}),
       fds_(std::make_unique<Fds>()),
       service_(DevicePluginService::Options{options_.report_numa, options_.replicas}),
       registrar_({.kubelet_dir = options_.kubelet_dir,
@@ -73,7 +63,42 @@ Daemon::Daemon(DaemonOptions options)
                .rescan_interval = options_.rescan_interval,
                .resource_name = options_.resource_name,
                .clock = options_.clock,
-               .inotify_fd = fds_->inotify}) {
+               .inotify_fd = fds_->inotify}),
+      counters_(std::make_unique<EfaCounterMonitor>(CounterOptions())),
+      tracker_({.roots = options_.roots,
+                .topology_xml = options_.topology_xml,
+                .instance_type = options_.instance_type,
+                .full_rescan_interval = options_.full_rescan_interval,
+                .on_inventory = options_.on_inventory,
+                .clock = options_.clock,
+                .inotify_fd = fds_->inotify},
+               &service_, &guards_, counters_.get()) {
+  SetUpAlignment();
+  service_.SetRpcObserver(options_.rpc_observer);
+  service_.SetStreamEndCallback([this] {
+    stream_ended_ = true;
+    Wake();
+  });
+  AddTimers();
+}
+
+EfaCounterMonitorOptions Daemon::CounterOptions() {
+  EfaCounterMonitorOptions counters;
+  counters.sysfs_root = options_.roots.sysfs;
+  counters.interval = options_.counter_interval;
+  counters.idle_timeout = options_.idle_timeout;
+  counters.health = options_.device_health;
+  counters.holders = EfaCounterMonitor::PodResourcesHolders(
+      options_.kubelet_dir / "pod-resources/kubelet.sock", options_.resource_name,
+      [this](const std::vector<std::string>& ids) { return PhysicalEfas(ids); });
+  counters.on_health_change = [this] {
+    health_changed_ = true;
+    Wake();
+  };
+  return counters;
+}
+
+void Daemon::SetUpAlignment() {
   AlignerOptions aligner_options;
   aligner_options.kubelet_dir = options_.kubelet_dir;
   aligner_options.proc_root = options_.roots.proc;
@@ -114,24 +139,33 @@ Daemon::Daemon(DaemonOptions options)
           [this](const topology::HostModel& model) { return aligner_->ForAdmission(model); });
     }
   }
-  EfaCounterMonitorOptions counters;
-  counters.sysfs_root = options_.roots.sysfs;
-  counters.interval = options_.counter_interval;
-  counters.idle_timeout = options_.idle_timeout;
-  counters.health = options_.device_health;
-  counters.holders = EfaCounterMonitor::PodResourcesHolders(
-      options_.kubelet_dir / "pod-resources/kubelet.sock", options_.resource_name,
-      [this](const std::vector<std::string>& ids) { return PhysicalEfas(ids); });
-  counters.on_health_change = [this] {
-    health_changed_ = true;
-    Wake();
-  };
-  counters_ = std::make_unique<EfaCounterMonitor>(std::move(counters));
-  service_.SetRpcObserver(options_.rpc_observer);
-  service_.SetStreamEndCallback([this] {
-    stream_ended_ = true;
-    Wake();
-  });
+}
+
+void Daemon::AddTimers() {
+  loop_.AddTimer([this] { return guards_.next_check(); },
+                 [this] {
+                   if (CheckGuards()) tracker_.Rescan();
+                 });
+  loop_.AddTimer([this] { return report_requested_ ? kNow : next_report_; },
+                 [this] {
+                   report_requested_ = false;
+                   ReportAlignment();
+                 });
+  loop_.AddTimer([this] { return next_release_; }, [this] { ReleaseGone(); });
+  if (options_.device_health.enabled) {
+    loop_.AddTimer([this] { return next_health_read_; },
+                   [this] {
+                     // A scrape in between reads for it; then this answers the last read.
+                     counters_->Sample();
+                     next_health_read_ = options_.clock->Now() + options_.counter_interval;
+                   });
+  }
+  loop_.AddTimer([this] { return health_changed_ ? kNow : kNever; },
+                 [this] {
+                   health_changed_ = false;
+                   tracker_.Publish();
+                 });
+  loop_.AddTimer([this] { return next_periodic_; }, [this] { PeriodicCheck(); });
 }
 
 // Before the members the service's handlers call into go.
@@ -143,14 +177,13 @@ std::optional<std::vector<std::string>> Daemon::PhysicalEfas(
   return service_.Table()->PhysicalEfas(ids);
 }
 
-void Daemon::Wake() {
-  uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(fds_->wake, &one, sizeof one);
-}
+void Daemon::Wake() { loop_.Wake(); }
+
+void Daemon::Stop() { loop_.Stop(); }
 
 void Daemon::Heartbeat() {
   registered_now_ = registrar_.registered();
-  known_devices_ = static_cast<int>(known_.size());
+  known_devices_ = tracker_.known_count();
   heartbeat_ns_ = std::max<int64_t>(1, options_.clock->Now().time_since_epoch().count());
 }
 
@@ -158,175 +191,6 @@ std::optional<Clock::time_point> Daemon::heartbeat() const {
   const int64_t ns = heartbeat_ns_.load();
   if (ns == 0) return std::nullopt;
   return Clock::time_point(Clock::duration(ns));
-}
-
-void Daemon::Stop() {
-  stop_ = true;
-  Wake();
-}
-
-void Daemon::Rescan() {
-  // libibverbs' own list (MarkVerbsProviders) is for the inventory command
-  // only: it would load the verbs providers and read sysfs again.
-  passes_since_rescan_ = 0;
-  last_rescan_ = options_.clock->Now();
-  // First: a change after shows.
-  uevent_seqnum_ = topology::UeventSeqnum(options_.roots.sysfs);
-  fingerprint_ = topology::DiscoveryFingerprint(options_.roots);
-  topology::Inventory found = topology::DiscoverEfaDevices(options_.roots);
-  NoteDiscoveryErrors(found);
-  // What an incomplete discovery could not see keeps its last known state:
-  // out of descriptors, a listing of class/infiniband fails, and taking
-  // that for absence would turn every EFA Unhealthy.
-  inventory_ = topology::KeepLastKnown(std::move(found), inventory_);
-  const topology::Inventory& inv = inventory_;
-  counters_->SetDevices(inv.devices);
-  if (options_.on_inventory) options_.on_inventory(inv);
-  for (const auto& s : inv.skipped) {
-    if (!logged_skips_.insert(s.ibdev + "\n" + s.reason).second) continue;
-    if (s.malformed) {
-      spdlog::warn("skipping verbs device {}: {}", s.ibdev, s.reason);
-    } else {
-      spdlog::debug("skipping verbs device {}: {}", s.ibdev, s.reason);
-    }
-  }
-  // A device is its PCI function, not its name: udev renames efa_0 to
-  // rdmap79s0 after the kernel announced it (hot-plug, or a daemon started
-  // before udev finished), and the old name must not stay listed beside
-  // the new one.
-  std::set<std::string> present;
-  for (const topology::EfaDevice& d : inv.devices) {
-    const std::string key = d.pci.ToString();
-    present.insert(key);
-    auto it = known_.find(key);
-    if (it != known_.end() && it->second.ibdev != d.ibdev) {
-      spdlog::info("EFA {} was renamed {} ({})", it->second.ibdev, d.ibdev, key);
-      known_.erase(it);
-      it = known_.end();
-    }
-    if (it == known_.end()) {
-      spdlog::info("found EFA {} ({}, {}, NUMA {}){}", d.ibdev, key, d.uverbs,
-                   d.numa_node ? std::to_string(*d.numa_node) : "unknown",
-                   d.healthy() ? "" : ", unhealthy: " + d.health_problem);
-    } else if (it->second.health_problem != d.health_problem) {
-      if (d.healthy()) {
-        spdlog::info("EFA {} is healthy again", d.ibdev);
-      } else {
-        spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, d.health_problem);
-      }
-    }
-    known_[key] = d;
-  }
-  // A device that vanished from sysfs stays listed, unhealthy, so that the
-  // kubelet keeps its capacity honest and stops placing pods on it. Only a
-  // complete discovery can tell that it vanished.
-  for (auto& [key, d] : known_) {
-    if (present.count(key)) continue;
-    std::string problem = (options_.roots.sysfs / "class/infiniband" / d.ibdev).string() + ": gone";
-    bool skipped = false;
-    for (const auto& s : inv.skipped) {
-      if (s.ibdev != d.ibdev) continue;
-      problem = s.reason;  // still there, but its sysfs is broken
-      skipped = true;
-    }
-    if (!skipped && !inv.complete()) continue;
-    if (d.health_problem != problem) {
-      spdlog::warn("EFA {} is unhealthy: {}", d.ibdev, problem);
-      d.health_problem = problem;
-    }
-  }
-  // The health goes out now; a changed set of EFAs gets its hwloc model
-  // after (UpdateModel), the policy meanwhile placing by NUMA node and root
-  // complex.
-  std::string key;
-  for (const auto& d : inv.devices) key += d.ibdev + "@" + d.pci.ToString() + ";";
-  if (key != model_key_) {
-    model_key_ = std::move(key);
-    model_ = nullptr;
-  }
-  model_stale_ = !model_ && !inv.devices.empty();
-  Publish();
-  WatchDeviceDirs();
-}
-
-void Daemon::NoteDiscoveryErrors(const topology::Inventory& inventory) {
-  if (inventory.complete()) {
-    if (!discovery_error_.empty()) {
-      spdlog::info("device discovery is complete again (it failed with: {})", discovery_error_);
-    }
-    discovery_error_.clear();
-    discovery_error_key_.clear();
-    return;
-  }
-  for (const topology::DiscoveryError& e : inventory.errors) {
-    ++(e.operation == "list" ? discovery_list_errors_ : discovery_read_errors_);
-  }
-  // Once per cause, not once per pass or per device: out of descriptors,
-  // every pass and every device fails alike.
-  const topology::DiscoveryError& first = inventory.errors.front();
-  std::string key = absl::StrCat(first.operation, " ", first.err);
-  if (key == discovery_error_key_) return;
-  discovery_error_key_ = std::move(key);
-  discovery_error_ = first.message;
-  spdlog::warn(
-      "device discovery is incomplete: {}{}; the EFAs it could not see keep their last known "
-      "state, and every periodic pass looks again",
-      first.message,
-      inventory.errors.size() > 1 ? absl::StrCat(" (and ", inventory.errors.size() - 1, " more)")
-                                  : "");
-}
-
-void Daemon::Publish() {
-  // Device health from the counters (opt-in) holds a present EFA Unhealthy.
-  const std::map<std::string, std::string> counter_problems = counters_->HealthProblems();
-  std::vector<topology::EfaDevice> devices;
-  for (const auto& [id, d] : known_) {
-    devices.push_back(d);
-    auto problem = counter_problems.find(d.ibdev);
-    if (d.healthy() && problem != counter_problems.end()) {
-      devices.back().health_problem = problem->second;
-    }
-  }
-  std::sort(devices.begin(), devices.end(),
-            [](const auto& a, const auto& b) { return a.pci < b.pci; });
-  service_.SetDevices(guards_.Apply(std::move(devices)), model_, model_stale_);
-}
-
-void Daemon::UpdateModel() {
-  // hwloc takes milliseconds to load: only when the set of EFAs changes,
-  // not on every rescan or health change.
-  if (!model_stale_) return;
-  model_stale_ = false;
-  topology::TopologySource source{"/", options_.topology_xml};
-  if (options_.roots.sysfs != "/sys") source.fsroot = options_.roots.sysfs.parent_path().string();
-  auto topology = topology::LoadTopology(source);
-  if (!topology.ok()) {
-    spdlog::warn("no PCI topology ({}); placing EFAs by NUMA node and root complex only",
-                 std::string(topology.status().message()));
-    Publish();  // no longer pending: the fallback it is
-    return;
-  }
-  model_ = topology::HostModel::FromHwloc(inventory_, topology->get(), {options_.instance_type});
-  for (const std::string& w : model_->warnings()) spdlog::warn("topology: {}", w);
-  size_t gpus = 0, neurons = 0;
-  for (const auto& a : model_->accelerators()) {
-    (a.kind == topology::AcceleratorKind::kNvidiaGpu ? gpus : neurons)++;
-  }
-  spdlog::info(
-      "topology of {}: {} EFAs, {} GPUs, {} Neuron devices{}",
-      model_->instance_type().empty() ? "an unknown instance type" : model_->instance_type(),
-      model_->efas().size(), gpus, neurons,
-      model_->neuron_table() ? ", AWS Neuron-to-EFA table" : "");
-  Publish();
-}
-
-void Daemon::WatchDeviceDirs() {
-  // inotify reports device nodes coming and going under devtmpfs and every
-  // change of a simulated sysfs; real sysfs sends none (uevents cover it).
-  for (const fs::path& dir : topology::DiscoveryDirs(options_.roots)) {
-    int wd = ::inotify_add_watch(fds_->inotify, dir.c_str(), topology::kDiscoveryDirEvents);
-    if (wd >= 0) device_watches_[wd] = dir.string();
-  }
 }
 
 void Daemon::TryRegister() {
@@ -338,7 +202,7 @@ void Daemon::TryRegister() {
   }
   // A DRA driver may have started listening since the last probe (nothing
   // signals a listen()): probe again, never register beside it.
-  if (CheckGuards()) Rescan();
+  if (CheckGuards()) tracker_.Rescan();
   if (guards_.withdrawn()) return;
   // Streams open before this attempt belong to the registration it
   // replaces: their ending (ours, when the server restarts below, or the
@@ -383,8 +247,7 @@ void Daemon::HandleInotify() {
         }
         guards = true;
         guards_.ProbeDraSoon();  // a new socket: probe it quickly
-      } else if (device_watches_.count(ev->wd)) {
-        if (ev->mask & (IN_IGNORED | IN_DELETE_SELF)) device_watches_.erase(ev->wd);
+      } else if (tracker_.TakeWatchEvent(ev->wd, ev->mask)) {
         rescan = true;
       }
     }
@@ -402,44 +265,20 @@ void Daemon::HandleInotify() {
     }
   }
   if (guards && CheckGuards()) rescan = true;
-  if (rescan) Rescan();
+  if (rescan) tracker_.Rescan();
   if (report) ReportAlignment();
 }
 
 void Daemon::PeriodicCheck() {
   // One wake-up per interval for all periodic work, not one per kind.
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
-  // The fallback for changes no uevent or inotify event reported: a full
-  // discovery of a p5 costs about a thousand system calls, its fingerprint
-  // a third of that, the kernel's uevent count one. While the count stands
-  // no device came, went, was bound, unbound or renamed (it counts the
-  // uevents this pod's network namespace does not receive too; device
-  // nodes coming and going are inotify's): the pass reads no more. Else it
-  // rescans when the fingerprint changed, and every sixth such pass all the
-  // same: the attributes the fingerprint leaves out (vendor, device, NUMA
-  // node) change only with the device, or when its sysfs breaks. Beside
-  // the gate: a rescan at every pass while the last one was incomplete (its
-  // cause, such as a full descriptor table, sends no event when it ends),
-  // and one every full_rescan_interval whatever the count says.
-  const bool guards_changed = CheckGuards();
-  std::string seqnum = topology::UeventSeqnum(options_.roots.sysfs);
-  const bool no_uevent = !seqnum.empty() && seqnum == uevent_seqnum_;
-  uevent_seqnum_ = std::move(seqnum);
-  const bool full_rescan_due =
-      options_.clock->Now() - last_rescan_ >= options_.full_rescan_interval;
-  if (guards_changed || !inventory_.complete() || full_rescan_due ||
-      (!no_uevent && (++passes_since_rescan_ >= kFullRescanEvery ||
-                      topology::DiscoveryFingerprint(options_.roots) != fingerprint_))) {
-    Rescan();
-  } else {
-    WatchDeviceDirs();  // a device directory created since
-  }
+  tracker_.PeriodicLook(/*force=*/CheckGuards());
   ReportAlignment(/*periodic=*/true);
 }
 
 void Daemon::ReportAlignment(bool periodic) {
   next_report_ = Clock::time_point::max();
-  if (known_.empty()) return;  // no EFA: no container holds one
+  if (!tracker_.has_devices()) return;  // no EFA: no container holds one
   // Entries of the checkpoint that cannot be parsed are skipped one by one
   // wherever it is read; count them here (the file changed, or a rescan).
   // The aligner keeps it parsed (once per change).
@@ -459,20 +298,28 @@ void Daemon::ReportAlignment(bool periodic) {
   // event); a periodic pass over the same checkpoint would ask
   // pod-resources for nothing new.
   if (periodic && checkpoint == reported_checkpoint_) return;
-  if (aligner_ && model_) {
-    if (aligner_->Report(*model_)) {
-      reported_checkpoint_ = checkpoint;
-      report_backoff_ = std::chrono::milliseconds(0);
-    } else {
-      // pod-resources failed: try again, less often while it keeps failing.
-      report_backoff_ = std::clamp(report_backoff_ * 2, kReportRetryFirst, kReportRetryMost);
-      next_report_ = options_.clock->Now() + report_backoff_;
+  if (aligner_ && tracker_.model()) {
+    switch (aligner_->Report(*tracker_.model())) {
+      case Aligner::ReportOutcome::kJudged:
+        reported_checkpoint_ = checkpoint;
+        report_backoff_ = std::chrono::milliseconds(0);
+        break;
+      case Aligner::ReportOutcome::kDeferred:
+        // A burst of admissions spent our own tokens: one is due soon, and
+        // doubling here would leave the burst unjudged for up to 30 s.
+        next_report_ = options_.clock->Now() + kReportRetryFirst;
+        break;
+      case Aligner::ReportOutcome::kFailed:
+        // pod-resources failed: try again, less often while it keeps failing.
+        report_backoff_ = std::clamp(report_backoff_ * 2, kReportRetryFirst, kReportRetryMost);
+        next_report_ = options_.clock->Now() + report_backoff_;
+        break;
     }
   }
 }
 
 bool Daemon::CheckGuards() {
-  const GuardVerdict verdict = guards_.Check(!known_.empty(), registrar_.registered());
+  const GuardVerdict verdict = guards_.Check(tracker_.has_devices(), registrar_.registered());
   if (verdict.register_again) registrar_.RegisterAgainNow(Registrar::Reason::kDraDriverGone);
   return verdict.devices_changed;
 }
@@ -482,17 +329,19 @@ void Daemon::ReleaseGone() {
 }
 
 bool Daemon::OpenEventSources() {
-  if (fds_->wake < 0 || fds_->inotify < 0) {
-    spdlog::error("cannot create eventfd/inotify: {}", std::strerror(errno));
+  if (absl::Status opened = loop_.Open(); !opened.ok()) {
+    spdlog::error("{}", std::string(opened.message()));
     return false;
   }
+  if (fds_->inotify < 0) {
+    spdlog::error("cannot create inotify: {}", std::strerror(errno));
+    return false;
+  }
+  loop_.Watch(fds_->inotify, [this] { HandleInotify(); });
   fds_->uevent = topology::OpenUeventSocket();
-  // As PID 1 of its container the daemon is handed the container's orphans
-  // (orphan_reaper.h): reaped on SIGCHLD, and once now for any handed over
-  // before this loop (or to the idle process it was exec'ed from).
-  fds_->reap_orphans = options_.handle_signals && InheritsOrphans();
-  if (options_.handle_signals) fds_->signal = OpenOwnerLoopSignalFd();
-  if (fds_->reap_orphans) ReapEndedChildren();
+  loop_.Watch(fds_->uevent, [this] {
+    if (topology::DrainUevents(fds_->uevent)) tracker_.Rescan();
+  });
   const fs::path plugin_dir = options_.kubelet_dir / "device-plugins";
   std::error_code ec;
   fs::create_directories(plugin_dir, ec);
@@ -507,7 +356,7 @@ bool Daemon::OpenEventSources() {
 }
 
 void Daemon::Start() {
-  Rescan();
+  tracker_.Rescan();
   // Alive from here on: /healthz must not wait for the first registration,
   // which may block for the registration's timeout (the idle process
   // answered 200 until it exec'ed this one).
@@ -538,96 +387,47 @@ void Daemon::ServeAndRegister() {
   }
 }
 
-Clock::time_point Daemon::NextDeadline() const {
-  auto deadline = std::min({next_periodic_, guards_.next_check(), next_report_, next_release_});
-  if (options_.device_health.enabled) deadline = std::min(deadline, next_health_read_);
-  if (!known_.empty() && !registrar_.registered() && !guards_.withdrawn() &&
+Clock::time_point Daemon::NextRegistration() const {
+  if (tracker_.has_devices() && !registrar_.registered() && !guards_.withdrawn() &&
       registrar_.KubeletSocketPresent()) {
-    deadline = std::min(deadline, registrar_.next_attempt());
+    return registrar_.next_attempt();
   }
-  return deadline;
+  return Clock::time_point::max();
 }
 
-bool Daemon::WaitForEvents(Clock::time_point deadline) {
-  // Rounded up: rounded down, a deadline 0.9 ms away became a zero timeout
-  // and the loop spun until it passed.
-  auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - options_.clock->Now());
-  std::vector<pollfd> pfds = {{fds_->wake, POLLIN, 0}, {fds_->inotify, POLLIN, 0}};
-  if (fds_->uevent >= 0) pfds.push_back({fds_->uevent, POLLIN, 0});
-  if (fds_->signal >= 0) pfds.push_back({fds_->signal, POLLIN, 0});
-  int n = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<int64_t>(wait.count(), 0)));
-  if (n < 0 && errno != EINTR) {
-    spdlog::error("poll: {}", std::strerror(errno));
-    return false;
-  }
-  for (const pollfd& p : pfds) {
-    if (!(p.revents & POLLIN)) continue;
-    if (p.fd == fds_->wake) {
-      uint64_t v;
-      [[maybe_unused]] ssize_t r = ::read(fds_->wake, &v, sizeof v);
-    } else if (p.fd == fds_->inotify) {
-      HandleInotify();
-    } else if (p.fd == fds_->uevent) {
-      if (topology::DrainUevents(fds_->uevent)) Rescan();
-    } else if (p.fd == fds_->signal) {
-      HandleSignals();
-    }
-  }
-  return true;
+void Daemon::Hangup() {
+  spdlog::info("SIGHUP: rescanning and registering again");
+  tracker_.Rescan();
+  registrar_.RegisterAgainNow(Registrar::Reason::kSighup);
 }
 
-void Daemon::HandleSignals() {
-  signalfd_siginfo info;
-  while (::read(fds_->signal, &info, sizeof info) == sizeof info) {
-    if (info.ssi_signo == SIGCHLD) {
-      if (fds_->reap_orphans) ReapEndedChildren();
-    } else if (info.ssi_signo == SIGHUP) {
-      spdlog::info("SIGHUP: rescanning and registering again");
-      Rescan();
-      registrar_.RegisterAgainNow(Registrar::Reason::kSighup);
-    } else {
-      spdlog::info("signal {}: stopping", info.ssi_signo);
-      stop_ = true;
-    }
+void Daemon::TakeStreamEnd() {
+  if (stream_ended_.exchange(false) && registrar_.registered()) {
+    registrar_.RegisterAgainNow(Registrar::Reason::kStreamEnded);
   }
 }
 
-void Daemon::RunDueWork() {
-  const Clock& clock = *options_.clock;
-  if (clock.Now() >= guards_.next_check() && CheckGuards()) Rescan();
-  if (report_requested_.exchange(false) || clock.Now() >= next_report_) ReportAlignment();
-  if (clock.Now() >= next_release_) ReleaseGone();
-  if (options_.device_health.enabled && clock.Now() >= next_health_read_) {
-    // A scrape in between reads for it; then this answers the last read.
-    counters_->Sample();
-    next_health_read_ = clock.Now() + options_.counter_interval;
-  }
-  if (health_changed_.exchange(false)) Publish();
-  if (clock.Now() >= next_periodic_) PeriodicCheck();
+void Daemon::AnnounceIdle() {
+  // An incomplete first scan is no proof of a node without EFA: the
+  // periodic pass looks again before the daemon idles.
+  if (announced_idle_ || tracker_.has_devices() || !tracker_.complete()) return;
+  announced_idle_ = true;
+  if (!serving_started_ && options_.on_idle) options_.on_idle();
+  spdlog::info("no EFA on this node; idle until one appears");
 }
 
 int Daemon::Run() {
   if (!OpenEventSources()) return 1;
   Start();
-  bool announced_idle = false;
-  while (!stop_) {
-    if (stream_ended_.exchange(false) && registrar_.registered()) {
-      registrar_.RegisterAgainNow(Registrar::Reason::kStreamEnded);
-    }
-    const bool have_devices = !known_.empty();
-    // An incomplete first scan is no proof of a node without EFA: the
-    // periodic pass looks again before the daemon idles.
-    if (!have_devices && !announced_idle && inventory_.complete()) {
-      announced_idle = true;
-      if (!serving_started_ && options_.on_idle) options_.on_idle();
-      spdlog::info("no EFA on this node; idle until one appears");
-    }
-    if (have_devices) ServeAndRegister();
-    UpdateModel();  // after the registration: the kubelet does not wait for hwloc
-    const Clock::time_point deadline = NextDeadline();
+  while (!loop_.stopped()) {
+    TakeStreamEnd();
+    AnnounceIdle();
+    if (tracker_.has_devices()) ServeAndRegister();
+    tracker_.UpdateModel();  // after the registration: the kubelet does not wait for hwloc
     Heartbeat();
-    if (!WaitForEvents(deadline)) break;
-    RunDueWork();
+    // Waits for an event, a due timer or the next registration attempt
+    // (made by the next pass), handles what came and runs the due timers.
+    if (!loop_.RunOnce(NextRegistration())) break;
   }
   registrar_.StopServer();
   spdlog::info("stopped; {} removed", plugin_socket().string());

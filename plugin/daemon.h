@@ -5,12 +5,9 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -20,8 +17,10 @@
 #include "plugin/alignment/late_binder.h"
 #include "plugin/clock.h"
 #include "plugin/device_plugin_service.h"
+#include "plugin/device_tracker.h"
 #include "plugin/guard_runner.h"
 #include "plugin/ops/efa_counter_monitor.h"
+#include "plugin/ops/event_loop.h"
 #include "plugin/registrar.h"
 #include "plugin/rpc_observer.h"
 #include "topology/sysfs.h"
@@ -142,13 +141,8 @@ class Daemon {
   // Listings ("list") and device reads ("read") that failed, since start,
   // for a reason that says nothing about the devices (out of descriptors or
   // memory: topology::DiscoveryError). Thread-safe.
-  struct DiscoveryErrorCounts {
-    int64_t list = 0;
-    int64_t read = 0;
-  };
-  DiscoveryErrorCounts discovery_errors() const {
-    return {discovery_list_errors_.load(), discovery_read_errors_.load()};
-  }
+  using DiscoveryErrorCounts = DeviceTracker::DiscoveryErrorCounts;
+  DiscoveryErrorCounts discovery_errors() const { return tracker_.discovery_errors(); }
   // Entries of the kubelet checkpoint skipped at its latest read because
   // they could not be parsed. Thread-safe.
   int checkpoint_entries_skipped() const { return checkpoint_entries_skipped_.load(); }
@@ -173,22 +167,12 @@ class Daemon {
 
  private:
   struct Fds;
-  // Discovers the EFAs and publishes them (with the host model when it is
-  // current, else the fallback model of the device table: NUMA node and
-  // root complex). The hwloc model is rebuilt later, by UpdateModel().
-  void Rescan();
-  // Logs a discovery's errors once per cause (and their end), and counts
-  // them.
-  void NoteDiscoveryErrors(const topology::Inventory& inventory);
-  // Gives the service the known devices as the guards let them be
-  // advertised, with model_.
-  void Publish();
-  // Rebuilds model_ from hwloc when the set of EFAs changed since it was
-  // built, and publishes it. Runs after the registration: the kubelet must
-  // not wait for hwloc.
-  void UpdateModel();
-  // One pass of the periodic work: guards, a rescan if the devices'
-  // fingerprint changed, the alignment report if the checkpoint did.
+  // The constructor's parts: the counters' options, and the aligner and
+  // late binder the alignment mode asks for.
+  EfaCounterMonitorOptions CounterOptions();
+  void SetUpAlignment();
+  // The periodic pass: guards, the device tracker's look, the alignment
+  // report if the checkpoint changed.
   void PeriodicCheck();
   // Judges the containers admitted since (Aligner::Report); `periodic`:
   // only if the checkpoint changed since the last report.
@@ -200,28 +184,32 @@ class Daemon {
   // the late-binding bindings (nullopt while not bound), else the IDs'
   // EFAs (replicas mapped to their EFA). Thread-safe.
   std::optional<std::vector<std::string>> PhysicalEfas(const std::vector<std::string>& ids) const;
-  // Run()'s steps. Opens the uevent socket and the signalfd and watches
-  // the device-plugins dir; false (logged) when the loop cannot watch.
+  // Run()'s steps. Opens the loop, the uevent socket and watches the
+  // device-plugins dir; false (logged) when the loop cannot watch.
   bool OpenEventSources();
+  // The loop's timers, in the order they run after a wait: guards,
+  // alignment report, late-binding release, counter reads, publishing a
+  // health change, the periodic pass.
+  void AddTimers();
   // The first scan, the first heartbeat, late binding's recovery.
   void Start();
+  // Registers again when the kubelet ended the stream of the registration
+  // that stands.
+  void TakeStreamEnd();
+  // Once, when a complete first scan finds no EFA: the on_idle hook.
+  void AnnounceIdle();
   // With an EFA known: serves from the first one on, and registers when an
   // attempt is due.
   void ServeAndRegister();
-  // The earliest time a timer of the loop is due.
-  Clock::time_point NextDeadline() const;
-  // Waits in poll() up to `deadline` and handles the events that came;
-  // false (logged) when poll() fails.
-  bool WaitForEvents(Clock::time_point deadline);
-  void HandleSignals();
-  // The timers that are due: guards, alignment report, late-binding
-  // release, counter reads, the periodic pass.
-  void RunDueWork();
+  // When the next registration attempt is due, or never while none is to
+  // be made (the loop wakes for it; the next pass makes it).
+  Clock::time_point NextRegistration() const;
+  // SIGHUP: rescans and registers again.
+  void Hangup();
   // Registers unless the guards withhold the resource or there is no
   // kubelet, after taking in the queued events and probing the guards.
   void TryRegister();
   void HandleInotify();
-  void WatchDeviceDirs();
   // Publishes the heartbeat and the state read by other threads.
   void Heartbeat();
   // Runs the guards and applies their verdict: registers again when they
@@ -230,6 +218,7 @@ class Daemon {
   bool CheckGuards();
 
   const DaemonOptions options_;
+  EventLoop loop_;            // Wake() and Stop() come from any thread
   std::unique_ptr<Fds> fds_;  // before guards_, which watches on its inotify
   DevicePluginService service_;
   Registrar registrar_;  // after service_, which it serves
@@ -237,39 +226,25 @@ class Daemon {
   std::unique_ptr<Aligner> aligner_;         // null when alignment is off
   std::unique_ptr<LateBinder> late_binder_;  // null unless late binding
   std::unique_ptr<EfaCounterMonitor> counters_;
+  DeviceTracker tracker_;                    // after what it publishes to
   std::atomic<bool> health_changed_{false};  // device health from the counters changed
   std::atomic<bool> report_requested_{false};
-  std::atomic<bool> stop_{false};
   std::atomic<bool> stream_ended_{false};
   std::atomic<int64_t> heartbeat_ns_{0};  // clock(); 0: none yet
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
   std::atomic<int> checkpoint_entries_skipped_{0};
-  std::atomic<int64_t> discovery_list_errors_{0};
-  std::atomic<int64_t> discovery_read_errors_{0};
 
   // Owner-thread state.
   Clock::time_point next_periodic_;
-  Clock::time_point next_health_read_;                // with device health only
-  std::map<std::string, topology::EfaDevice> known_;  // every EFA seen, by PCI address
-  topology::Inventory inventory_;                     // the latest discovery
-  std::shared_ptr<const topology::HostModel> model_;  // rebuilt when the EFAs change
-  std::string model_key_;                             // the EFAs model_ was built from
-  bool model_stale_ = false;                          // the EFAs changed since
-  bool serving_started_ = false;                      // the first EFA was seen
-  std::string fingerprint_;                           // DiscoveryFingerprint at the latest rescan
-  std::string uevent_seqnum_;                         // UeventSeqnum at the latest look
-  int passes_since_rescan_ = 0;                       // periodic passes since
-  Clock::time_point last_rescan_;                     // when the latest rescan ran
-  std::string discovery_error_;      // the first error of an incomplete discovery, as logged
-  std::string discovery_error_key_;  // its operation and errno: logged once while it lasts
+  Clock::time_point next_health_read_;                                  // with device health only
+  bool serving_started_ = false;                                        // the first EFA was seen
+  bool announced_idle_ = false;                                         // AnnounceIdle() ran
   std::shared_ptr<const CheckpointCache::Result> reported_checkpoint_;  // judged up to
   Clock::time_point next_report_ =                                      // alignment report retry
       Clock::time_point::max();
   std::chrono::milliseconds report_backoff_{0};                // doubles while reports fail
   Clock::time_point next_release_ = Clock::time_point::max();  // late binding: confirm a release
-  std::set<std::string> logged_skips_;
-  std::map<int, std::string> device_watches_;  // inotify wd -> directory
   int kubelet_watch_ = -1;
 };
 

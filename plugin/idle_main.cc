@@ -13,10 +13,7 @@
 //       --metrics-max-connections 64 --probe-max-connections 16 --http-request-timeout-ms 3000
 //       --instance-type "" --expected-efa-count 0 --log-level info --log-format text
 //       -- /usr/bin/efa-k8s-device-plugin [the daemon's arguments]
-#include <poll.h>
-#include <signal.h>
 #include <sys/inotify.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -31,13 +28,13 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "plugin/ops/event_loop.h"
 #include "plugin/ops/expected_efas.h"
 #include "plugin/ops/fd_budget.h"
 #include "plugin/ops/http_server.h"
 #include "plugin/ops/idle_args.h"
 #include "plugin/ops/logging.h"
 #include "plugin/ops/metrics.h"
-#include "plugin/ops/orphan_reaper.h"
 #include "plugin/ops/probes.h"
 #include "plugin/ops/signals.h"
 #include "spdlog/spdlog.h"
@@ -92,9 +89,20 @@ absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeIdleEndpoints(cons
 // signal, 1 when the wait fails.
 std::optional<int> WaitForEfa(const IdleArgs& a) {
   const efa::topology::HostRoots roots{a.sysfs_root, a.dev_root, "/proc"};
-  const int signal_fd = efa::plugin::OpenOwnerLoopSignalFd();
+  efa::plugin::EventLoop loop({.take_signals = true, .on_hangup = nullptr});  // SIGHUP: ignored
+  if (absl::Status opened = loop.Open(); !opened.ok()) {
+    spdlog::error("{}", std::string(opened.message()));
+    return 1;
+  }
   const int inotify_fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   const int uevent_fd = efa::topology::OpenUeventSocket();
+  // Every wake-up ends in a look: the handlers only take in what came.
+  loop.Watch(inotify_fd, [inotify_fd] {
+    char buf[4096];
+    while (::read(inotify_fd, buf, sizeof buf) > 0) {
+    }
+  });
+  loop.Watch(uevent_fd, [uevent_fd] { efa::topology::DrainUevents(uevent_fd); });
   // Watched again before each look: a directory created later (the driver
   // loaded after boot) is picked up at the latest by the timer.
   auto efa_present = [&] {
@@ -103,32 +111,12 @@ std::optional<int> WaitForEfa(const IdleArgs& a) {
     }
     return !efa::topology::DiscoverEfaDevices(roots).devices.empty();
   };
-  const bool reap_orphans = efa::plugin::InheritsOrphans();
-  if (reap_orphans) efa::plugin::ReapEndedChildren();
   bool found = efa_present();  // one may have come since the daemon looked
   if (!found) spdlog::info("no EFA on this node; idle until one appears");
   while (!found) {
     heartbeat = SteadyClock::now().time_since_epoch().count();
-    std::vector<pollfd> fds = {{signal_fd, POLLIN, 0}, {inotify_fd, POLLIN, 0}};
-    if (uevent_fd >= 0) fds.push_back({uevent_fd, POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), static_cast<int>(a.rescan_interval.count())) < 0 &&
-        errno != EINTR) {
-      spdlog::error("poll: {}", std::strerror(errno));
-      return 1;
-    }
-    signalfd_siginfo info;
-    while (::read(signal_fd, &info, sizeof info) == sizeof info) {
-      if (info.ssi_signo == SIGCHLD) {
-        if (reap_orphans) efa::plugin::ReapEndedChildren();
-      } else if (info.ssi_signo != SIGHUP) {
-        spdlog::info("signal {}: stopping", info.ssi_signo);
-        return 0;
-      }
-    }
-    char buf[4096];
-    while (::read(inotify_fd, buf, sizeof buf) > 0) {
-    }
-    if (uevent_fd >= 0) efa::topology::DrainUevents(uevent_fd);
+    if (!loop.RunOnce(SteadyClock::now() + a.rescan_interval)) return 1;
+    if (loop.stopped()) return 0;
     found = efa_present();
   }
   return std::nullopt;

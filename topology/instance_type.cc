@@ -133,12 +133,18 @@ absl::StatusOr<std::string> ReadInstanceType(const std::filesystem::path& sysfs_
   return name;
 }
 
+std::string_view WithoutHyperPodPrefix(std::string_view instance_type) {
+  if (instance_type.starts_with("ml.")) instance_type.remove_prefix(3);
+  return instance_type;
+}
+
 std::string_view InstanceFamily(std::string_view instance_type) {
+  instance_type = WithoutHyperPodPrefix(instance_type);
   return instance_type.substr(0, instance_type.find('.'));
 }
 
 std::optional<int> SupportedEfaCount(std::string_view instance_type) {
-  if (instance_type.substr(0, 3) == "ml.") instance_type.remove_prefix(3);
+  instance_type = WithoutHyperPodPrefix(instance_type);
   for (const TypeCount& t : kEfaCounts) {
     if (t.type == instance_type) return t.efas;
   }

@@ -22,8 +22,14 @@ namespace efa::topology {
 // Thread-safe.
 absl::StatusOr<std::string> ReadInstanceType(const std::filesystem::path& sysfs_root);
 
-// The part of an instance type before the first '.', e.g. "trn2u" for
-// "trn2u.48xlarge"; the whole text when it has no '.'.
+// An instance type without SageMaker HyperPod's "ml." prefix
+// ("ml.p5.48xlarge" -> "p5.48xlarge"): HyperPod nodes report the prefixed
+// name, and every per-type fact is the same as the EC2 type's.
+std::string_view WithoutHyperPodPrefix(std::string_view instance_type);
+
+// The part of an instance type before the first '.', after any HyperPod
+// "ml." prefix, e.g. "trn2u" for "trn2u.48xlarge" and "trn1" for
+// "ml.trn1.32xlarge"; the whole text when it has no '.'.
 std::string_view InstanceFamily(std::string_view instance_type);
 
 // The number of EFAs an instance type supports (EC2's

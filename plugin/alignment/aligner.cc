@@ -136,11 +136,12 @@ std::optional<std::vector<ContainerDevices>> Aligner::Checkpointed() {
   return CheckpointedContainers(**checkpoint, options_.resources, options_.efa_resource);
 }
 
-bool Aligner::Report(const topology::HostModel& model) {
+Aligner::ReportOutcome Aligner::Report(const topology::HostModel& model) {
   auto list = pod_resources_.List();
+  if (PodResourcesClient::IsOwnRateLimit(list.status())) return ReportOutcome::kDeferred;
   if (!list.ok()) {
     stats_.Add(&AlignmentStats::Counts::report_failed);
-    return false;
+    return ReportOutcome::kFailed;
   }
   const auto containers = ContainersWithDevices(*list, options_.resources, options_.efa_resource);
   if (auto checkpointed = Checkpointed()) {
@@ -171,7 +172,7 @@ bool Aligner::Report(const topology::HostModel& model) {
   // Forget containers that are gone, so the set does not grow.
   std::erase_if(reported_, [&](const std::string& k) { return !present.count(k); });
   reported_.insert(present.begin(), present.end());
-  return true;
+  return ReportOutcome::kJudged;
 }
 
 }  // namespace efa::plugin

@@ -75,9 +75,13 @@ class Aligner {
   std::shared_ptr<const CheckpointCache::Result> Checkpoint() { return checkpoint_.Get(); }
 
   // Judges every container that holds EFAs and accelerators and was not
-  // judged before: one log line each and a counter. Returns false when
-  // pod-resources did not answer (try again later). Call from one thread.
-  bool Report(const topology::HostModel& model);
+  // judged before: one log line each and a counter. kFailed when
+  // pod-resources did not answer (counted; try again later, less often while
+  // it keeps failing), kDeferred when our own rate limit had no token (not a
+  // failure: a burst of admissions spent them; one is due within 1/max_qps).
+  // Call from one thread.
+  enum class ReportOutcome { kJudged, kDeferred, kFailed };
+  ReportOutcome Report(const topology::HostModel& model);
 
   const AlignmentStats& stats() const { return stats_; }
 

@@ -5,11 +5,18 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "topology/sysfs.h"
 
 namespace efa::plugin {
+namespace {
+
+// Marks the refusal of our own rate limit (a status payload's type URL).
+constexpr char kOwnRateLimitPayload[] = "efa.plugin/pod-resources-own-rate-limit";
+
+}  // namespace
 
 PodResourcesClient::PodResourcesClient(std::filesystem::path socket, Options options)
     : socket_(std::move(socket)),
@@ -48,11 +55,17 @@ std::shared_ptr<v1::PodResourcesLister::Stub> PodResourcesClient::Stub() {
   return stub_;
 }
 
+bool PodResourcesClient::IsOwnRateLimit(const absl::Status& status) {
+  return status.GetPayload(kOwnRateLimitPayload).has_value();
+}
+
 absl::StatusOr<v1::ListPodResourcesResponse> PodResourcesClient::List(bool rate_limited) {
   if (!TakeToken(rate_limited)) {
-    return absl::ResourceExhaustedError(absl::StrCat(socket_.string(),
-                                                     ": over the client's own rate limit of ",
-                                                     options_.max_qps, " queries per second"));
+    absl::Status status = absl::ResourceExhaustedError(
+        absl::StrCat(socket_.string(), ": over the client's own rate limit of ", options_.max_qps,
+                     " queries per second"));
+    status.SetPayload(kOwnRateLimitPayload, absl::Cord());
+    return status;
   }
   auto stub = Stub();
   if (!stub) {

@@ -44,6 +44,9 @@ class PodResourcesClient {
   // larger than 16 MiB, refused (...)"), each message naming the socket. Calls that are not
   // rate-limited still spend a token. Thread-safe.
   absl::StatusOr<v1::ListPodResourcesResponse> List(bool rate_limited = true);
+  // Whether List failed for want of a token of our own limit (nothing was
+  // asked), not for anything the kubelet said.
+  static bool IsOwnRateLimit(const absl::Status& status);
 
   const std::filesystem::path& socket() const { return socket_; }
 

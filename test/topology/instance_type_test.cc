@@ -63,7 +63,6 @@ TEST_CASE("InstanceFamily is the part before the first dot", "[topology]") {
 }
 
 TEST_CASE("InstanceFamily stops at the first of several dots, even at the start", "[topology]") {
-  CHECK(InstanceFamily("ml.p5.48xlarge") == "ml");
   CHECK(InstanceFamily(".48xlarge") == "");
   CHECK(InstanceFamily("p5.") == "p5");
   CHECK(InstanceFamily("p5..48xlarge") == "p5");
@@ -92,6 +91,17 @@ TEST_CASE("SupportedEfaCount gives the EFA count of the types it lists, nullopt 
   CHECK(SupportedEfaCount("c7gn.8xlarge") == std::nullopt);
   CHECK(SupportedEfaCount("m5.8xlarge") == std::nullopt);
   CHECK(SupportedEfaCount("") == std::nullopt);
+}
+
+TEST_CASE("A HyperPod ml. prefix names the same instance type and family", "[topology]") {
+  CHECK(WithoutHyperPodPrefix("ml.p5.48xlarge") == "p5.48xlarge");
+  CHECK(WithoutHyperPodPrefix("p5.48xlarge") == "p5.48xlarge");
+  CHECK(WithoutHyperPodPrefix("ml.") == "");
+  CHECK(InstanceFamily("ml.p5.48xlarge") == "p5");
+  CHECK(InstanceFamily("ml.trn1.32xlarge") == "trn1");
+  CHECK(SupportedEfaCount("ml.p5.48xlarge") == SupportedEfaCount("p5.48xlarge"));
+  CHECK(DefaultNeuronCoresPerDevice("ml.trn1.32xlarge") == 2);
+  CHECK(DefaultNeuronCoresPerDevice("ml.inf2.48xlarge") == 2);
 }
 
 TEST_CASE("DefaultNeuronCoresPerDevice goes by instance family", "[topology]") {

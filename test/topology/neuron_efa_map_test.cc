@@ -45,10 +45,12 @@ TEST_CASE("FindNeuronEfaTable takes the family alone, never a prefix or the case
   // The bare family maps as its instance types do.
   CHECK(FindNeuronEfaTable("trn2u")->name == "trn2");
   CHECK(FindNeuronEfaTable("trn3-dev1")->name == "trn3pds");
+  // A HyperPod node's type carries an "ml." prefix; its machine is the EC2 type's.
+  CHECK(FindNeuronEfaTable("ml.trn2.48xlarge") == FindNeuronEfaTable("trn2.48xlarge"));
   // Families the mapping does not list, however close.
   for (const char* type :
        {"trn2n.48xlarge", "trn3pd.48xlarge", "trn3-dev2.48xlarge", "TRN2.48xlarge", "trn1n32xlarge",
-        "ml.trn2.48xlarge", ".trn2", "inf1.24xlarge", "p4d.24xlarge"}) {
+        ".trn2", "inf1.24xlarge", "p4d.24xlarge"}) {
     INFO(type);
     CHECK(FindNeuronEfaTable(type) == nullptr);
   }

@@ -35,8 +35,10 @@ using efa::testing::kGpu;
 // the targets of each admission (as the daemon does).
 class P5Node {
  public:
-  P5Node()
-      : kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
+  // `max_qps`: the aligner's own pod-resources rate limit.
+  explicit P5Node(double max_qps = PodResourcesClient::Options{}.max_qps)
+      : max_qps_(max_qps),
+        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
         gpus_(*efa::sim::FindMachine("p5.48xlarge"), AcceleratorKind::kNvidiaGpu,
               sim_.path() / "kubelet/device-plugins"),
         aligner_(Options()),
@@ -118,9 +120,11 @@ class P5Node {
     options.resources.neuron.clear();
     options.resources.neuroncore.clear();
     options.pod_resources.timeout = kDeadline;  // no loaded machine misses it
+    options.pod_resources.max_qps = max_qps_;
     return options;
   }
 
+  const double max_qps_;
   SimRoot sim_{"p5.48xlarge"};
   FakeKubelet kubelet_;
   FakeAcceleratorPlugin gpus_;
@@ -175,25 +179,40 @@ TEST_CASE("Aligner degrades to prediction while pod-resources is down", "[alignm
   CHECK(counts.targeted == 0);
   CHECK(counts.predicted == 0);
   // Nor can it judge anything: try again later.
-  CHECK_FALSE(node.aligner().Report(node.model()));
+  CHECK(node.aligner().Report(node.model()) == Aligner::ReportOutcome::kFailed);
+  CHECK(node.aligner().stats().Get().report_failed == 1);
 }
 
 TEST_CASE("Aligner judges each container holding EFAs and GPUs once", "[alignment]") {
   P5Node node;
   node.Admit("running", {{kGpu, 1}});  // no EFAs: not judged
   node.Admit("train", {{kGpu, 1}, {kResourceName, 4}});
-  REQUIRE(node.aligner().Report(node.model()));
+  REQUIRE(node.aligner().Report(node.model()) == Aligner::ReportOutcome::kJudged);
   auto counts = node.aligner().stats().Get();
   CHECK(counts.aligned == 1);
   CHECK(counts.unaligned == 0);
   CHECK(node.aligner().stats().WaitForJudgedForTest(1, 0ms));
   // Judged already: not counted again.
-  REQUIRE(node.aligner().Report(node.model()));
+  REQUIRE(node.aligner().Report(node.model()) == Aligner::ReportOutcome::kJudged);
   counts = node.aligner().stats().Get();
   CHECK(counts.aligned == 1);
   CHECK(counts.unaligned == 0);
   // A second such container is judged in its turn.
   node.Admit("eval", {{kGpu, 1}, {kResourceName, 4}});
-  REQUIRE(node.aligner().Report(node.model()));
+  REQUIRE(node.aligner().Report(node.model()) == Aligner::ReportOutcome::kJudged);
   CHECK(node.aligner().stats().Get().aligned == 2);
+}
+
+TEST_CASE("Aligner defers a report its own rate limit refuses, counting no failure",
+          "[alignment]") {
+  // A token per 1,000 s: the admissions below spend the burst for good.
+  P5Node node(/*max_qps=*/0.001);
+  node.Admit("train", {{kGpu, 1}, {kResourceName, 4}});
+  // Admissions are never refused by our own limit, but each spends a token.
+  for (int i = 0; i < 10; ++i) node.aligner().ForAdmission(node.model());
+  CHECK(node.aligner().stats().Get().degraded == 0);
+  CHECK(node.aligner().Report(node.model()) == Aligner::ReportOutcome::kDeferred);
+  const auto counts = node.aligner().stats().Get();
+  CHECK(counts.report_failed == 0);
+  CHECK(counts.aligned == 0);
 }
