@@ -38,7 +38,6 @@
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "podresources/v1/api.grpc.pb.h"
-#include "test/bench/child_process.h"
 #include "test/bench/http_flood.h"
 #include "test/bench/policy_scenarios.h"
 #include "test/bench/proc_stats.h"
@@ -46,6 +45,8 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
 #include "test/sim/sim_root.h"
+#include "test/support/child_process.h"
+#include "test/support/devices.h"
 #include "topology/hwloc_loader.h"
 
 namespace {
@@ -53,14 +54,14 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-using efa::bench::ChildProcess;
 using efa::sim::SimRoot;
+using efa::testing::ChildProcess;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeKubelet;
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr char kGpu[] = "nvidia.com/gpu";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
+using efa::testing::kGpu;
 
 struct Settings {
   bool quick = false;

@@ -11,7 +11,8 @@
 #include "absl/strings/match.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
-#include "test/temp_dir.h"
+#include "test/support/devices.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using efa::sim::FindMachine;
@@ -28,7 +29,7 @@ using efa::testing::TempDir;
 
 namespace {
 
-constexpr char kGpu[] = "nvidia.com/gpu";
+using efa::testing::kGpu;
 constexpr char kNeuron[] = "aws.amazon.com/neuron";
 constexpr auto kWait = 5s;
 

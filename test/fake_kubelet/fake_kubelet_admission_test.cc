@@ -29,7 +29,8 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
-#include "test/temp_dir.h"
+#include "test/support/devices.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using efa::testing::AcceleratorKind;
@@ -43,8 +44,8 @@ using efa::testing::TempDir;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr char kGpu[] = "nvidia.com/gpu";
+using efa::testing::kEfa;
+using efa::testing::kGpu;
 constexpr auto kWait = 5s;
 
 // Calls pod-resources List on `socket`.

@@ -18,7 +18,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
-#include "test/temp_dir.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using efa::testing::FakeKubelet;

@@ -15,8 +15,9 @@
 #include "plugin/daemon.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/integration/fake_clock.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
+#include "test/support/test_node.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 #include "topology/replica_id.h"
@@ -28,45 +29,28 @@ using efa::sim::SimRoot;
 using efa::testing::AcceleratorKind;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeKubelet;
+using efa::testing::TestNode;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 
 enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
 
-class AlignedNode {
+// A node with the machine's GPUs or Neuron devices behind a fake plugin, the
+// daemon (`replicas` device IDs per EFA) registered beside it.
+class AlignedNode : public TestNode {
  public:
+  // `fake_clock`: the daemon reads clock() (TestNode::Pass moves it).
   AlignedNode(const std::string& machine, AcceleratorKind kind, int replicas = 1,
-              const efa::plugin::Clock* clock = &efa::plugin::Clock::Steady())
-      : sim_(machine),
-        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
-        accelerators_(*efa::sim::FindMachine(machine), kind,
-                      sim_.path() / "kubelet/device-plugins") {
-    REQUIRE(kubelet_.Start().ok());
-    DaemonOptions options;
-    options.roots = sim_.roots();
-    options.kubelet_dir = sim_.path() / "kubelet";
-    options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
-    options.replicas = replicas;
-    options.clock = clock;
-    daemon_ = std::make_unique<Daemon>(options);
-    thread_ = std::thread([this] { daemon_->Run(); });
-    REQUIRE(accelerators_.Start().ok());
-    REQUIRE(kubelet_.WaitForRegistrations(kEfa, 1, kDeadline));
-    REQUIRE(kubelet_.WaitForRegistrations(accelerators_.resource_name(), 1, kDeadline));
-    REQUIRE(kubelet_.WaitForListAndWatchMessages(kEfa, 1, kDeadline));
-    REQUIRE(kubelet_.WaitForListAndWatchMessages(accelerators_.resource_name(), 1, kDeadline));
-    auto topo = efa::topology::LoadTopology({sim_.path().string(), ""});
-    REQUIRE(topo.ok());
-    model_ = efa::topology::HostModel::FromHwloc(efa::topology::DiscoverEfaDevices(sim_.roots()),
-                                                 topo->get());
-    gpus_ = efa::topology::ReadNvidiaGpus(sim_.path() / "proc", nullptr);
-  }
-  ~AlignedNode() {
-    daemon_->Stop();
-    thread_.join();
+              bool fake_clock = false)
+      : TestNode({.machine = machine,
+                  .fake_clock = fake_clock,
+                  .configure = [replicas](DaemonOptions& o) { o.replicas = replicas; },
+                  .accelerators = kind}) {
+    REQUIRE(kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+    REQUIRE(kubelet().WaitForListAndWatchMessages(kEfa, 1, kDeadline));
   }
 
   // Admits pods of `accels` accelerators + `efas` EFAs until the node is
@@ -75,7 +59,7 @@ class AlignedNode {
   std::pair<int, int> Run(int accels, int efas, Order order, int rounds, unsigned seed) {
     std::mt19937 rng(seed);
     int aligned = 0, total = 0;
-    const std::string accel = accelerators_.resource_name();
+    const std::string accel = accelerator_resource();
     for (int round = 0; round < rounds; ++round) {
       std::vector<std::string> uids;
       while (true) {
@@ -84,8 +68,8 @@ class AlignedNode {
         std::vector<std::pair<std::string, int>> requests = {{accel, accels}, {kEfa, efas}};
         if (!accel_first) std::swap(requests[0], requests[1]);
         const std::string uid = absl::StrCat("uid-", pods_ + 1);
-        auto admitted = kubelet_.AdmitContainer(absl::StrCat("pod-", ++pods_), "default", uid,
-                                                "main", requests);
+        auto admitted = kubelet().AdmitContainer(absl::StrCat("pod-", ++pods_), "default", uid,
+                                                 "main", requests);
         if (!admitted.ok()) break;  // the node is full
         uids.push_back(uid);
         ++total;
@@ -93,39 +77,24 @@ class AlignedNode {
       }
       // The daemon judges each container after the fact, before it goes.
       judged_ += static_cast<int>(uids.size());
-      REQUIRE(daemon_->alignment_stats()->WaitForJudgedForTest(judged_, kDeadline));
-      for (const auto& uid : uids) REQUIRE(kubelet_.RemovePod(uid).ok());
+      REQUIRE(daemon().alignment_stats()->WaitForJudgedForTest(judged_, kDeadline));
+      for (const auto& uid : uids) REQUIRE(kubelet().RemovePod(uid).ok());
     }
     return {aligned, total};
   }
 
+  // Whether the container's EFAs (replica IDs counted as their EFA) are
+  // aligned with its accelerators.
   bool Aligned(const std::string& uid) {
     std::vector<std::string> efas;
-    for (const auto& id : kubelet_.container_devices(uid, "main", kEfa)) {
+    for (const auto& id : kubelet().container_devices(uid, "main", kEfa)) {
       auto replica = efa::topology::ParseReplicaId(id);
       efas.push_back(replica ? replica->ibdev : id);
     }
-    std::vector<std::pair<std::string, std::string>> accels;
-    for (const auto& id : kubelet_.container_devices(uid, "main", accelerators_.resource_name())) {
-      accels.emplace_back(accelerators_.resource_name(), id);
-    }
-    auto targets = efa::plugin::ResolveTargets(accels, {}, gpus_, *model_);
-    return efa::plugin::IsAligned(*model_, efas, targets);
+    return TestNode::Aligned(uid, efas);
   }
 
-  FakeKubelet& kubelet() { return kubelet_; }
-  const SimRoot& sim() const { return sim_; }
-  const std::string& accelerator_resource() const { return accelerators_.resource_name(); }
-  Daemon& daemon() { return *daemon_; }
-
  private:
-  SimRoot sim_;
-  FakeKubelet kubelet_;
-  FakeAcceleratorPlugin accelerators_;
-  std::unique_ptr<Daemon> daemon_;
-  std::thread thread_;
-  std::shared_ptr<const efa::topology::HostModel> model_;
-  std::vector<efa::topology::NvidiaGpu> gpus_;
   int judged_ = 0;
   int pods_ = 0;
 };
@@ -271,8 +240,7 @@ TEST_CASE("With pod-resources down or rate-limited, allocations succeed and are 
 
 TEST_CASE("A failing alignment report is retried less and less often",
           "[alignment][daemon][concurrency]") {
-  efa::testing::FakeClock clock;
-  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, 1, &clock);
+  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, 1, /*fake_clock=*/true);
   node.kubelet().SetPodResourcesExhausted(true);
   REQUIRE(node.kubelet()
               .AdmitContainer("p", "default", "u1", "main", {{"nvidia.com/gpu", 1}, {kEfa, 4}})
@@ -282,7 +250,7 @@ TEST_CASE("A failing alignment report is retried less and less often",
   // A minute in half-second steps: retried every 500 ms that would be 120
   // tries; doubling up to 30 s, 7 plus the periodic passes' 6.
   for (int step = 0; step < 120; ++step) {
-    REQUIRE(efa::testing::AdvanceOnePass(clock, node.daemon(), 500ms, kDeadline));
+    REQUIRE(node.Pass(500ms));
   }
   const int tries = failed() - before;
   INFO(tries << " failed judgment passes in a minute");

@@ -30,9 +30,10 @@
 #include "plugin/guards/nvidia_plugin_process.h"
 #include "plugin/kubelet/kubelet_checkpoint.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/integration/fake_clock.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
+#include "test/support/test_node.h"
 #include "topology/efa_discovery.h"
 #include "topology/nvidia_gpus.h"
 
@@ -40,17 +41,17 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
-using efa::testing::FakeClock;
 using efa::testing::FakeKubelet;
 using efa::testing::FakeProc;
 using efa::testing::TempDir;
+using efa::testing::TestNode;
 using efa::topology::EfaDevice;
 using efa::topology::Inventory;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
@@ -62,45 +63,21 @@ void WriteFile(const fs::path& path, const std::string& bytes) {
 
 // A simulated p4d.24xlarge (EFAs rdmap16s27, rdmap32s27, rdmap144s27,
 // rdmap160s27) served by the daemon on a thread to a fake kubelet, which
-// forwards each request over the daemon's real gRPC socket.
-class ServedNode {
+// forwards each request over the daemon's real gRPC socket; registered and
+// all Healthy once built.
+class ServedNode : public TestNode {
  public:
-  // `clock`: the daemon's (not owned), the real one when null.
-  explicit ServedNode(const efa::plugin::Clock* clock = nullptr)
-      : sim_("p4d.24xlarge"), kubelet_(sim_.path() / "kubelet/device-plugins") {
-    REQUIRE(kubelet_.Start().ok());
-    DaemonOptions options;
-    options.roots = sim_.roots();
-    options.kubelet_dir = sim_.path() / "kubelet";
-    options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
-    if (clock) options.clock = clock;
-    daemon_ = std::make_unique<Daemon>(options);
-    thread_ = std::thread([this] { daemon_->Run(); });
-    REQUIRE(kubelet_.WaitForRegistrations(kEfa, 1, kDeadline));
-    REQUIRE(kubelet_.WaitForDevices(
-        kEfa,
-        [](const std::vector<v1beta1::Device>& devices) {
-          if (devices.size() != 4) return false;
-          for (const auto& d : devices) {
-            if (d.health() != "Healthy") return false;
-          }
-          return true;
-        },
-        kDeadline));
+  // `fake_clock`: the daemon reads clock() (TestNode::Pass moves it).
+  explicit ServedNode(bool fake_clock = false)
+      : TestNode({.machine = "p4d.24xlarge", .fake_clock = fake_clock}) {
+    REQUIRE(kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+    REQUIRE(WaitAll("Healthy"));
   }
-  ~ServedNode() {
-    daemon_->Stop();
-    thread_.join();
-  }
-
-  SimRoot& sim() { return sim_; }
-  FakeKubelet& kubelet() { return kubelet_; }
-  Daemon& daemon() { return *daemon_; }
 
   // The devices as the kubelet got them ("id health numa").
   std::vector<std::string> KubeletDevices() const {
     std::vector<std::string> out;
-    for (const v1beta1::Device& d : kubelet_.devices(kEfa)) {
+    for (const v1beta1::Device& d : kubelet().devices(kEfa)) {
       out.push_back(absl::StrCat(
           d.id(), " ", d.health(), " ",
           d.topology().nodes_size() > 0 ? absl::StrCat(d.topology().nodes(0).id()) : "-"));
@@ -112,9 +89,9 @@ class ServedNode {
   // the registrations it accepted and the daemon's advertised list.
   std::string State() const {
     return absl::StrCat("kubelet: ", absl::StrJoin(KubeletDevices(), ", "),
-                        "; messages: ", kubelet_.list_and_watch_messages(kEfa),
-                        "; registrations: ", kubelet_.registrations(kEfa),
-                        "; advertised: ", daemon_->advertised().ShortDebugString());
+                        "; messages: ", kubelet().list_and_watch_messages(kEfa),
+                        "; registrations: ", kubelet().registrations(kEfa),
+                        "; advertised: ", daemon().advertised().ShortDebugString());
   }
 
   grpc::Status Allocate(const std::vector<std::vector<std::string>>& containers,
@@ -124,7 +101,7 @@ class ServedNode {
       auto* c = request.add_container_requests();
       for (const auto& id : ids) c->add_devices_ids(id);
     }
-    return kubelet_.Allocate(kEfa, request, response);
+    return kubelet().Allocate(kEfa, request, response);
   }
   grpc::Status Allocate(const std::vector<std::vector<std::string>>& containers) {
     v1beta1::AllocateResponse response;
@@ -142,7 +119,7 @@ class ServedNode {
     for (const auto& id : must) c->add_must_include_deviceids(id);
     c->set_allocation_size(size);
     v1beta1::PreferredAllocationResponse response;
-    grpc::Status status = kubelet_.GetPreferredAllocation(kEfa, request, &response);
+    grpc::Status status = kubelet().GetPreferredAllocation(kEfa, request, &response);
     REQUIRE(status.error_message() == "");
     REQUIRE(status.ok());
     REQUIRE(response.container_responses_size() == 1);
@@ -153,7 +130,7 @@ class ServedNode {
     v1beta1::PreStartContainerRequest request;
     for (const auto& id : ids) request.add_devices_ids(id);
     v1beta1::PreStartContainerResponse response;
-    return kubelet_.PreStartContainer(kEfa, request, &response);
+    return kubelet().PreStartContainer(kEfa, request, &response);
   }
 
   // A valid Allocate still gets exactly its device.
@@ -164,12 +141,6 @@ class ServedNode {
     CHECK(response.container_responses(0).envs().at("EFA_DEVICES") == "rdmap144s27");
     CHECK(response.container_responses(0).devices(0).container_path() == "/dev/infiniband/uverbs2");
   }
-
- private:
-  SimRoot sim_;
-  FakeKubelet kubelet_;
-  std::unique_ptr<Daemon> daemon_;
-  std::thread thread_;
 };
 
 // Runs a refused Allocate and checks its code, its exact message and that
@@ -652,8 +623,7 @@ TEST_CASE("Bad uverbs device numbers skip that device only", "[bad-input]") {
 
 TEST_CASE("A device broken while the daemon runs turns Unhealthy naming why, the rest unchanged",
           "[bad-input][concurrency]") {
-  FakeClock clock;
-  ServedNode node(&clock);
+  ServedNode node(/*fake_clock=*/true);
   const fs::path numa = node.sim().sys() / "class/infiniband/rdmap32s27/device/numa_node";
   WriteFile(numa, "garbage\n");
   // No event tells of a changed attribute: the periodic passes of a node
@@ -664,7 +634,7 @@ TEST_CASE("A device broken while the daemon runs turns Unhealthy naming why, the
   };
   for (int pass = 0; pass < 12 && !unhealthy(node.kubelet().devices(kEfa)); ++pass) {
     REQUIRE(efa::sim::CountUevent(node.sim().path().string()).ok());
-    REQUIRE(efa::testing::AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+    REQUIRE(node.Pass(10s));
   }
   REQUIRE(node.kubelet().WaitForDevices(kEfa, unhealthy, kDeadline));
   CHECK(node.KubeletDevices() ==

@@ -28,116 +28,92 @@
 #include "test/bench/http_flood.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/integration/fake_clock.h"
-#include "test/plugin/exposition.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
+#include "test/support/exposition.h"
+#include "test/support/scrape.h"
+#include "test/support/test_node.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
 using efa::testing::AcceleratorKind;
-using efa::testing::AdvanceOnePass;
+using efa::testing::DaemonRun;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeAcceleratorPluginOptions;
-using efa::testing::FakeClock;
 using efa::testing::FakeDraDriver;
 using efa::testing::FakeKubelet;
-using efa::testing::ParseMetrics;
+using efa::testing::Has;
+using efa::testing::HttpGet;
+using efa::testing::HttpReply;
+using efa::testing::Metrics;
 using efa::testing::SummarizeExposition;
+using efa::testing::TestNode;
+using efa::testing::WaitScrape;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
-using Metrics = std::map<std::string, double>;
-
-struct HttpReply {
-  int status = 0;  // 0: no answer
-  std::string content_type;
-  std::string body;
-};
-
-HttpReply HttpGet(uint16_t port, const std::string& path) {
-  httplib::Client client("127.0.0.1", port);
-  client.set_connection_timeout(5s);
-  client.set_read_timeout(5s);
-  auto result = client.Get(path);
-  if (!result) return {};
-  return {result->status, result->get_header_value("Content-Type"), result->body};
-}
-
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 // A simulated node with the fake kubelet (its pod-resources API too), the
 // daemon on a thread and its monitor serving HTTP on free loopback ports, as
 // main() does: every route on the metrics address, the probes on the probe
 // address.
-class MonitoredNode {
+class MonitoredNode : public TestNode {
  public:
+  // `fake_clock`: the daemon and the monitor read clock() (TestNode::Pass).
   explicit MonitoredNode(const std::string& machine,
                          const std::function<void(SimRoot&)>& prepare = nullptr,
                          MofedPolicy mofed_policy = MofedPolicy::kWarn,
                          AlignmentMode alignment = AlignmentMode::kBestEffort,
-                         const Clock* clock = nullptr)
-      : machine_(machine),
-        sim_(machine),
-        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")) {
-    if (prepare) prepare(sim_);
-    REQUIRE(kubelet_.Start().ok());
+                         bool fake_clock = false)
+      : TestNode({.machine = machine,
+                  .prepare = prepare,
+                  .run = DaemonRun::kLater,
+                  .fake_clock = fake_clock}),
+        machine_(machine) {
     // Watched only when they exist at start (as on a node).
     fs::create_directories(cdi_dir());
     fs::create_directories(registry());
-    DaemonOptions options;
-    options.roots = sim_.roots();
-    options.kubelet_dir = sim_.path() / "kubelet";
-    options.cdi_spec_dirs = {cdi_dir()};
-    options.mofed_policy = mofed_policy;
-    options.alignment = alignment;
-    if (clock) options.clock = clock;
+    DaemonOptions& o = options();
+    o.cdi_spec_dirs = {cdi_dir()};
+    o.mofed_policy = mofed_policy;
+    o.alignment = alignment;
     if (alignment == AlignmentMode::kLateBinding) {
-      options.cdi_dir = sim_.path() / "var/run/cdi-claims";
-      fs::create_directories(options.cdi_dir);
+      o.cdi_dir = sim().path() / "var/run/cdi-claims";
+      fs::create_directories(o.cdi_dir);
     }
-    monitor_ = std::make_unique<DaemonMonitor>(
-        MonitorOptions{options.rescan_interval, "", options.roots.sysfs, 0});
-    monitor_->Attach(options);
-    daemon_ = std::make_unique<Daemon>(options);
-    monitor_->Watch(daemon_.get());
-    auto http = HttpServer::Start("127.0.0.1:0", monitor_->Routes());
-    REQUIRE(http.ok());
-    http_ = *std::move(http);
-    auto probes = HttpServer::Start("127.0.0.1:0", monitor_->ProbeRoutes());
-    REQUIRE(probes.ok());
-    probes_ = *std::move(probes);
-    thread_ = std::thread([this] { daemon_->Run(); });
+    monitor_ =
+        std::make_unique<DaemonMonitor>(MonitorOptions{o.rescan_interval, "", o.roots.sysfs, 0});
+    monitor_->Attach(o);
+    StartDaemon([this](const Daemon& daemon) {
+      monitor_->Watch(&daemon);
+      auto http = HttpServer::Start("127.0.0.1:0", monitor_->Routes());
+      REQUIRE(http.ok());
+      http_ = *std::move(http);
+      auto probes = HttpServer::Start("127.0.0.1:0", monitor_->ProbeRoutes());
+      REQUIRE(probes.ok());
+      probes_ = *std::move(probes);
+    });
   }
-  ~MonitoredNode() {
-    daemon_->Stop();
-    thread_.join();
-  }
+  // The daemon's hooks point at the monitor: it stops first.
+  ~MonitoredNode() { StopDaemon(); }
 
   const std::string& machine() const { return machine_; }
-  SimRoot& sim() { return sim_; }
-  FakeKubelet& kubelet() { return kubelet_; }
-  Daemon& daemon() { return *daemon_; }
-  fs::path cdi_dir() const { return sim_.path() / "var/run/cdi"; }
-  fs::path registry() const { return sim_.path() / "kubelet/plugins_registry"; }
-  fs::path device_plugin_dir() const { return sim_.path() / "kubelet/device-plugins"; }
+  fs::path cdi_dir() const { return sim().path() / "var/run/cdi"; }
+  fs::path registry() const { return kubelet_dir() / "plugins_registry"; }
 
   HttpReply Get(const std::string& path) { return HttpGet(http_->port(), path); }
   uint16_t metrics_port() const { return http_->port(); }
   uint16_t probe_port() const { return probes_->port(); }
-  Metrics Scrape() { return ParseMetrics(Get("/metrics").body); }
+  Metrics Scrape() { return efa::testing::Scrape(metrics_port()); }
 
   // The daemon publishes its state once per loop pass and the RPC metrics
   // after each handler returns: scrape until `want` holds.
   bool WaitMetrics(const std::function<bool(const Metrics&)>& want) {
-    const auto deadline = std::chrono::steady_clock::now() + kDeadline;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (want(Scrape())) return true;
-      std::this_thread::sleep_for(10ms);
-    }
-    return false;
+    return WaitScrape(metrics_port(), want);
   }
   bool WaitReply(const std::string& path, int status, const std::string& body) {
     const auto deadline = std::chrono::steady_clock::now() + kDeadline;
@@ -153,25 +129,10 @@ class MonitoredNode {
 
  private:
   const std::string machine_;
-  SimRoot sim_;
-  FakeKubelet kubelet_;
   std::unique_ptr<DaemonMonitor> monitor_;
-  std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<HttpServer> probes_;
-  std::thread thread_;
 };
-
-// Whether every (series, value) of `want` is in the scrape.
-std::function<bool(const Metrics&)> Has(Metrics want) {
-  return [want = std::move(want)](const Metrics& m) {
-    for (const auto& [series, value] : want) {
-      auto it = m.find(series);
-      if (it == m.end() || it->second != value) return false;
-    }
-    return true;
-  };
-}
 
 grpc::Status Allocate(FakeKubelet& kubelet, std::initializer_list<const char*> ids) {
   v1beta1::AllocateRequest request;
@@ -391,11 +352,10 @@ TEST_CASE("Liveness allows three rescan intervals and some slack between loop pa
 
 TEST_CASE("/healthz fails once the owner loop has not run for three rescan intervals and 15 s",
           "[monitor]") {
-  FakeClock clock;
   MonitoredNode node("p4d.24xlarge", nullptr, MofedPolicy::kWarn, AlignmentMode::kBestEffort,
-                     &clock);
+                     /*fake_clock=*/true);
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  REQUIRE(AdvanceOnePass(clock, node.daemon(), 0s, kDeadline));
+  REQUIRE(node.Pass(0s));
   HttpReply reply = HttpGet(node.probe_port(), "/healthz");
   CHECK(reply.status == 200);
   CHECK(reply.body == "ok: the owner loop ran 0s ago\n");
@@ -407,7 +367,7 @@ TEST_CASE("/healthz fails once the owner loop has not run for three rescan inter
   bool stalled = false;
   for (int attempt = 0; attempt < 5 && !stalled; ++attempt) {
     const auto beat = node.daemon().heartbeat();
-    clock.Advance(45100ms);
+    node.clock().Advance(45100ms);
     reply = HttpGet(node.probe_port(), "/healthz");
     const double age = node.Scrape()["efa_device_plugin_heartbeat_age_seconds"];
     if (node.daemon().heartbeat() != beat) continue;
@@ -419,7 +379,7 @@ TEST_CASE("/healthz fails once the owner loop has not run for three rescan inter
   REQUIRE(stalled);
 
   // A pass, and it is alive again.
-  REQUIRE(AdvanceOnePass(clock, node.daemon(), 0s, kDeadline));
+  REQUIRE(node.Pass(0s));
   reply = HttpGet(node.probe_port(), "/healthz");
   CHECK(reply.status == 200);
   CHECK(reply.body == "ok: the owner loop ran 0s ago\n");

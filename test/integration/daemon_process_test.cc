@@ -29,22 +29,23 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/plugin/exposition.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/child_process.h"
+#include "test/support/devices.h"
+#include "test/support/exposition.h"
+#include "test/support/temp_dir.h"
 #include "topology/replica_id.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ChildProcess;
 using efa::sim::SimRoot;
+using efa::testing::ChildProcess;
 using efa::testing::FakeKubelet;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+using efa::testing::kEfa;
 // Threads a sanitizer's runtime adds to every process (TSan's background
 // thread).
 #if defined(__has_feature)
@@ -58,7 +59,7 @@ constexpr int kRuntimeThreads = 1;
 #else
 constexpr int kRuntimeThreads = 0;
 #endif
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
 
 // The daemon binary's command line on `sim` (its roots, a log level, the
 // HTTP addresses), then `extra`.

@@ -1,4 +1,5 @@
-// The daemon against the fake kubelet, over real unix sockets.
+// The daemon in process on a simulated node, against the fake kubelet over
+// real unix sockets (test/support/test_node.h).
 #include "plugin/daemon.h"
 
 #include <fcntl.h>
@@ -22,12 +23,12 @@
 #include <set>
 #include <thread>
 
-#include "test/descriptor_table_full.h"
-#include "test/fake_kubelet/fake_kubelet.h"
-#include "test/integration/fake_clock.h"
-#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/descriptor_table_full.h"
+#include "test/support/devices.h"
+#include "test/support/sanitized.h"
+#include "test/support/temp_dir.h"
+#include "test/support/test_node.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -35,80 +36,15 @@ using efa::plugin::Daemon;
 using efa::plugin::DaemonOptions;
 using efa::sim::Naming;
 using efa::sim::SimRoot;
-using efa::testing::AdvanceOnePass;
-using efa::testing::FakeClock;
-using efa::testing::FakeKubelet;
-
-namespace {
-
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
-
-// A simulated node, a fake kubelet in a kubelet dir of its own and the
-// daemon running on a thread.
-class Node {
- public:
-  explicit Node(const std::string& machine, std::chrono::milliseconds rescan = 10s,
-                Naming naming = Naming::kUdev,
-                const std::function<void(DaemonOptions&)>& customize = nullptr)
-      : sim_(machine, naming), kubelet_(sim_.path() / "kubelet/device-plugins") {
-    REQUIRE(kubelet_.Start().ok());
-    DaemonOptions options;
-    options.roots = sim_.roots();
-    options.kubelet_dir = sim_.path() / "kubelet";
-    options.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
-    options.rescan_interval = rescan;
-    if (customize) customize(options);
-    daemon_ = std::make_unique<Daemon>(options);
-    thread_ = std::thread([this] { exit_code_ = daemon_->Run(); });
-  }
-  ~Node() { StopDaemon(); }
-  int StopDaemon() {
-    if (thread_.joinable()) {
-      daemon_->Stop();
-      thread_.join();
-    }
-    return exit_code_;
-  }
-
-  SimRoot& sim() { return sim_; }
-  FakeKubelet& kubelet() { return kubelet_; }
-  Daemon& daemon() { return *daemon_; }
-
-  // Waits until the kubelet's latest list shows `id` with `health`.
-  bool WaitHealth(const std::string& id, const std::string& health) {
-    return kubelet_.WaitForDevices(
-        kEfa,
-        [&](const std::vector<v1beta1::Device>& devices) {
-          for (const auto& d : devices) {
-            if (d.id() == id) return d.health() == health;
-          }
-          return false;
-        },
-        kDeadline);
-  }
-
- private:
-  SimRoot sim_;
-  FakeKubelet kubelet_;
-  std::unique_ptr<Daemon> daemon_;
-  std::thread thread_;
-  int exit_code_ = -1;
-};
-
-bool AllHealthy(const std::vector<v1beta1::Device>& devices, size_t n) {
-  if (devices.size() != n) return false;
-  for (const auto& d : devices) {
-    if (d.health() != "Healthy") return false;
-  }
-  return true;
-}
-
-}  // namespace
+using efa::testing::AllHealthy;
+using efa::testing::HealthOf;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
+using efa::testing::TestNode;
 
 TEST_CASE("The daemon registers as vpc.amazonaws.com/efa and lists the node's EFAs",
           "[daemon][concurrency]") {
-  Node node("p5.48xlarge");
+  TestNode node({.machine = "p5.48xlarge"});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   auto request = node.kubelet().last_request(kEfa);
   REQUIRE(request.has_value());
@@ -118,8 +54,7 @@ TEST_CASE("The daemon registers as vpc.amazonaws.com/efa and lists the node's EF
   CHECK(request->options().get_preferred_allocation_available());
   CHECK_FALSE(request->options().pre_start_required());
 
-  REQUIRE(node.kubelet().WaitForDevices(
-      kEfa, [](const auto& d) { return AllHealthy(d, 32); }, kDeadline));
+  REQUIRE(node.WaitAll("Healthy", 32));
   auto devices = node.kubelet().devices(kEfa);
   CHECK(devices[0].id() == "rdmap79s0");
   CHECK(devices[0].topology().nodes(0).id() == 0);
@@ -140,15 +75,14 @@ TEST_CASE("The daemon registers as vpc.amazonaws.com/efa and lists the node's EF
 }
 
 TEST_CASE("The daemon registers again after a kubelet restart", "[daemon][concurrency]") {
-  Node node("p4d.24xlarge");
+  TestNode node({.machine = "p4d.24xlarge"});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   for (int i = 2; i <= 4; ++i) {
     REQUIRE(node.kubelet().Restart().ok());
     REQUIRE(node.kubelet().WaitForRegistrations(kEfa, i, kDeadline));
     REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
   }
-  CHECK(node.kubelet().WaitForDevices(
-      kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+  CHECK(node.WaitAll("Healthy", 4));
   CHECK(fs::exists(node.daemon().plugin_socket()));
   // The kubelet closing the replaced stream must not start a loop of
   // registrations.
@@ -158,7 +92,7 @@ TEST_CASE("The daemon registers again after a kubelet restart", "[daemon][concur
 
 TEST_CASE("The daemon registers again when the kubelet ends ListAndWatch",
           "[daemon][concurrency]") {
-  Node node("p4d.24xlarge");
+  TestNode node({.machine = "p4d.24xlarge"});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.kubelet().WaitForListAndWatchMessages(kEfa, 1, kDeadline));
   node.kubelet().EndStream(kEfa);
@@ -167,7 +101,7 @@ TEST_CASE("The daemon registers again when the kubelet ends ListAndWatch",
 }
 
 TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon][concurrency]") {
-  Node node("p4d.24xlarge");
+  TestNode node({.machine = "p4d.24xlarge"});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
   const fs::path uverbs = node.sim().path() / "dev/infiniband/uverbs1";
@@ -200,21 +134,14 @@ TEST_CASE("A removed device turns Unhealthy and comes back Healthy", "[daemon][c
 
 TEST_CASE("A periodic pass looks at the devices again only once the kernel counted a uevent",
           "[daemon][concurrency]") {
-  FakeClock clock;
-  Node node("p4d.24xlarge", 10s, Naming::kUdev, [&](DaemonOptions& o) { o.clock = &clock; });
+  TestNode node({.machine = "p4d.24xlarge", .fake_clock = true});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  auto health = [&node] {
-    const v1beta1::ListAndWatchResponse list = node.daemon().advertised();
-    for (const auto& d : list.devices()) {
-      if (d.id() == "rdmap32s27") return d.health();
-    }
-    return std::string("absent");
-  };
+  auto health = [&node] { return HealthOf(node.daemon().advertised().devices(), "rdmap32s27"); };
   REQUIRE(health() == "Healthy");
   // Unbound from its driver. A simulated root sends no event for it (the
   // link is below the watched directories); a real kernel counts a uevent.
   fs::remove(node.sim().sys() / "class/infiniband/rdmap32s27/device/driver");
-  auto pass = [&] { return AdvanceOnePass(clock, node.daemon(), 10s, kDeadline); };
+  auto pass = [&] { return node.Pass(10s); };
   SECTION("a uevent counted") {
     REQUIRE(pass());
     CHECK(health() == "Healthy");  // the fingerprint was not taken
@@ -238,11 +165,10 @@ TEST_CASE("A periodic pass looks at the devices again only once the kernel count
 TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear",
           "[daemon][concurrency]") {
   SimRoot p4d("p4d.24xlarge");
-  FakeClock clock;
-  Node node("no-efa", 10s, Naming::kUdev, [&](DaemonOptions& o) { o.clock = &clock; });
+  TestNode node({.machine = "no-efa", .fake_clock = true});
   // Several periodic passes: the daemon must neither exit nor register.
   for (int pass = 0; pass < 8; ++pass) {
-    REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+    REQUIRE(node.Pass(10s));
   }
   CHECK(node.kubelet().registrations(kEfa) == 0);
   // EFAs appear: hot-plugged into the same root, found by a periodic pass
@@ -252,18 +178,17 @@ TEST_CASE("On a node without EFA the daemon idles, then serves when EFAs appear"
            fs::copy_options::recursive | fs::copy_options::copy_symlinks);
   for (int n = 0; n < 4; ++n) node.sim().RestoreUverbs(n);  // char devices do not copy
   for (int pass = 0; pass < 12 && node.kubelet().registrations(kEfa) == 0; ++pass) {
-    REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+    REQUIRE(node.Pass(10s));
   }
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  CHECK(node.kubelet().WaitForDevices(
-      kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+  CHECK(node.WaitAll("Healthy", 4));
 }
 
 TEST_CASE(
     "The daemon survives a plugin socket path it cannot bind after a kubelet restart, and "
     "comes back when it can",
     "[daemon][concurrency]") {
-  Node node("p4d.24xlarge");
+  TestNode node({.machine = "p4d.24xlarge"});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   // The kubelet goes and takes our socket with it; something else then
   // takes the path (here a directory that cannot be removed).
@@ -276,8 +201,7 @@ TEST_CASE(
   CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 2, 1500ms));
   fs::remove_all(socket);
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
-  CHECK(node.kubelet().WaitForDevices(
-      kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+  CHECK(node.WaitAll("Healthy", 4));
   struct stat st;
   REQUIRE(::lstat(socket.c_str(), &st) == 0);
   CHECK(S_ISSOCK(st.st_mode));
@@ -287,7 +211,7 @@ TEST_CASE(
 TEST_CASE("A device renamed by udev is listed once, under its new name", "[daemon][concurrency]") {
   // The kernel names the EFAs efa_0..efa_3; udev renames efa_0 (PCI
   // 0000:10:1b.0) rdmap16s27 while the daemon runs.
-  Node node("p4d.24xlarge", 10s, Naming::kKernel);
+  TestNode node({.machine = "p4d.24xlarge", .naming = Naming::kKernel});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitHealth("efa_0", "Healthy"));
   const fs::path sys = node.sim().sys();
@@ -334,7 +258,8 @@ TEST_CASE("After an inotify queue overflow the daemon rescans at once", "[daemon
   std::mutex mu;
   std::condition_variable cv;
   bool hold = false, held = false;
-  Node node("p4d.24xlarge", 600s, Naming::kUdev, [&](DaemonOptions& o) {
+  auto held_rescans = [&](DaemonOptions& o) {
+    o.rescan_interval = 600s;
     o.on_inventory = [&](const efa::topology::Inventory&) {
       std::unique_lock<std::mutex> lock(mu);
       if (!hold) return;
@@ -342,7 +267,8 @@ TEST_CASE("After an inotify queue overflow the daemon rescans at once", "[daemon
       cv.notify_all();
       cv.wait(lock, [&] { return !hold; });
     };
-  });
+  };
+  TestNode node({.machine = "p4d.24xlarge", .configure = held_rescans});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
   {
@@ -375,7 +301,7 @@ TEST_CASE("After an inotify queue overflow the daemon rescans at once", "[daemon
 TEST_CASE("The plugin socket is never seen with a mode other than 0600", "[daemon][concurrency]") {
   // Watch the directory for the socket's creation and look at its mode at
   // once, through several kubelet restarts (each serves a fresh socket).
-  Node node("p4d.24xlarge");
+  TestNode node({.machine = "p4d.24xlarge"});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   const fs::path socket = node.daemon().plugin_socket();
   int in = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
@@ -410,16 +336,6 @@ TEST_CASE("The plugin socket is never seen with a mode other than 0600", "[daemo
 }
 
 namespace {
-
-// The health the daemon advertises for `id` now, or "absent".
-std::string AdvertisedHealth(const Daemon& daemon, const std::string& id) {
-  const v1beta1::ListAndWatchResponse list = daemon.advertised();
-  for (const auto& d : list.devices()) {
-    if (d.id() == id) return d.health();
-  }
-  return "absent";
-}
-
 // Waits, at most kDeadline, until the daemon has counted `n` failed
 // listings and reads (it has no event of its own to wait on: polled).
 bool WaitForDiscoveryErrors(const Daemon& daemon, int64_t n) {
@@ -441,16 +357,14 @@ TEST_CASE(
     WARN("not run under a sanitizer: its runtime needs descriptors while none are left");
     return;
   }
-  FakeClock clock;
-  Node node("p5.48xlarge", 10s, Naming::kUdev, [&](DaemonOptions& o) { o.clock = &clock; });
+  TestNode node({.machine = "p5.48xlarge", .fake_clock = true});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  REQUIRE(node.kubelet().WaitForDevices(
-      kEfa, [](const auto& d) { return AllHealthy(d, 32); }, kDeadline));
+  REQUIRE(node.WaitAll("Healthy", 32));
   {
     efa::testing::DescriptorTableFull full;
     // A full rescan falls due, and a device is removed (its inotify event
     // brings another rescan): neither can list class/infiniband.
-    REQUIRE(AdvanceOnePass(clock, node.daemon(), 5min, kDeadline));
+    REQUIRE(node.Pass(5min));
     REQUIRE(WaitForDiscoveryErrors(node.daemon(), 1));
     full.Refill();
     const int64_t before =
@@ -466,7 +380,7 @@ TEST_CASE(
   }
   // Descriptors back: the next pass looks again (the uevent count stood
   // still) and sees the device gone, and only that one.
-  REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+  REQUIRE(node.Pass(10s));
   REQUIRE(node.WaitHealth("rdmap79s0", "Unhealthy"));
   auto devices = node.kubelet().devices(kEfa);
   CHECK(devices.size() == 32);
@@ -476,11 +390,9 @@ TEST_CASE(
 
 TEST_CASE("A quiet node recovers from a failed rescan at the next periodic pass",
           "[daemon][concurrency]") {
-  FakeClock clock;
-  Node node("p4d.24xlarge", 10s, Naming::kUdev, [&](DaemonOptions& o) { o.clock = &clock; });
+  TestNode node({.machine = "p4d.24xlarge", .fake_clock = true});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  REQUIRE(node.kubelet().WaitForDevices(
-      kEfa, [](const auto& d) { return AllHealthy(d, 4); }, kDeadline));
+  REQUIRE(node.WaitAll("Healthy", 4));
   // class/infiniband cannot be listed (a loop: ELOOP), and a device node
   // appearing brings a rescan that fails.
   const fs::path cls = node.sim().sys() / "class/infiniband";
@@ -491,36 +403,33 @@ TEST_CASE("A quiet node recovers from a failed rescan at the next periodic pass"
   REQUIRE(WaitForDiscoveryErrors(node.daemon(), 1));
   for (const char* id : {"rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"}) {
     CAPTURE(id);
-    CHECK(AdvertisedHealth(node.daemon(), id) == "Healthy");
+    CHECK(HealthOf(node.daemon().advertised().devices(), id) == "Healthy");
   }
   // Meanwhile one EFA is unbound; then the listing works again. No event
   // comes of either (below the watched directories, and no uevent counted).
   fs::remove(away / "rdmap32s27/device/driver");
   fs::remove(cls);
   fs::rename(away, cls);
-  REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
+  REQUIRE(node.Pass(10s));
   REQUIRE(node.WaitHealth("rdmap32s27", "Unhealthy"));
   for (const char* id : {"rdmap16s27", "rdmap144s27", "rdmap160s27"}) {
     CAPTURE(id);
-    CHECK(AdvertisedHealth(node.daemon(), id) == "Healthy");
+    CHECK(HealthOf(node.daemon().advertised().devices(), id) == "Healthy");
   }
 }
 
 TEST_CASE("A full rescan runs every few minutes even while the uevent count stands still",
           "[daemon][concurrency]") {
-  FakeClock clock;
-  Node node("p4d.24xlarge", 10s, Naming::kUdev, [&](DaemonOptions& o) {
-    o.clock = &clock;
-    o.full_rescan_interval = 2min;
-  });
+  auto every_two_minutes = [](DaemonOptions& o) { o.full_rescan_interval = 2min; };
+  TestNode node({.machine = "p4d.24xlarge", .fake_clock = true, .configure = every_two_minutes});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitHealth("rdmap32s27", "Healthy"));
   // Unbound: no inotify event, no uevent counted.
   fs::remove(node.sim().sys() / "class/infiniband/rdmap32s27/device/driver");
   for (int pass = 1; pass < 12; ++pass) {  // 110 s
-    REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));
-    REQUIRE(AdvertisedHealth(node.daemon(), "rdmap32s27") == "Healthy");
+    REQUIRE(node.Pass(10s));
+    REQUIRE(HealthOf(node.daemon().advertised().devices(), "rdmap32s27") == "Healthy");
   }
-  REQUIRE(AdvanceOnePass(clock, node.daemon(), 10s, kDeadline));  // 2 min
+  REQUIRE(node.Pass(10s));  // 2 min
   CHECK(node.WaitHealth("rdmap32s27", "Unhealthy"));
 }

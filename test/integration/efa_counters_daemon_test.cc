@@ -2,8 +2,6 @@
 // against the fake kubelet (device plugin and pod-resources APIs over real
 // unix sockets), scraped over real HTTP: per-EFA and per-container traffic,
 // idle EFAs and device health from the counters.
-#include <httplib.h>
-
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -20,25 +18,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/plugin/exposition.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/devices.h"
+#include "test/support/scrape.h"
+#include "test/support/test_node.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ChildProcess;
 using efa::sim::SimRoot;
+using efa::testing::DaemonRun;
 using efa::testing::FakeKubelet;
-using efa::testing::ParseMetrics;
-using efa::testing::ReadFile;
-using Clock = std::chrono::steady_clock;
+using efa::testing::HealthOf;
+using efa::testing::Metrics;
+using efa::testing::TestNode;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 // The p4d's EFAs in PCI order, with their series' device labels.
 const std::vector<std::string> kEfas = {"rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"};
 const std::map<std::string, std::string> kEfaLabels = {
@@ -46,7 +44,6 @@ const std::map<std::string, std::string> kEfaLabels = {
     {"rdmap32s27", "efa=\"rdmap32s27\",pci_address=\"0000:20:1b.0\",numa_node=\"0\""},
     {"rdmap144s27", "efa=\"rdmap144s27\",pci_address=\"0000:90:1b.0\",numa_node=\"1\""},
     {"rdmap160s27", "efa=\"rdmap160s27\",pci_address=\"0000:a0:1b.0\",numa_node=\"1\""}};
-using Metrics = std::map<std::string, double>;
 
 std::string Series(const std::string& name, const std::string& labels) {
   return absl::StrCat("efa_device_plugin_", name, "{", labels, "}");
@@ -65,79 +62,39 @@ std::vector<std::string> PciOrder(std::vector<std::string> ids) {
 }
 
 // A simulated p4d, the fake kubelet and the daemon binary with `flags`,
-// logging at info, serving /metrics on a free loopback port.
-class CounterNode {
+// logging at info, serving /metrics on a free loopback port; registered.
+class CounterNode : public TestNode {
  public:
   explicit CounterNode(const std::vector<std::string>& flags,
                        const std::function<void(SimRoot&)>& prepare = nullptr)
-      : sim_("p4d.24xlarge"), kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")) {
-    if (prepare) prepare(sim_);
-    REQUIRE(kubelet_.Start().ok());
-    std::vector<std::string> args{EFA_PLUGIN_BINARY};
-    for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
-    args.insert(args.end(), {"--metrics-address", "127.0.0.1:0", "--probe-address", ""});
+      : TestNode({.machine = "p4d.24xlarge", .prepare = prepare, .run = DaemonRun::kLater}) {
+    std::vector<std::string> args{"--metrics-address", "127.0.0.1:0", "--probe-address", ""};
     args.insert(args.end(), flags.begin(), flags.end());
-    daemon_ = std::make_unique<ChildProcess>(args, log_path());
-    REQUIRE(kubelet_.WaitForRegistrations(kEfa, 1, kDeadline));
-    REQUIRE(kubelet_.WaitForStreaming(kEfa, true, kDeadline));
+    StartBinary(args);
+    REQUIRE(kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+    REQUIRE(kubelet().WaitForStreaming(kEfa, true, kDeadline));
     REQUIRE(WaitLog("serving /metrics, /healthz and /readyz on "));
-    const std::string log = ReadFile(log_path());
-    const size_t at = log.find("(port ", log.find("serving /metrics"));
-    REQUIRE(at != std::string::npos);
-    port_ = std::atoi(log.c_str() + at + 6);
+    port_ = static_cast<uint16_t>(LoggedPort("/metrics, /healthz and /readyz"));
+    REQUIRE(port_ > 0);
   }
-  ~CounterNode() { daemon_->Stop(kDeadline); }
 
-  SimRoot& sim() { return sim_; }
-  FakeKubelet& kubelet() { return kubelet_; }
-  fs::path log_path() const { return sim_.path() / "daemon.log"; }
-
-  Metrics Scrape() {
-    httplib::Client client("127.0.0.1", port_);
-    client.set_connection_timeout(5s);
-    client.set_read_timeout(5s);
-    auto reply = client.Get("/metrics");
-    return reply && reply->status == 200 ? ParseMetrics(reply->body) : Metrics{};
-  }
+  Metrics Scrape() { return efa::testing::Scrape(port_); }
   // Scrapes until `want` holds (each scrape may read the counters anew).
   bool WaitScrape(const std::function<bool(const Metrics&)>& want) {
-    Metrics m;
-    for (const auto deadline = Clock::now() + kDeadline; Clock::now() < deadline;) {
-      m = Scrape();
-      if (want(m)) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    return false;
-  }
-  // Log lines containing `text`.
-  int LogLines(const std::string& text) const {
-    std::istringstream in(ReadFile(log_path()));
-    int n = 0;
-    for (std::string line; std::getline(in, line);) n += line.find(text) != std::string::npos;
-    return n;
-  }
-  bool WaitLog(const std::string& text) const {
-    for (const auto deadline = Clock::now() + kDeadline; Clock::now() < deadline;) {
-      if (LogLines(text) > 0) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    UNSCOPED_INFO("no log line with: " << text << "\nlog:\n" << ReadFile(log_path()));
-    return false;
+    return efa::testing::WaitScrape(port_, want);
   }
   // The EFAs of an admitted container of one pod.
   std::vector<std::string> Admit(const std::string& pod, int efas) {
-    auto admitted = kubelet_.AdmitContainer(pod, "default", "uid-" + pod, "main", {{kEfa, efas}});
+    auto admitted = kubelet().AdmitContainer(pod, "default", "uid-" + pod, "main", {{kEfa, efas}});
     REQUIRE(admitted.ok());
     return PciOrder(admitted->allocations.at(0).device_ids);
   }
   bool WaitHealth(const std::map<std::string, std::string>& want) {
-    return kubelet_.WaitForDevices(
+    return kubelet().WaitForDevices(
         kEfa,
         [&](const std::vector<v1beta1::Device>& devices) {
-          std::map<std::string, std::string> health;
-          for (const auto& d : devices) health[d.id()] = d.health();
           for (const auto& [id, h] : want) {
-            if (health[id] != h) return false;
+            if (HealthOf(devices, id) != h) return false;
           }
           return true;
         },
@@ -145,10 +102,7 @@ class CounterNode {
   }
 
  private:
-  SimRoot sim_;
-  FakeKubelet kubelet_;
-  std::unique_ptr<ChildProcess> daemon_;
-  int port_ = 0;
+  uint16_t port_ = 0;
 };
 
 // The simulated driver of the node's EFAs: raises a counter of each running

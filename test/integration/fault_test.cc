@@ -25,26 +25,27 @@
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "plugin/alignment/cdi_spec.h"
-#include "test/bench/child_process.h"
 #include "test/bench/proc_stats.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/devices.h"
+#include "test/support/sanitized.h"
+#include "test/support/temp_dir.h"
+#include "test/support/test_node.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ChildProcess;
-using efa::sim::SimRoot;
+using efa::testing::DaemonRun;
 using efa::testing::DirEntries;
 using efa::testing::FakeKubelet;
+using efa::testing::TestNode;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+using efa::testing::kEfa;
 
+using efa::testing::kDeadline;
 using efa::testing::kSanitized;
-constexpr auto kDeadline = 10s;
 
 // What the process holds: open files, threads, resident memory.
 struct Footprint {
@@ -68,49 +69,32 @@ void Print(const char* when, const Footprint& f) {
 
 // The daemon binary on a simulated node with a fake kubelet (pod-resources
 // served too), its log in the node's directory.
-class DaemonNode {
+class DaemonNode : public TestNode {
  public:
   // `late_binding`: the daemon binds EFAs at PreStartContainer and writes
   // its CDI specs to cdi_dir().
   explicit DaemonNode(const std::string& machine, bool late_binding = false)
-      : sim_(machine),
-        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
-        late_binding_(late_binding) {
-    REQUIRE(kubelet_.Start().ok());
+      : TestNode({.machine = machine, .run = DaemonRun::kLater}), late_binding_(late_binding) {
     fs::create_directories(cdi_dir());
-    StartDaemon();
+    Launch();
   }
 
-  void StartDaemon() {
-    daemon_.reset();  // a killed daemon leaves its socket: the new one removes it
-    std::vector<std::string> args{EFA_PLUGIN_BINARY};
-    for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
-    args.insert(args.end(), {"--log-level", "warn", "--metrics-address", "", "--probe-address", "",
-                             "--rescan-interval", "1s"});
+  // Starts the binary with this test's flags (again after KillBinary: a
+  // restart).
+  void Launch() {
+    std::vector<std::string> flags = {"--log-level",     "warn", "--metrics-address", "",
+                                      "--probe-address", "",     "--rescan-interval", "1s"};
     if (late_binding_) {
-      args.insert(args.end(), {"--alignment", "late-binding", "--cdi-dir", cdi_dir().string()});
+      flags.insert(flags.end(), {"--alignment", "late-binding", "--cdi-dir", cdi_dir().string()});
     }
-    daemon_ = std::make_unique<ChildProcess>(args, sim_.path() / "daemon.log");
-  }
-  // Whether the daemon died of it. Safe on any thread (no Catch2 macros).
-  bool KillDaemon() {
-    daemon_->Signal(SIGKILL);
-    return daemon_->Wait(kDeadline) == 128 + SIGKILL;
+    StartBinary(flags);
   }
 
-  SimRoot& sim() { return sim_; }
-  FakeKubelet& kubelet() { return kubelet_; }
-  pid_t pid() const { return daemon_->pid(); }
-  fs::path socket() const {
-    return sim_.path() / "kubelet/device-plugins/aws-efa-device-plugin.sock";
-  }
-  fs::path cdi_dir() const { return sim_.path() / "var/run/cdi"; }
+  fs::path socket() const { return device_plugin_dir() / "aws-efa-device-plugin.sock"; }
+  fs::path cdi_dir() const { return sim().path() / "var/run/cdi"; }
 
  private:
-  SimRoot sim_;
-  FakeKubelet kubelet_;
   const bool late_binding_;
-  std::unique_ptr<ChildProcess> daemon_;
 };
 
 // The host device nodes a container gets: from the Allocate answer
@@ -387,12 +371,12 @@ TEST_CASE("SIGKILL in an admission storm: no EFA is ever held by two live contai
     // Killed in the middle of admissions: the kubelet's view of the
     // allocations survives in its checkpoint, late binding's in its specs.
     bool killed = false;
-    std::thread killer([&] { killed = node.KillDaemon(); });
+    std::thread killer([&] { killed = node.KillBinary(); });
     storm(10);
     killer.join();
     REQUIRE(killed);
     ++kills;
-    node.StartDaemon();
+    node.Launch();
     REQUIRE(kubelet.WaitForRegistrations(kEfa, round + 2, kDeadline));
     REQUIRE(kubelet.WaitForStreaming(kEfa, true, kDeadline));
     check();

@@ -13,109 +13,67 @@
 #include "plugin/daemon.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/integration/fake_clock.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
+#include "test/support/test_node.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
 using efa::testing::AcceleratorKind;
-using efa::testing::AdvanceOnePass;
+using efa::testing::DaemonRun;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeAcceleratorPluginOptions;
 using efa::testing::FakeCheckpointEntry;
 using efa::testing::FakeCheckpointJson;
-using efa::testing::FakeClock;
 using efa::testing::FakeDraDriver;
 using efa::testing::FakeKubelet;
 using efa::testing::FakeProc;
 using efa::testing::NvidiaAllocResp;
+using efa::testing::TestNode;
 using efa::testing::WriteFileAtomically;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
-
-bool AllAre(const std::vector<v1beta1::Device>& devices, const std::string& health, size_t n) {
-  return devices.size() == n && std::all_of(devices.begin(), devices.end(),
-                                            [&](const auto& d) { return d.health() == health; });
-}
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 
 // A p4d.24xlarge (4 EFAs) with a fake kubelet, a fake procfs, CDI spec
-// directories and a plugins registry; the daemon starts on Start().
-class GuardedNode {
+// directories and a plugins registry; the daemon starts on StartDaemon().
+class GuardedNode : public TestNode {
  public:
   explicit GuardedNode(MofedPolicy mofed, DraPolicy dra = DraPolicy::kYield,
                        std::chrono::milliseconds rescan = 10s)
-      : sim_("p4d.24xlarge"),
-        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
-        proc_(sim_.path() / "proc") {
-    REQUIRE(kubelet_.Start().ok());
+      : TestNode({.machine = "p4d.24xlarge", .run = DaemonRun::kLater}),
+        proc_(sim().path() / "proc") {
     fs::create_directories(registry());
     fs::create_directories(cdi_dir());
-    options_.roots = sim_.roots();
-    options_.kubelet_dir = sim_.path() / "kubelet";
-    options_.rescan_interval = rescan;
-    options_.mofed_policy = mofed;
-    options_.dra_policy = dra;
-    options_.cdi_spec_dirs = {cdi_dir(), sim_.path() / "etc/cdi"};
-  }
-  ~GuardedNode() {
-    if (thread_.joinable()) {
-      daemon_->Stop();
-      thread_.join();
-    }
+    options().rescan_interval = rescan;
+    options().mofed_policy = mofed;
+    options().dra_policy = dra;
+    options().cdi_spec_dirs = {cdi_dir(), sim().path() / "etc/cdi"};
   }
 
-  // Before Start(): the daemon reads clock() instead of the real clock.
-  void UseFakeClock() { options_.clock = &clock_; }
-  // Before Start(): the daemon's options.
-  DaemonOptions& options() { return options_; }
-  void Start() {
-    daemon_ = std::make_unique<Daemon>(options_);
-    thread_ = std::thread([this] { daemon_->Run(); });
-  }
+  // Before StartDaemon(): the daemon reads clock() instead of the real clock.
+  void UseFakeClock() { options().clock = &clock(); }
 
-  FakeKubelet& kubelet() { return kubelet_; }
-  fs::path device_plugin_dir() const { return sim_.path() / "kubelet/device-plugins"; }
-  Daemon& daemon() { return *daemon_; }
   FakeProc& proc() { return proc_; }
-  fs::path checkpoint() const { return sim_.path() / "kubelet/device-plugins" / kCheckpointFile; }
-  fs::path registry() const { return sim_.path() / "kubelet/plugins_registry"; }
-  fs::path cdi_dir() const { return sim_.path() / "var/run/cdi"; }
+  fs::path registry() const { return kubelet_dir() / "plugins_registry"; }
+  fs::path cdi_dir() const { return sim().path() / "var/run/cdi"; }
 
   // The kubelet owns the checkpoint (it rewrites it from memory on every
   // device list), so tests change it as a kubelet restart does: the new
   // kubelet process reads it back. The daemon registers again.
   void RestartKubeletWithCheckpoint(const std::string& json) {
-    kubelet_.Stop();
+    kubelet().Stop();
     WriteFileAtomically(checkpoint(), json);
-    REQUIRE(kubelet_.Start().ok());
+    REQUIRE(kubelet().Start().ok());
   }
 
-  bool WaitAll(const std::string& health, size_t n = 4) {
-    return kubelet_.WaitForDevices(
-        kEfa, [&](const std::vector<v1beta1::Device>& d) { return AllAre(d, health, n); },
-        kDeadline);
-  }
-  // Whether the kubelet's latest list has `n` devices, each `health`.
-  bool All(const std::string& health, size_t n = 4) const {
-    return AllAre(kubelet_.devices(kEfa), health, n);
-  }
-  // With the fake clock: periodic passes, the clock moved on a rescan
-  // interval for each, until `done` holds (at most 12). Returns whether it
-  // held.
-  bool PassUntil(const std::function<bool()>& done) {
-    for (int pass = 0; pass < 12 && !done(); ++pass) {
-      if (!AdvanceOnePass(clock_, *daemon_, options_.rescan_interval, kDeadline)) return false;
-    }
-    return done();
-  }
   bool WaitStatus(const std::function<bool(const GuardStatus&)>& pred) {
-    return daemon_->WaitForGuardStatusForTest(pred, kDeadline);
+    return daemon().WaitForGuardStatusForTest(pred, kDeadline);
   }
   bool WaitMofed(MofedState state) {
     return WaitStatus([state](const GuardStatus& s) { return s.mofed.state == state; });
@@ -126,13 +84,7 @@ class GuardedNode {
   }
 
  private:
-  SimRoot sim_;
-  FakeKubelet kubelet_;
   FakeProc proc_;
-  FakeClock clock_;
-  DaemonOptions options_;
-  std::unique_ptr<Daemon> daemon_;
-  std::thread thread_;
 };
 
 FakeCheckpointEntry Gpu(const std::string& pod, bool env, bool cdi) {
@@ -162,7 +114,7 @@ TEST_CASE("Under MOFED policy protect every EFA turns Unhealthy while the confli
           "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
   node.RestartKubeletWithCheckpoint(NoMofed());
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
   GuardStatus status = node.daemon().guard_status();
@@ -212,7 +164,7 @@ TEST_CASE(
   options.mofed_enabled = true;  // as v0.19.0-v0.19.2 by default
   FakeAcceleratorPlugin gpus(*efa::sim::FindMachine("p4d.24xlarge"), options);
   REQUIRE(gpus.Start().ok());
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
   REQUIRE(node.kubelet().WaitForStreaming("nvidia.com/gpu", true, kDeadline));
@@ -236,7 +188,7 @@ TEST_CASE(
 TEST_CASE("Under MOFED policy warn the conflict is reported and EFAs stay Healthy",
           "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kWarn);
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
 
@@ -259,7 +211,7 @@ TEST_CASE("Under MOFED policy warn the conflict is reported and EFAs stay Health
 
 TEST_CASE("Under MOFED policy off the guard does not look", "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kOff);
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
   const int checks = node.daemon().guard_status().checks;
@@ -277,7 +229,7 @@ TEST_CASE("Under MOFED policy off the guard does not look", "[guards][daemon][co
 TEST_CASE("A corrupt checkpoint makes the MOFED state unknown and the daemon keeps serving",
           "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
 
@@ -317,7 +269,7 @@ TEST_CASE("A checkpoint over its size bound keeps the MOFED verdict, logged and 
           "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
   node.RestartKubeletWithCheckpoint(MofedEnv());
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Unhealthy"));
   const int checks = node.daemon().guard_status().checks;
@@ -348,7 +300,7 @@ TEST_CASE(
     "EFAs Unhealthy under protect",
     "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
   const fs::path spec = node.cdi_dir() / "k8s.device-plugin.nvidia.com-mofed.json";
@@ -375,7 +327,7 @@ TEST_CASE(
     "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kProtect);
   node.UseFakeClock();
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
   // A pod deleted after it was given MOFED: the kubelet keeps its entry in
@@ -410,7 +362,7 @@ TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the 
   const fs::path socket = node.device_plugin_dir() / "nvidia-gpu.sock";
   node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin"}, {"PATH=/bin"}, "v0.19.3", socket);
   node.UseFakeClock();
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
   GuardStatus status = node.daemon().guard_status();
@@ -439,7 +391,7 @@ TEST_CASE("Among 10,000 nvidia-device-plugin processes the daemon finds the plug
   // Room for a slow machine (a sanitizer build scans 10,000 entries in
   // about 0.7 s); the default time box has its own tests.
   node.options().mofed_time_box = std::chrono::seconds(60);
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Unhealthy"));
   const GuardStatus status = node.daemon().guard_status();
@@ -457,7 +409,7 @@ TEST_CASE("A process that only calls itself nvidia-device-plugin does not make E
   node.proc().AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"MOFED_ENABLED=true"},
                          "v0.19.1");
   node.UseFakeClock();
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   const std::string ignored =
       "process 4242 (nvidia-device-plugin v0.19.1): not the NVIDIA device "
@@ -475,7 +427,7 @@ TEST_CASE("A process that only calls itself nvidia-device-plugin does not make E
 TEST_CASE("A dra.net registration socket withdraws the resource, and its going registers it again",
           "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kWarn);
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
 
@@ -509,7 +461,7 @@ TEST_CASE(
   GuardedNode node(MofedPolicy::kWarn);
   // dra.net here serves ENA interfaces only; the EFAs' driver is another.
   node.options().dra_drivers = {"efa.dra.example.com"};
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
 
@@ -536,7 +488,7 @@ TEST_CASE("With the DRA driver present at start the daemon registers only once i
   GuardedNode node(MofedPolicy::kWarn);
   FakeDraDriver driver(node.registry());
   driver.Start();
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.withdrawn; }));
   CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 1, 500ms));
 
@@ -551,7 +503,7 @@ TEST_CASE("A stale dra.net socket does not keep the daemon from registering",
   FakeDraDriver driver(node.registry());
   driver.Start();
   driver.Crash();
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   CHECK(node.WaitAll("Healthy"));
   GuardStatus status = node.daemon().guard_status();
@@ -582,7 +534,7 @@ TEST_CASE("The daemon serves next to a listening registration socket that does n
     GuardedNode node(MofedPolicy::kWarn, c.policy);
     FakeDraDriver driver(node.registry(), c.socket);
     driver.Start();
-    node.Start();
+    node.StartDaemon();
     REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
     CHECK(node.WaitAll("Healthy"));
     GuardStatus status = node.daemon().guard_status();
@@ -608,7 +560,7 @@ TEST_CASE(
   // No periodic check comes to the rescue: only the re-probe of a refusing
   // socket can see the listen().
   GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 600s);
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
 
@@ -628,7 +580,7 @@ TEST_CASE(
   GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 600s);
   FakeDraDriver driver(node.registry());
   driver.Bind();
-  node.Start();
+  node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitStatus([&](const GuardStatus& s) { return Refused(s, driver.socket_path()); }));
   node.kubelet().Stop();

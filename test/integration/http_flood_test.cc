@@ -21,37 +21,29 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/devices.h"
+#include "test/support/temp_dir.h"
+#include "test/support/test_node.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ChildProcess;
 using efa::bench::ConnectionFlood;
 using efa::bench::ProbeOnce;
 using efa::bench::Prober;
-using efa::sim::SimRoot;
+using efa::testing::DaemonRun;
 using efa::testing::FakeKubelet;
+using efa::testing::TestNode;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
 // A container's usual RLIMIT_NOFILE, soft and hard, and a flood of more
 // connections than that.
 constexpr rlim_t kContainerFiles = 1024;
 constexpr size_t kFloodConnections = 1100;
-
-// The port of the daemon's listener logged as "serving <what> on ...
-// (port N, ...)"; 0 when not logged.
-int LoggedPort(const fs::path& log, const std::string& what) {
-  const std::string text = efa::testing::ReadFile(log);
-  const size_t at = text.rfind("serving " + what + " on ");
-  const size_t port = at == std::string::npos ? at : text.find("(port ", at);
-  return port == std::string::npos ? 0 : std::atoi(text.c_str() + port + 6);
-}
 
 double Worst(const std::vector<double>& v) {
   return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
@@ -69,21 +61,19 @@ long long OpenFiles(pid_t pid) {
 
 // The daemon's binary on a simulated p5 with 1024 descriptors, registered
 // with the fake kubelet, both listeners on free loopback ports.
-class FloodedNode {
+class FloodedNode : public TestNode {
  public:
   FloodedNode()
-      : sim_("p5.48xlarge"), kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")) {
-    REQUIRE(kubelet_.Start().ok());
-    std::vector<std::string> args{EFA_PLUGIN_BINARY};
-    for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
-    args.insert(args.end(), {"--log-level", "info", "--metrics-address", "127.0.0.1:0",
-                             "--probe-address", "127.0.0.1:0"});
-    daemon_ = std::make_unique<ChildProcess>(args, log(), kContainerFiles);
+      : TestNode({.machine = "p5.48xlarge",
+                  .run = DaemonRun::kBinary,
+                  .flags = {"--log-level", "info", "--metrics-address", "127.0.0.1:0",
+                            "--probe-address", "127.0.0.1:0"},
+                  .max_files = kContainerFiles}) {
     // Both listeners are serving before the daemon registers.
-    REQUIRE(kubelet_.WaitForRegistrations(kEfa, 1, kDeadline));
-    REQUIRE(kubelet_.WaitForDevices(kEfa, AllHealthy, kDeadline));
-    metrics_port_ = LoggedPort(log(), "/metrics, /healthz and /readyz");
-    probe_port_ = LoggedPort(log(), "/healthz and /readyz");
+    REQUIRE(kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+    REQUIRE(WaitAll("Healthy"));
+    metrics_port_ = LoggedPort("/metrics, /healthz and /readyz");
+    probe_port_ = LoggedPort("/healthz and /readyz");
     REQUIRE(metrics_port_ > 0);
     REQUIRE(probe_port_ > 0);
     // Both probes pass before the flood (the kubelet's initial delay): the
@@ -100,22 +90,10 @@ class FloodedNode {
     REQUIRE(efa::bench::RaiseFileLimit(kFloodConnections + 1024) >= kFloodConnections + 256);
   }
 
-  static bool AllHealthy(const std::vector<v1beta1::Device>& d) {
-    return d.size() == 32 &&
-           std::all_of(d.begin(), d.end(), [](const auto& x) { return x.health() == "Healthy"; });
-  }
-
-  SimRoot& sim() { return sim_; }
-  FakeKubelet& kubelet() { return kubelet_; }
-  pid_t pid() const { return daemon_->pid(); }
-  fs::path log() const { return sim_.path() / "daemon.log"; }
   uint16_t metrics_port() const { return static_cast<uint16_t>(metrics_port_); }
   uint16_t probe_port() const { return static_cast<uint16_t>(probe_port_); }
 
  private:
-  SimRoot sim_;
-  FakeKubelet kubelet_;
-  std::unique_ptr<ChildProcess> daemon_;
   int metrics_port_ = 0;
   int probe_port_ = 0;
 };
@@ -162,7 +140,7 @@ TEST_CASE("A flood of the metrics port leaves the probes, re-registration and de
       },
       kDeadline));
   node.sim().RestoreUverbs(5);
-  CHECK(node.kubelet().WaitForDevices(kEfa, FloodedNode::AllHealthy, kDeadline));
+  CHECK(node.WaitAll("Healthy"));
 
   // The flood went on all along; what it holds of the daemon is bounded.
   std::this_thread::sleep_until(restart + 3s);  // a few seconds of flood at least

@@ -24,7 +24,9 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/devices.h"
+#include "test/support/temp_dir.h"
+#include "test/support/test_node.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 #include "topology/replica_id.h"
@@ -37,77 +39,62 @@ using efa::plugin::DaemonOptions;
 using efa::plugin::LateBindingCounts;
 using efa::sim::SimRoot;
 using efa::testing::AcceleratorKind;
+using efa::testing::DaemonRun;
 using efa::testing::DirEntries;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeKubelet;
 using efa::testing::ReadFile;
+using efa::testing::TestNode;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+using efa::testing::kEfa;
 constexpr char kMain[] = "main";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
 
 enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
 
-class LateNode {
+// A node with the machine's GPUs or Neuron devices behind a fake plugin and
+// the daemon in late-binding mode (or `mode`), registered beside it.
+class LateNode : public TestNode {
  public:
-  // `replicas`: device IDs per EFA (sharing).
+  // `cdi_dir`: where late binding writes its specs (var/run/cdi of the
+  // node when empty); `replicas`: device IDs per EFA (sharing).
   LateNode(const std::string& machine, AcceleratorKind kind, fs::path cdi_dir = {},
            AlignmentMode mode = AlignmentMode::kLateBinding, int replicas = 1)
-      : sim_(machine),
-        kubelet_(FakeKubelet::ForKubeletDir(sim_.path() / "kubelet")),
-        accelerators_(*efa::sim::FindMachine(machine), kind,
-                      sim_.path() / "kubelet/device-plugins") {
-    options_.roots = sim_.roots();
-    options_.kubelet_dir = sim_.path() / "kubelet";
-    options_.alignment = mode;
-    options_.cdi_dir = cdi_dir.empty() ? sim_.path() / "var/run/cdi" : cdi_dir;
+      : TestNode({.machine = machine, .run = DaemonRun::kLater, .accelerators = kind}) {
+    DaemonOptions& o = options();
+    o.alignment = mode;
+    o.cdi_dir = cdi_dir.empty() ? sim().path() / "var/run/cdi" : cdi_dir;
     // Never the host's; the MOFED guard watches the spec dir late binding
     // writes to, as on a node (/var/run/cdi).
-    options_.cdi_spec_dirs = {sim_.path() / "etc/cdi", options_.cdi_dir};
-    if (cdi_dir.empty()) fs::create_directories(options_.cdi_dir);  // watched from the start
-    options_.replicas = replicas;
+    o.cdi_spec_dirs = {sim().path() / "etc/cdi", o.cdi_dir};
+    if (cdi_dir.empty()) fs::create_directories(o.cdi_dir);  // watched from the start
+    o.replicas = replicas;
     // Released on the first look without the container, as the pods churn
     // here faster than a real node's (the confirmation has unit tests).
-    options_.late_release_after = std::chrono::milliseconds(0);
-    REQUIRE(kubelet_.Start().ok());
-    StartDaemon();
-    REQUIRE(accelerators_.Start().ok());
-    REQUIRE(kubelet_.WaitForRegistrations(accelerators_.resource_name(), 1, kDeadline));
-    REQUIRE(kubelet_.WaitForListAndWatchMessages(accelerators_.resource_name(), 1, kDeadline));
-    auto topo = efa::topology::LoadTopology({sim_.path().string(), ""});
-    REQUIRE(topo.ok());
-    inventory_ = efa::topology::DiscoverEfaDevices(sim_.roots());
-    model_ = efa::topology::HostModel::FromHwloc(inventory_, topo->get());
-    gpus_ = efa::topology::ReadNvidiaGpus(sim_.path() / "proc", nullptr);
+    o.late_release_after = std::chrono::milliseconds(0);
+    StartServing();
+    inventory_ = efa::topology::DiscoverEfaDevices(sim().roots());
   }
-  ~LateNode() { StopDaemon(); }
 
   // A daemon (a new one after StopDaemon: a restart) registered and streaming.
-  void StartDaemon() {
-    const int before = kubelet_.registrations(kEfa);
-    const int messages = kubelet_.list_and_watch_messages(kEfa);
-    daemon_ = std::make_unique<Daemon>(options_);
-    thread_ = std::thread([this] { daemon_->Run(); });
-    REQUIRE(kubelet_.WaitForRegistrations(kEfa, before + 1, kDeadline));
-    REQUIRE(kubelet_.WaitForListAndWatchMessages(kEfa, messages + 1, kDeadline));
-    REQUIRE(kubelet_.WaitForStreaming(kEfa, true, kDeadline));
+  void StartServing() {
+    const int before = kubelet().registrations(kEfa);
+    const int messages = kubelet().list_and_watch_messages(kEfa);
+    StartDaemon();
+    REQUIRE(kubelet().WaitForRegistrations(kEfa, before + 1, kDeadline));
+    REQUIRE(kubelet().WaitForListAndWatchMessages(kEfa, messages + 1, kDeadline));
+    REQUIRE(kubelet().WaitForStreaming(kEfa, true, kDeadline));
     judged_ = 0;
-  }
-  void StopDaemon() {
-    if (!daemon_) return;
-    daemon_->Stop();
-    thread_.join();
-    daemon_.reset();
   }
 
   absl::StatusOr<FakeKubelet::AdmittedContainer> Admit(const std::string& uid, int accels, int efas,
                                                        bool accel_first) {
-    std::vector<std::pair<std::string, int>> requests = {{accelerators_.resource_name(), accels},
+    std::vector<std::pair<std::string, int>> requests = {{accelerator_resource(), accels},
                                                          {kEfa, efas}};
     if (!accel_first) std::swap(requests[0], requests[1]);
-    auto admitted = kubelet_.AdmitContainer("pod-" + uid, "default", uid, kMain, requests);
+    auto admitted = kubelet().AdmitContainer("pod-" + uid, "default", uid, kMain, requests);
     if (admitted.ok() && late()) CheckAllocateAnswer(uid, *admitted);
     return admitted;
   }
@@ -125,10 +112,10 @@ class LateNode {
   }
 
   std::vector<std::string> Tokens(const std::string& uid) const {
-    return kubelet_.container_devices(uid, kMain, kEfa);
+    return kubelet().container_devices(uid, kMain, kEfa);
   }
   fs::path SpecOf(const std::string& uid) const {
-    return options_.cdi_dir / efa::plugin::CdiSpecFileName(efa::plugin::ClaimName(Tokens(uid)));
+    return cdi_dir() / efa::plugin::CdiSpecFileName(efa::plugin::ClaimName(Tokens(uid)));
   }
   // What the runtime gives the container: the EFAs of its CDI device's spec.
   std::vector<std::string> PhysicalEfas(const std::string& uid) const {
@@ -139,21 +126,16 @@ class LateNode {
     return *efas;
   }
 
-  bool Aligned(const std::string& uid) const {
-    std::vector<std::pair<std::string, std::string>> accels;
-    for (const auto& id : kubelet_.container_devices(uid, kMain, accelerators_.resource_name())) {
-      accels.emplace_back(accelerators_.resource_name(), id);
-    }
-    auto targets = efa::plugin::ResolveTargets(accels, {}, gpus_, *model_);
+  bool Aligned(const std::string& uid) {
     auto efas = PhysicalEfas(uid);
-    return efas.size() == Tokens(uid).size() && efa::plugin::IsAligned(*model_, efas, targets);
+    return efas.size() == Tokens(uid).size() && TestNode::Aligned(uid, efas, kMain);
   }
 
   // No EFA is given to more of `live`'s containers than it has replicas (to
   // two without sharing), nor bound to more claims; no container gets an EFA
   // twice.
   void CheckDisjoint(const std::vector<std::string>& live) const {
-    const size_t most = static_cast<size_t>(options_.replicas);
+    const size_t most = static_cast<size_t>(options().replicas);
     std::map<std::string, std::vector<std::string>> holders;
     for (const auto& uid : live) {
       const auto efas = PhysicalEfas(uid);
@@ -167,7 +149,7 @@ class LateNode {
     }
     if (!late()) return;
     std::map<std::string, std::vector<std::string>> bound;
-    for (const auto& [claim, efas] : daemon_->late_binder()->Bindings()) {
+    for (const auto& [claim, efas] : daemon().late_binder()->Bindings()) {
       for (const auto& efa : efas) bound[efa].push_back(claim);
     }
     for (const auto& [efa, claims] : bound) {
@@ -198,32 +180,19 @@ class LateNode {
       CheckDisjoint(uids);
       // The daemon judges each container after the fact, on its physical EFAs.
       judged_ += static_cast<int>(uids.size());
-      REQUIRE(daemon_->alignment_stats()->WaitForJudgedForTest(judged_, kDeadline));
-      for (const auto& uid : uids) REQUIRE(kubelet_.RemovePod(uid).ok());
+      REQUIRE(daemon().alignment_stats()->WaitForJudgedForTest(judged_, kDeadline));
+      for (const auto& uid : uids) REQUIRE(kubelet().RemovePod(uid).ok());
     }
     return {aligned, total};
   }
 
-  bool late() const { return options_.alignment == AlignmentMode::kLateBinding; }
-  // The next StartDaemon's options.
-  DaemonOptions& options() { return options_; }
-  FakeKubelet& kubelet() { return kubelet_; }
-  Daemon& daemon() { return *daemon_; }
-  const efa::plugin::LateBinder& binder() { return *daemon_->late_binder(); }
-  const fs::path& cdi_dir() const { return options_.cdi_dir; }
-  const SimRoot& sim() const { return sim_; }
+  bool late() const { return options().alignment == AlignmentMode::kLateBinding; }
+  const efa::plugin::LateBinder& binder() { return *daemon().late_binder(); }
+  const fs::path& cdi_dir() const { return options().cdi_dir; }
   const efa::topology::Inventory& inventory() const { return inventory_; }
 
  private:
-  SimRoot sim_;
-  FakeKubelet kubelet_;
-  FakeAcceleratorPlugin accelerators_;
-  DaemonOptions options_;
-  std::unique_ptr<Daemon> daemon_;
-  std::thread thread_;
   efa::topology::Inventory inventory_;
-  std::shared_ptr<const efa::topology::HostModel> model_;
-  std::vector<efa::topology::NvidiaGpu> gpus_;
   int judged_ = 0;
   int pods_ = 0;
 };
@@ -397,7 +366,7 @@ TEST_CASE(
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   node.StopDaemon();
   node.options().late_recheck_every = std::chrono::milliseconds(200);
-  node.StartDaemon();
+  node.StartServing();
   REQUIRE(node.Admit("u1", 1, 4, true).ok());
   REQUIRE(node.Admit("u2", 1, 4, false).ok());
   const fs::path spec1 = node.SpecOf("u1");
@@ -467,7 +436,7 @@ TEST_CASE("Late bindings survive a daemon restart and are never given twice",
   std::ofstream(partial) << "{";
   const fs::path other = node.cdi_dir() / "example.com-thing.json";
   std::ofstream(other) << "{}";
-  node.StartDaemon();
+  node.StartServing();
   CHECK(node.binder().counts().recovered == 4);
   CHECK(node.binder().Bindings() == bindings);
   CHECK_FALSE(fs::exists(broken));

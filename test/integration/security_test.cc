@@ -11,14 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
+#include "test/support/child_process.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ChildProcess;
 using efa::sim::SimRoot;
+using efa::testing::ChildProcess;
 using efa::testing::FakeKubelet;
 
 namespace {

@@ -59,27 +59,27 @@
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "plugin/alignment/cdi_spec.h"
-#include "test/bench/child_process.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/child_process.h"
+#include "test/support/devices.h"
+#include "test/support/temp_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-using efa::bench::ChildProcess;
 using efa::sim::SimRoot;
 using efa::testing::AcceleratorKind;
+using efa::testing::ChildProcess;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeKubelet;
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
-constexpr char kGpu[] = "nvidia.com/gpu";
-// How long anything the daemon does in answer to one step may take.
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
+using efa::testing::kGpu;
 // How long the node may take to be quiet after a step.
 constexpr auto kQuiet = 5s;
 // The kubelet's default probe period (the chart's liveness probe: every 10 s).

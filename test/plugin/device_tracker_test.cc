@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "test/integration/fake_clock.h"
-#include "test/log_capture.h"
 #include "test/sim/sim_root.h"
+#include "test/support/fake_clock.h"
+#include "test/support/log_capture.h"
 
 namespace fs = std::filesystem;
 using namespace efa::plugin;

@@ -20,7 +20,7 @@
 #include "absl/strings/escaping.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 #include "nlohmann/json.hpp"
-#include "test/temp_dir.h"
+#include "test/support/temp_dir.h"
 
 namespace efa::testing {
 

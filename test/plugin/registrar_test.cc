@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 
-#include "test/integration/fake_clock.h"
-#include "test/temp_dir.h"
+#include "test/support/fake_clock.h"
+#include "test/support/temp_dir.h"
 
 using namespace efa::plugin;
 using std::chrono::milliseconds;

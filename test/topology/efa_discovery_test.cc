@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "test/descriptor_table_full.h"
-#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
+#include "test/support/descriptor_table_full.h"
+#include "test/support/sanitized.h"
 
 namespace fs = std::filesystem;
 using efa::sim::Naming;

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using efa::sim::SimRoot;

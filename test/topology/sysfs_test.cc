@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "test/descriptor_table_full.h"
-#include "test/sanitized.h"
-#include "test/temp_dir.h"
+#include "test/support/descriptor_table_full.h"
+#include "test/support/sanitized.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace efa::topology;

@@ -13,6 +13,7 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 
@@ -26,8 +27,8 @@ using efa::topology::PciAddress;
 
 namespace {
 
-constexpr char kGpu[] = "nvidia.com/gpu";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kGpu;
 
 // A simulated p5.48xlarge with the fake kubelet, the fake GPU plugin and the
 // EFA device plugin service registered, the service asking an Aligner for

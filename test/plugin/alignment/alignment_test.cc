@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 #include "topology/nvidia_gpus.h"
@@ -15,7 +16,7 @@ using efa::topology::PciAddress;
 
 namespace {
 
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+using efa::testing::kEfa;
 
 std::shared_ptr<const efa::topology::HostModel> Model(const SimRoot& sim) {
   auto topo = efa::topology::LoadTopology({sim.path().string(), ""});

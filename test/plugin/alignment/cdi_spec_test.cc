@@ -10,7 +10,7 @@
 
 #include "plugin/device_plugin_service.h"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/temp_dir.h"
 #include "topology/efa_discovery.h"
 
 namespace fs = std::filesystem;

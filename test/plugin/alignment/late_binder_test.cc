@@ -13,10 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "plugin/alignment/cdi_spec.h"
 #include "test/fake_kubelet/fake_kubelet.h"
-#include "test/log_capture.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/machine_spec.h"
 #include "test/sim/sim_root.h"
+#include "test/support/devices.h"
+#include "test/support/log_capture.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 #include "topology/replica_id.h"
@@ -27,8 +28,8 @@ using efa::testing::FakeCheckpointEntry;
 
 namespace {
 
-constexpr char kGpu[] = "nvidia.com/gpu";
-constexpr char kEfa[] = "vpc.amazonaws.com/efa";
+using efa::testing::kEfa;
+using efa::testing::kGpu;
 // p5.48xlarge: each GPU behind its own switch with 4 EFAs.
 const std::vector<std::string> kGpus = {"0000:53:00.0", "0000:64:00.0", "0000:75:00.0",
                                         "0000:86:00.0", "0000:97:00.0", "0000:a8:00.0",

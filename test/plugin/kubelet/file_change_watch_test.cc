@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "test/temp_dir.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using efa::plugin::FileChangeWatch;

@@ -9,7 +9,8 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
-#include "test/temp_dir.h"
+#include "test/support/devices.h"
+#include "test/support/temp_dir.h"
 
 using namespace std::chrono_literals;
 using efa::plugin::PodResourcesClient;
@@ -20,8 +21,8 @@ using efa::testing::TempDir;
 
 namespace {
 
-constexpr char kGpu[] = "nvidia.com/gpu";
-constexpr auto kDeadline = 10s;
+using efa::testing::kDeadline;
+using efa::testing::kGpu;
 
 // A fake kubelet serving pod-resources in a temporary kubelet directory,
 // with the fake GPU plugin of a p5.48xlarge registered.

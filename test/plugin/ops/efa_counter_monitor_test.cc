@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "spdlog/spdlog.h"
-#include "test/descriptor_table_full.h"
-#include "test/log_capture.h"
-#include "test/sanitized.h"
 #include "test/sim/sim_root.h"
+#include "test/support/descriptor_table_full.h"
+#include "test/support/log_capture.h"
+#include "test/support/sanitized.h"
 #include "topology/efa_discovery.h"
 
 namespace fs = std::filesystem;

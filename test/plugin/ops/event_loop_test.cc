@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "plugin/ops/signals.h"
-#include "test/descriptor_table_full.h"
-#include "test/sanitized.h"
+#include "test/support/descriptor_table_full.h"
+#include "test/support/sanitized.h"
 
 using efa::plugin::EventLoop;
 using namespace std::chrono_literals;

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "test/sanitized.h"
+#include "test/support/sanitized.h"
 
 using namespace efa::plugin;
 using namespace std::chrono_literals;

@@ -8,7 +8,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "test/plugin/exposition.h"
+#include "test/support/exposition.h"
 
 using namespace efa::plugin;
 using efa::testing::SummarizeExposition;

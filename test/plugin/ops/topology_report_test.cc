@@ -14,7 +14,7 @@
 
 #include "nlohmann/json.hpp"
 #include "test/sim/sim_root.h"
-#include "test/temp_dir.h"
+#include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace efa::plugin;

@@ -2,7 +2,7 @@
 // neighbour flooding the metrics port does: every open, socket or opendir
 // then fails with EMFILE. The soft RLIMIT_NOFILE is lowered to at most 1024
 // first so that filling is quick; both are undone by the destructor.
-// Not under a sanitizer (test/sanitized.h): its runtime needs descriptors.
+// Not under a sanitizer (test/support/sanitized.h): its runtime needs descriptors.
 #pragma once
 
 #include <sys/resource.h>

@@ -1,5 +1,6 @@
-// A program run as a child process for the benchmarks, its output in a log
-// file; killed when the object goes away or the benchmark dies.
+// A program run as a child process (the daemon's binary, a helper) for the
+// tests and the benchmarks, its output in a log file; killed when the object
+// goes away or the test process dies.
 #pragma once
 
 #include <fcntl.h>
@@ -19,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace efa::bench {
+namespace efa::testing {
 
 class ChildProcess {
  public:
@@ -84,4 +85,4 @@ class ChildProcess {
   int pidfd_ = -1;
 };
 
-}  // namespace efa::bench
+}  // namespace efa::testing

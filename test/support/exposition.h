@@ -1,5 +1,5 @@
 // A Prometheus text exposition read back by an independent parser: the
-// Python prometheus_client's (test/plugin/exposition_summary.py).
+// Python prometheus_client's (test/support/exposition_summary.py).
 #pragma once
 
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "test/temp_dir.h"
+#include "test/support/temp_dir.h"
 
 namespace efa::testing {
 

@@ -1,0 +1,168 @@
+// The daemon under test on a node of its own: a simulated machine
+// (test/sim), the fake kubelet in the machine's kubelet directory over real
+// unix sockets, and the daemon, either in this process on a thread (with a
+// fake clock when a test moves time itself) or as its binary; with the waits
+// the integration tests share. A test file adds only what is its own (a
+// guard's fakes, an HTTP monitor, alignment rounds) around one of these.
+//
+//   TestNode node({.machine = "p5.48xlarge"});           // the daemon in process
+//   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+//   fs::remove(node.sim().path() / "dev/infiniband/uverbs1");
+//   CHECK(node.WaitHealth("rdmap80s0", "Unhealthy"));
+//
+// Not thread-safe: one test thread drives it (the daemon runs on its own).
+#pragma once
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "plugin/daemon.h"
+#include "test/fake_kubelet/fake_accelerator_plugin.h"
+#include "test/fake_kubelet/fake_kubelet.h"
+#include "test/sim/sim_root.h"
+#include "test/support/child_process.h"
+#include "test/support/fake_clock.h"
+#include "topology/host_model.h"
+#include "topology/nvidia_gpus.h"
+
+namespace efa::testing {
+
+// How the daemon under test runs.
+enum class DaemonRun {
+  kInProcess,  // a plugin::Daemon on a thread of the test process
+  kBinary,     // the daemon's binary (EFA_PLUGIN_BINARY) as a child process
+  kLater,      // not started yet: the test calls StartDaemon or StartBinary
+};
+
+struct TestNodeOptions {
+  std::string machine = "p4d.24xlarge";
+  sim::Naming naming = sim::Naming::kUdev;
+  // Changes the simulated machine before anything starts (an EFA missing,
+  // a driver without counters).
+  std::function<void(sim::SimRoot&)> prepare = nullptr;
+  // The kubelet also serves its pod-resources API, as a real one does;
+  // without, only the device-plugin API (the daemon's alignment degrades).
+  bool pod_resources = true;
+  DaemonRun run = DaemonRun::kInProcess;
+  // In process: the daemon reads clock() instead of the steady clock, and
+  // the test moves it (Pass, PassUntil).
+  bool fake_clock = false;
+  // In process: changes the daemon's options after the node's own (roots,
+  // kubelet dir, CDI spec dirs, clock).
+  std::function<void(plugin::DaemonOptions&)> configure = nullptr;
+  // As the binary: its flags after the node's (SimRoot::DaemonFlags), and
+  // its RLIMIT_NOFILE (0: this process's).
+  std::vector<std::string> flags = {};
+  rlim_t max_files = 0;
+  // A fake plugin of the machine's GPUs or Neuron devices, started after
+  // the daemon and registered with the kubelet before the constructor
+  // returns.
+  std::optional<AcceleratorKind> accelerators = std::nullopt;
+};
+
+class TestNode {
+ public:
+  // Writes the machine, starts the kubelet, then the daemon and the
+  // accelerators' plugin as `options` say. Fails the test (REQUIRE) when
+  // one cannot start.
+  explicit TestNode(TestNodeOptions options = {});
+  // Stops the daemon (a binary with SIGTERM, waited for) and the kubelet.
+  ~TestNode();
+  TestNode(const TestNode&) = delete;
+  TestNode& operator=(const TestNode&) = delete;
+
+  sim::SimRoot& sim() { return sim_; }
+  const sim::SimRoot& sim() const { return sim_; }
+  FakeKubelet& kubelet() { return kubelet_; }
+  const FakeKubelet& kubelet() const { return kubelet_; }
+  std::filesystem::path kubelet_dir() const { return sim_.path() / "kubelet"; }
+  std::filesystem::path device_plugin_dir() const { return kubelet_dir() / "device-plugins"; }
+  // The kubelet's device-manager checkpoint.
+  std::filesystem::path checkpoint() const;
+  // The EFAs the machine had at the start (after `prepare`).
+  size_t efas() const { return efas_; }
+
+  // ---- The daemon in process -------------------------------------------
+  // The options of the next StartDaemon: the node's roots and kubelet
+  // directory, its etc/cdi as the only CDI spec dir (never the host's), the
+  // fake clock when asked, then `configure`.
+  plugin::DaemonOptions& options() { return options_; }
+  const plugin::DaemonOptions& options() const { return options_; }
+  // Builds a daemon from options() and runs it on a thread; `before_run`
+  // sees it built, before it runs. A daemon stopped before is replaced (a
+  // restart).
+  void StartDaemon(const std::function<void(plugin::Daemon&)>& before_run = nullptr);
+  // Stops the daemon and joins its thread; returns Run()'s exit code (-1
+  // when none ran). The daemon stays readable until the next StartDaemon.
+  int StopDaemon();
+  plugin::Daemon& daemon() { return *daemon_; }
+  const plugin::Daemon& daemon() const { return *daemon_; }
+  FakeClock& clock() { return clock_; }
+  // With the fake clock: moves it on by `d` and waits for the owner loop's
+  // pass at the new time (AdvanceOnePass, kDeadline).
+  bool Pass(FakeClock::duration d);
+  // With the fake clock: passes of a rescan interval each until `done`
+  // holds, at most 12; returns whether it held.
+  bool PassUntil(const std::function<bool()>& done);
+
+  // ---- The daemon's binary ---------------------------------------------
+  // Starts the binary on this node with `flags` after the node's, its
+  // output in log(). A binary started before must have ended (KillBinary).
+  void StartBinary(const std::vector<std::string>& flags, rlim_t max_files = 0);
+  // SIGKILL; returns whether it died of it. Safe on any thread (no Catch2).
+  bool KillBinary();
+  ChildProcess& process() { return *process_; }
+  pid_t pid() const { return process_->pid(); }
+  std::filesystem::path log() const { return sim_.path() / "daemon.log"; }
+  // Lines of log() containing `text`; WaitLog waits (kDeadline) for one.
+  int LogLines(const std::string& text) const;
+  bool WaitLog(const std::string& text) const;
+  // The port of the listener log() last says it serves `what` on ("serving
+  // <what> on ... (port N"); 0 when none.
+  int LoggedPort(const std::string& what) const;
+
+  // ---- The kubelet's view ----------------------------------------------
+  // Waits (kDeadline) until the kubelet's latest list shows `id` as
+  // `health`.
+  bool WaitHealth(const std::string& id, const std::string& health);
+  // Whether the kubelet's latest list has `n` devices (efas() when unset),
+  // each `health`; WaitAll waits (kDeadline) for it.
+  bool All(const std::string& health, std::optional<size_t> n = std::nullopt) const;
+  bool WaitAll(const std::string& health, std::optional<size_t> n = std::nullopt);
+
+  // ---- Accelerators and alignment --------------------------------------
+  // The accelerators' resource (nvidia.com/gpu, aws.amazon.com/neuron).
+  const std::string& accelerator_resource() const { return accelerators_->resource_name(); }
+  // With accelerators: whether `efas` are aligned with the accelerators
+  // the kubelet gave container `uid`/`container`, as the machine's topology
+  // says (hwloc, read at the start).
+  bool Aligned(const std::string& uid, const std::vector<std::string>& efas,
+               const std::string& container = "main");
+
+ private:
+  const TestNodeOptions config_;
+  sim::SimRoot sim_;
+  size_t efas_ = 0;
+  FakeKubelet kubelet_;
+  FakeClock clock_;
+  plugin::DaemonOptions options_;
+  std::unique_ptr<plugin::Daemon> daemon_;
+  std::thread thread_;
+  int exit_code_ = -1;
+  std::unique_ptr<ChildProcess> process_;
+  std::unique_ptr<FakeAcceleratorPlugin> accelerators_;
+  // Aligned()'s view of the machine (with accelerators).
+  std::shared_ptr<const topology::HostModel> model_;
+  std::vector<topology::NvidiaGpu> gpus_;
+};
+
+}  // namespace efa::testing
