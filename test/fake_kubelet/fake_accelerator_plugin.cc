@@ -19,6 +19,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
+#include "test/fake_kubelet/serve_unix.h"
 
 namespace efa::testing {
 
@@ -223,16 +224,10 @@ absl::Status FakeAcceleratorPlugin::Start() {
     stopping_ = false;
   }
   auto service = std::make_unique<Service>(this);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + path.string(), grpc::InsecureServerCredentials());
-  builder.RegisterService(service.get());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat(path.string(), ": cannot serve gRPC here (see the gRPC log above)"));
-  }
+  auto server = ServeOnUnixSocket(path, service.get());
+  if (!server.ok()) return server.status();
   service_ = std::move(service);
-  server_ = std::move(server);
+  server_ = *std::move(server);
 
   // Serve first: the kubelet dials back before it answers.
   const fs::path kubelet = dir_ / "kubelet.sock";

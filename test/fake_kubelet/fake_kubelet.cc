@@ -15,6 +15,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "test/fake_kubelet/fake_kubelet_internal.h"
+#include "test/fake_kubelet/serve_unix.h"
 
 namespace efa::testing {
 
@@ -87,16 +88,10 @@ absl::Status FakeKubelet::StartLocked() {
   }
 
   auto service = std::make_unique<RegistrationService>(this);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + path.string(), grpc::InsecureServerCredentials());
-  builder.RegisterService(service.get());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat(path.string(), ": cannot serve gRPC here (see the gRPC log above)"));
-  }
+  auto server = ServeOnUnixSocket(path, service.get());
+  if (!server.ok()) return server.status();
   service_ = std::move(service);
-  server_ = std::move(server);
+  server_ = *std::move(server);
   absl::MutexLock lock(&mu_);
   serving_ = true;
   return absl::OkStatus();

@@ -14,6 +14,7 @@
 #include "grpcpp/server_builder.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/fake_kubelet/fake_kubelet_internal.h"
+#include "test/fake_kubelet/serve_unix.h"
 
 namespace efa::testing {
 
@@ -174,16 +175,10 @@ absl::Status FakeKubelet::StartPodResourcesLocked() {
   if (ec) return absl::UnavailableError(absl::StrCat(path.string(), ": ", ec.message()));
 
   auto service = std::make_unique<PodResourcesService>(this);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + path.string(), grpc::InsecureServerCredentials());
-  builder.RegisterService(service.get());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat(path.string(), ": cannot serve gRPC here (see the gRPC log above)"));
-  }
+  auto server = ServeOnUnixSocket(path, service.get());
+  if (!server.ok()) return server.status();
   pod_resources_service_ = std::move(service);
-  pod_resources_server_ = std::move(server);
+  pod_resources_server_ = *std::move(server);
   absl::MutexLock lock(&mu_);
   pod_resources_serving_ = true;
   return absl::OkStatus();
