@@ -305,6 +305,13 @@ TEST_CASE("Sharing: GetPreferredAllocation spreads over distinct EFAs, then the 
   auto topo = efa::topology::LoadTopology({sim.path().string(), ""});
   REQUIRE(topo.ok());
   plugin.service.SetDevices(inv.devices, efa::topology::HostModel::FromHwloc(inv, topo->get()));
+  // Set before any call, as its contract asks; the GPU is known from `gpu_known` on.
+  std::atomic<bool> gpu_known{false};
+  plugin.service.SetTargetFinder([&gpu_known](const efa::topology::HostModel&) {
+    Targets t;
+    if (gpu_known) t.pci = {*efa::topology::PciAddress::Parse("0000:64:00.0")};
+    return t;
+  });
   std::vector<std::string> all;
   for (const auto& d : inv.devices) {
     all.push_back(d.ibdev + "::0");
@@ -323,11 +330,7 @@ TEST_CASE("Sharing: GetPreferredAllocation spreads over distinct EFAs, then the 
   // One EFA there already shared: the rest of that switch goes first.
   CHECK(plugin.Preferred(without({"rdmap79s0::0", "rdmap80s0::0", "rdmap81s0::0"}), {}, 1) ==
         std::vector<std::string>{"rdmap82s0::0"});
-  plugin.service.SetTargetFinder([](const efa::topology::HostModel&) {
-    Targets t;
-    t.pci = {*efa::topology::PciAddress::Parse("0000:64:00.0")};
-    return t;
-  });
+  gpu_known = true;
   // Beside the GPU, least shared first.
   CHECK(plugin.Preferred(without({"rdmap96s0::0", "rdmap98s0::0"}), {}, 2) ==
         std::vector<std::string>{"rdmap97s0::0", "rdmap99s0::0"});
