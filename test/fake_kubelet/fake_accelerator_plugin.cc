@@ -211,11 +211,7 @@ absl::Status FakeAcceleratorPlugin::Start() {
   if (server_ != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(path.string(), ": already serving"));
   }
-  if (path.string().size() >= sizeof(sockaddr_un::sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: too long for a unix socket (%d bytes at most)", path.string(),
-                        sizeof(sockaddr_un::sun_path) - 1));
-  }
+  if (absl::Status fits = CheckUnixSocketPath(path); !fits.ok()) return fits;
   std::error_code ec;
   fs::remove(path, ec);
   if (ec) return absl::UnavailableError(absl::StrCat(path.string(), ": ", ec.message()));

@@ -70,12 +70,7 @@ absl::Status FakeKubelet::StartLocked() {
   if (server_ != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(path.string(), ": already serving"));
   }
-  // sockaddr_un holds the path with its terminating NUL.
-  if (path.string().size() >= sizeof(sockaddr_un::sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: too long for a unix socket (%d bytes at most)", path.string(),
-                        sizeof(sockaddr_un::sun_path) - 1));
-  }
+  if (absl::Status fits = CheckUnixSocketPath(path); !fits.ok()) return fits;
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) {

@@ -161,11 +161,7 @@ absl::Status FakeKubelet::StartPodResourcesLocked() {
   if (pod_resources_server_ != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(path.string(), ": already serving"));
   }
-  if (path.string().size() >= sizeof(sockaddr_un::sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: too long for a unix socket (%d bytes at most)", path.string(),
-                        sizeof(sockaddr_un::sun_path) - 1));
-  }
+  if (absl::Status fits = CheckUnixSocketPath(path); !fits.ok()) return fits;
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   if (ec) {
