@@ -10,6 +10,9 @@
 #                                     name): its cross compiler and its -dev
 #                                     packages (multiarch), with the build
 #                                     host's tools; cmake/debian-cross.cmake
+#   scripts/install-deps.sh --only PACKAGE...
+#                                     exactly these, when missing (the e2e
+#                                     suite's tools)
 set -euo pipefail
 
 tools=(build-essential cmake ninja-build pkg-config protobuf-compiler-grpc protobuf-compiler)
@@ -35,6 +38,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 host_arch="$(dpkg --print-architecture)"
 case "${1:-} ${2:-} ${3:-}" in
+  "--only "*) packages=("${@:2}") ;;
   "  ") packages=("${daemon[@]}" "${tests[@]}" "${lint[@]}") ;;
   "--daemon  ") packages=("${daemon[@]}") ;;
   "--daemon --arch $host_arch") packages=("${daemon[@]}") ;;
@@ -51,7 +55,7 @@ case "${1:-} ${2:-} ${3:-}" in
     packages=("${tools[@]}" "$compiler" "${libraries[@]/%/:$arch}" "${headers[@]}")
     dpkg --print-foreign-architectures | grep -qx "$arch" || $SUDO dpkg --add-architecture "$arch"
     ;;
-  *) echo "install-deps: unknown arguments '$*' (nothing, --daemon, or --daemon --arch ARCH)" >&2; exit 2 ;;
+  *) echo "install-deps: unknown arguments '$*' (nothing, --daemon, --daemon --arch ARCH or --only PACKAGE...)" >&2; exit 2 ;;
 esac
 
 missing=()

@@ -45,15 +45,7 @@ done
 
 # --- packages ---------------------------------------------------------------
 ensure_packages() {
-  local missing=() p
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  say "installing ${missing[*]}"
-  apt-get update -qq || die "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-    >/dev/null || die "apt-get install ${missing[*]} failed"
+  "$HERE/../../scripts/install-deps.sh" --only "$@" || die "installing $* failed"
 }
 
 # --- source -----------------------------------------------------------------

@@ -36,15 +36,8 @@ e2e_die() { e2e_log "ERROR: $*"; exit 1; }
 
 # Installs the Debian packages named that are missing.
 e2e_ensure_packages() {
-  local missing=() p
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  e2e_log "installing ${missing[*]}"
-  apt-get update -qq || e2e_die "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-    >/dev/null || e2e_die "apt-get install ${missing[*]} failed"
+  "$(dirname "${BASH_SOURCE[0]}")/../../scripts/install-deps.sh" --only "$@" ||
+    e2e_die "installing $* failed"
 }
 
 # kubectl against the test cluster.
