@@ -34,7 +34,7 @@ TestNode::TestNode(TestNodeOptions options)
       kubelet_(KubeletOptions(sim_, config_.pod_resources)) {
   if (config_.prepare) config_.prepare(sim_);
   efas_ = topology::DiscoverEfaDevices(sim_.roots()).devices.size();
-  REQUIRE(kubelet_.Start().ok());
+  if (config_.kubelet) REQUIRE(kubelet_.Start().ok());
   options_.roots = sim_.roots();
   options_.kubelet_dir = kubelet_dir();
   options_.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
@@ -93,7 +93,8 @@ bool TestNode::PassUntil(const std::function<bool()>& done) {
 
 void TestNode::StartBinary(const std::vector<std::string>& flags, rlim_t max_files) {
   process_.reset();  // a killed daemon leaves its socket: the new one removes it
-  std::vector<std::string> args{EFA_PLUGIN_BINARY};
+  std::vector<std::string> args = config_.wrapper;
+  args.push_back(config_.binary.empty() ? EFA_PLUGIN_BINARY : config_.binary.string());
   for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
   args.insert(args.end(), flags.begin(), flags.end());
   process_ = std::make_unique<ChildProcess>(args, log(), max_files);

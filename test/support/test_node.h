@@ -47,8 +47,12 @@ struct TestNodeOptions {
   std::string machine = "p4d.24xlarge";
   sim::Naming naming = sim::Naming::kUdev;
   // Changes the simulated machine before anything starts (an EFA missing,
-  // a driver without counters).
+  // a driver without counters, a file left where a socket goes).
   std::function<void(sim::SimRoot&)> prepare = nullptr;
+  // The fake kubelet serves with the node; without, nothing serves its
+  // socket (the test may put a kubelet of its own at
+  // device_plugin_dir()/kubelet.sock). Not with `accelerators`.
+  bool kubelet = true;
   // The kubelet also serves its pod-resources API, as a real one does;
   // without, only the device-plugin API (the daemon's alignment degrades).
   bool pod_resources = true;
@@ -59,8 +63,13 @@ struct TestNodeOptions {
   // In process: changes the daemon's options after the node's own (roots,
   // kubelet dir, CDI spec dirs, clock).
   std::function<void(plugin::DaemonOptions&)> configure = nullptr;
-  // As the binary: its flags after the node's (SimRoot::DaemonFlags), and
-  // its RLIMIT_NOFILE (0: this process's).
+  // As the binary: the program (empty: EFA_PLUGIN_BINARY; a copy of it
+  // elsewhere, say, alone in its folder); a command it runs under (the
+  // command's argv before the program's: unshare, nsenter), which is then
+  // the process pid() names; its flags after the node's
+  // (SimRoot::DaemonFlags); and its RLIMIT_NOFILE (0: this process's).
+  std::filesystem::path binary = {};
+  std::vector<std::string> wrapper = {};
   std::vector<std::string> flags = {};
   rlim_t max_files = 0;
   // A fake plugin of the machine's GPUs or Neuron devices, started after
@@ -115,10 +124,12 @@ class TestNode {
   bool PassUntil(const std::function<bool()>& done);
 
   // ---- The daemon's binary ---------------------------------------------
-  // Starts the binary on this node with `flags` after the node's, its
-  // output in log(). A binary started before must have ended (KillBinary).
+  // Starts the binary on this node (the options' binary, under their
+  // wrapper) with `flags` after the node's, its output in log(). A binary
+  // started before must have ended (KillBinary).
   void StartBinary(const std::vector<std::string>& flags, rlim_t max_files = 0);
-  // SIGKILL; returns whether it died of it. Safe on any thread (no Catch2).
+  // SIGKILL (to the wrapper, with one); returns whether it died of it. Safe
+  // on any thread (no Catch2).
   bool KillBinary();
   ChildProcess& process() { return *process_; }
   pid_t pid() const { return process_->pid(); }
