@@ -43,6 +43,23 @@ enum class DaemonRun {
   kLater,      // not started yet: the test calls StartDaemon or StartBinary
 };
 
+// Which of a pod's two resources the kubelet admits first (AdmitRounds).
+enum class AdmitOrder {
+  kAcceleratorFirst,
+  kEfaFirst,
+  kRandom,  // either, drawn for each pod
+};
+
+// Rounds of pods, each of accelerators and EFAs, admitted until the node is
+// full (AdmitRounds).
+struct AdmissionRounds {
+  int accelerators = 1;  // per pod
+  int efas = 4;          // per pod
+  AdmitOrder order = AdmitOrder::kAcceleratorFirst;
+  int rounds = 1;
+  unsigned seed = 1;  // of kRandom's draws
+};
+
 struct TestNodeOptions {
   std::string machine = "p4d.24xlarge";
   sim::Naming naming = sim::Naming::kUdev;
@@ -158,6 +175,18 @@ class TestNode {
   // says (hwloc, read at the start).
   bool Aligned(const std::string& uid, const std::vector<std::string>& efas,
                const std::string& container = "main");
+  // With accelerators and the daemon in process: admits pods (one
+  // container, "main"; pod-N, uid-N) until the node is full, `rounds.rounds`
+  // times over. `aligned` sees each container admitted and says whether its
+  // EFAs are aligned; `round_end` sees the round's uids. Then the daemon has
+  // judged every container after the fact (its alignment stats, counted
+  // since StartDaemon) and the pods are removed. Returns how many
+  // containers were aligned, out of how many.
+  using AlignedCheck =
+      std::function<bool(const std::string& uid, const FakeKubelet::AdmittedContainer& admitted)>;
+  std::pair<int, int> AdmitRounds(
+      const AdmissionRounds& rounds, const AlignedCheck& aligned,
+      const std::function<void(const std::vector<std::string>& uids)>& round_end = nullptr);
 
  private:
   const TestNodeOptions config_;
@@ -174,6 +203,9 @@ class TestNode {
   // Aligned()'s view of the machine (with accelerators).
   std::shared_ptr<const topology::HostModel> model_;
   std::vector<topology::NvidiaGpu> gpus_;
+  // AdmitRounds': pods admitted so far, containers the daemon judged.
+  int pods_ = 0;
+  int judged_ = 0;
 };
 
 }  // namespace efa::testing
