@@ -38,15 +38,15 @@
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "podresources/v1/api.grpc.pb.h"
-#include "test/bench/http_flood.h"
 #include "test/bench/policy_scenarios.h"
-#include "test/bench/proc_stats.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
 #include "test/sim/sim_root.h"
 #include "test/support/child_process.h"
 #include "test/support/devices.h"
+#include "test/support/http_flood.h"
+#include "test/support/proc_stats.h"
 #include "topology/hwloc_loader.h"
 
 namespace {
@@ -191,7 +191,7 @@ struct IdleProcess {
   std::string name;
   pid_t pid;
   double cpu = 0;
-  std::map<pid_t, efa::bench::ThreadSwitches> switches;
+  std::map<pid_t, efa::testing::ThreadSwitches> switches;
   // Over the window, per minute.
   double cpu_per_minute = 0;
   double wakeups_per_minute = 0;
@@ -577,13 +577,13 @@ class Suite {
         call_list(record);
       }
       if (rss10_daemon < 0 && daemon.served >= settings_.rpcs / 10) {
-        rss10_daemon = efa::bench::ResidentKiB(daemon.pid);
-        rss10_echo = efa::bench::ResidentKiB(echo.pid);
+        rss10_daemon = efa::testing::ResidentKiB(daemon.pid);
+        rss10_echo = efa::testing::ResidentKiB(echo.pid);
       }
     }
     check_aligned();
-    const long long rss_daemon = efa::bench::ResidentKiB(daemon.pid);
-    const long long rss_echo = efa::bench::ResidentKiB(echo.pid);
+    const long long rss_daemon = efa::testing::ResidentKiB(daemon.pid);
+    const long long rss_echo = efa::testing::ResidentKiB(echo.pid);
     details_.push_back(MemoryDetail("after the calls from one client", daemon.pid, echo.pid));
 
     auto count = [](const std::vector<double>& v) { return Count(static_cast<long>(v.size())); };
@@ -636,9 +636,9 @@ class Suite {
     auto one = [](pid_t pid) {
       const std::string status = "/proc/" + std::to_string(pid) + "/status";
       return absl::StrFormat("anonymous %s, file pages %s, %d threads",
-                             Mib(efa::bench::StatusField(status, "RssAnon")),
-                             Mib(efa::bench::StatusField(status, "RssFile")),
-                             efa::bench::ThreadCount(pid));
+                             Mib(efa::testing::StatusField(status, "RssAnon")),
+                             Mib(efa::testing::StatusField(status, "RssFile")),
+                             efa::testing::ThreadCount(pid));
     };
     return absl::StrFormat("- RSS %s: daemon %s; echo %s", when, one(daemon), one(echo));
   }
@@ -689,11 +689,11 @@ class Suite {
       if (failed) Fail("a call failed under concurrent load");
     };
     run(per_client / 10);
-    const long long daemon10 = efa::bench::ResidentKiB(daemon.pid);
-    const long long echo10 = efa::bench::ResidentKiB(echo.pid);
+    const long long daemon10 = efa::testing::ResidentKiB(daemon.pid);
+    const long long echo10 = efa::testing::ResidentKiB(echo.pid);
     run(per_client - per_client / 10);
-    const long long daemon_all = efa::bench::ResidentKiB(daemon.pid);
-    const long long echo_all = efa::bench::ResidentKiB(echo.pid);
+    const long long daemon_all = efa::testing::ResidentKiB(daemon.pid);
+    const long long echo_all = efa::testing::ResidentKiB(echo.pid);
     details_.push_back(MemoryDetail(absl::StrFormat("after the calls from %d clients", kClients),
                                     daemon.pid, echo.pid));
     rows_.push_back({4,
@@ -743,9 +743,9 @@ class Suite {
                                       {"no-efa daemon", idle_daemon.pid()},
                                       {"echo (fresh)", fresh_echo.pid()}};
     for (auto& p : procs) {
-      p.cpu = efa::bench::ThreadsCpuSeconds(p.pid);
-      p.owner_cpu = efa::bench::ThreadCpuSeconds(p.pid, p.pid);
-      p.switches = efa::bench::ContextSwitches(p.pid);
+      p.cpu = efa::testing::ThreadsCpuSeconds(p.pid);
+      p.owner_cpu = efa::testing::ThreadCpuSeconds(p.pid, p.pid);
+      p.switches = efa::testing::ContextSwitches(p.pid);
     }
     // The window itself: nothing to wait for, by design.
     std::this_thread::sleep_for(std::chrono::duration<double>(settings_.idle_seconds));
@@ -754,8 +754,9 @@ class Suite {
         absl::StrFormat("Idle wake-ups per minute by thread (measures 5 and 7, %.0f s):\n",
                         settings_.idle_seconds));
     for (auto& p : procs) {
-      p.cpu_per_minute = (efa::bench::ThreadsCpuSeconds(p.pid) - p.cpu) * per_minute;
-      auto by_thread = efa::bench::SwitchesBetween(p.switches, efa::bench::ContextSwitches(p.pid));
+      p.cpu_per_minute = (efa::testing::ThreadsCpuSeconds(p.pid) - p.cpu) * per_minute;
+      auto by_thread =
+          efa::testing::SwitchesBetween(p.switches, efa::testing::ContextSwitches(p.pid));
       std::vector<std::pair<long long, std::string>> busiest;
       long long total = 0;
       for (const auto& [name, count] : by_thread) {
@@ -767,7 +768,7 @@ class Suite {
       for (const auto& [count, name] : busiest) {
         parts.push_back(absl::StrFormat("%s %.0f", name, static_cast<double>(count) * per_minute));
       }
-      p.owner_cpu = (efa::bench::ThreadCpuSeconds(p.pid, p.pid) - p.owner_cpu) * per_minute;
+      p.owner_cpu = (efa::testing::ThreadCpuSeconds(p.pid, p.pid) - p.owner_cpu) * per_minute;
       details_.push_back(absl::StrFormat("- %s: %s; CPU %.1f ms/min, of which its main thread %.1f",
                                          p.name, absl::StrJoin(parts, ", "), p.cpu_per_minute * 1e3,
                                          p.owner_cpu * 1e3));
@@ -775,14 +776,14 @@ class Suite {
       // The owner loop runs on the main thread (its ID is the process's):
       // the times it slept and was woken, not the preemptions of a busy
       // machine.
-      const auto now = efa::bench::ContextSwitches(p.pid);
+      const auto now = efa::testing::ContextSwitches(p.pid);
       if (now.count(p.pid) && p.switches.count(p.pid)) {
         p.own_wakeups_per_minute =
             static_cast<double>(now.at(p.pid).voluntary - p.switches.at(p.pid).voluntary) *
             per_minute;
       }
-      p.rss_kib = efa::bench::ResidentKiB(p.pid);
-      p.threads = efa::bench::ThreadCount(p.pid);
+      p.rss_kib = efa::testing::ResidentKiB(p.pid);
+      p.threads = efa::testing::ThreadCount(p.pid);
     }
     if (kubelet.registrations(kEfa) != 0) Fail("the daemon registered on a node without EFA");
 
@@ -849,7 +850,7 @@ class Suite {
     client.set_read_timeout(1s);
     std::vector<double> took;
     size_t bytes = 0;
-    const double cpu = efa::bench::ThreadsCpuSeconds(daemon_->pid());
+    const double cpu = efa::testing::ThreadsCpuSeconds(daemon_->pid());
     const auto start = Clock::now();
     const auto window = std::chrono::duration<double>(settings_.idle_seconds);
     for (auto next = start; next < start + window; next += 100ms) {
@@ -862,7 +863,7 @@ class Suite {
       bytes = reply->body.size();
     }
     const double elapsed = Seconds(Clock::now() - start);
-    const double used = efa::bench::ThreadsCpuSeconds(daemon_->pid()) - cpu;
+    const double used = efa::testing::ThreadsCpuSeconds(daemon_->pid()) - cpu;
     const double idle = p5_idle_cpu_per_minute_ / 60 * elapsed;
     const double share = (used - idle) / elapsed;
     rows_.push_back(
@@ -951,7 +952,7 @@ class Suite {
   // the time to register again, with the flood and without.
   void MeasureFlood() {
     constexpr size_t kConnections = 1100;
-    if (efa::bench::RaiseFileLimit(kConnections + 1024) < kConnections + 256) {
+    if (efa::testing::RaiseFileLimit(kConnections + 1024) < kConnections + 256) {
       Fail("this process cannot open the flood's 1,100 connections (RLIMIT_NOFILE)");
     }
     SimRoot node(p5_spec_);
@@ -967,7 +968,7 @@ class Suite {
     // Live before the first phase (the kubelet's initial delay): the owner
     // loop's first pass ends after the registration.
     for (const auto until = Clock::now() + kDeadline;
-         efa::bench::ProbeOnce(probe_port, "/healthz", 1s).status != 200;) {
+         efa::testing::ProbeOnce(probe_port, "/healthz", 1s).status != 200;) {
       if (Clock::now() > until) Fail("the flood's daemon was not live within 10 s");
       std::this_thread::sleep_for(10ms);
     }
@@ -976,9 +977,9 @@ class Suite {
       size_t failures = 0;
     };
     auto phase = [&](bool flooded) {
-      std::unique_ptr<efa::bench::ConnectionFlood> flood;
+      std::unique_ptr<efa::testing::ConnectionFlood> flood;
       if (flooded) {
-        flood = std::make_unique<efa::bench::ConnectionFlood>(metrics_port, kConnections);
+        flood = std::make_unique<efa::testing::ConnectionFlood>(metrics_port, kConnections);
         for (const auto until = Clock::now() + kDeadline;
              flood->connected() < kConnections && Clock::now() < until;) {
           std::this_thread::sleep_for(20ms);
@@ -986,7 +987,7 @@ class Suite {
         if (flood->connected() < kConnections) Fail("the flood could not connect");
       }
       Phase out;
-      efa::bench::Prober prober(probe_port, {"/healthz", "/readyz"}, {"/healthz"});
+      efa::testing::Prober prober(probe_port, {"/healthz", "/readyz"}, {"/healthz"});
       const auto start = Clock::now();
       const auto window = std::chrono::duration<double>(settings_.flood_seconds);
       for (int i = 0; i < settings_.events; ++i) {

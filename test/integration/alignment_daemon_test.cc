@@ -36,7 +36,7 @@ namespace {
 using efa::testing::kDeadline;
 using efa::testing::kEfa;
 
-enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
+using Order = efa::testing::AdmitOrder;
 
 // A node with the machine's GPUs or Neuron devices behind a fake plugin, the
 // daemon (`replicas` device IDs per EFA) registered beside it.
@@ -57,30 +57,8 @@ class AlignedNode : public TestNode {
   // full, `rounds` times over (removing them between rounds); returns how
   // many were aligned out of how many.
   std::pair<int, int> Run(int accels, int efas, Order order, int rounds, unsigned seed) {
-    std::mt19937 rng(seed);
-    int aligned = 0, total = 0;
-    const std::string accel = accelerator_resource();
-    for (int round = 0; round < rounds; ++round) {
-      std::vector<std::string> uids;
-      while (true) {
-        bool accel_first =
-            order == Order::kAcceleratorFirst || (order == Order::kRandom && (rng() & 1));
-        std::vector<std::pair<std::string, int>> requests = {{accel, accels}, {kEfa, efas}};
-        if (!accel_first) std::swap(requests[0], requests[1]);
-        const std::string uid = absl::StrCat("uid-", pods_ + 1);
-        auto admitted = kubelet().AdmitContainer(absl::StrCat("pod-", ++pods_), "default", uid,
-                                                 "main", requests);
-        if (!admitted.ok()) break;  // the node is full
-        uids.push_back(uid);
-        ++total;
-        aligned += Aligned(uid) ? 1 : 0;
-      }
-      // The daemon judges each container after the fact, before it goes.
-      judged_ += static_cast<int>(uids.size());
-      REQUIRE(daemon().alignment_stats()->WaitForJudgedForTest(judged_, kDeadline));
-      for (const auto& uid : uids) REQUIRE(kubelet().RemovePod(uid).ok());
-    }
-    return {aligned, total};
+    return AdmitRounds({accels, efas, order, rounds, seed},
+                       [this](const std::string& uid, const auto&) { return Aligned(uid); });
   }
 
   // Whether the container's EFAs (replica IDs counted as their EFA) are
@@ -93,10 +71,6 @@ class AlignedNode : public TestNode {
     }
     return TestNode::Aligned(uid, efas);
   }
-
- private:
-  int judged_ = 0;
-  int pods_ = 0;
 };
 
 void Report(const char* what, std::pair<int, int> result) {

@@ -25,13 +25,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "test/bench/http_flood.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
 #include "test/support/devices.h"
 #include "test/support/exposition.h"
+#include "test/support/http_flood.h"
 #include "test/support/scrape.h"
 #include "test/support/test_node.h"
 
@@ -453,7 +453,7 @@ TEST_CASE("A flood of idle and slow connections to the metrics address does not 
   // watch a descriptor past FD_SETSIZE (1024). (test/integration/
   // http_flood_test.cc floods the daemon's binary with more connections
   // than it has descriptors.)
-  efa::bench::ConnectionFlood flood(node.metrics_port(), 400, 300ms);
+  efa::testing::ConnectionFlood flood(node.metrics_port(), 400, 300ms);
 
   httplib::Client client("127.0.0.1", node.probe_port());
   client.set_connection_timeout(1s);

@@ -1,9 +1,6 @@
 // The real binary, as a process: start-to-registered, SIGHUP and SIGTERM;
 // its metrics under sharing, scraped over HTTP.
-#include <httplib.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -17,8 +14,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -30,18 +25,25 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/fake_kubelet/serve_unix.h"
 #include "test/sim/sim_root.h"
 #include "test/support/child_process.h"
 #include "test/support/devices.h"
 #include "test/support/exposition.h"
+#include "test/support/proc_stats.h"
+#include "test/support/scrape.h"
 #include "test/support/temp_dir.h"
+#include "test/support/test_node.h"
 #include "topology/replica_id.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using efa::sim::SimRoot;
 using efa::testing::ChildProcess;
-using efa::testing::FakeKubelet;
+using efa::testing::DaemonRun;
+using efa::testing::HttpGet;
+using efa::testing::ReadFile;
+using efa::testing::TestNode;
 
 namespace {
 
@@ -60,38 +62,9 @@ constexpr int kRuntimeThreads = 1;
 constexpr int kRuntimeThreads = 0;
 #endif
 using efa::testing::kDeadline;
-
-// The daemon binary's command line on `sim` (its roots, a log level, the
-// HTTP addresses), then `extra`.
-std::vector<std::string> DaemonArgs(const SimRoot& sim, const std::string& log_level,
-                                    const std::string& probe_address,
-                                    const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {EFA_PLUGIN_BINARY};
-  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
-           {"--kubelet-dir", (sim.path() / "kubelet").string()},
-           {"--sysfs-root", sim.sys().string()},
-           {"--dev-root", (sim.path() / "dev").string()},
-           {"--proc-root", (sim.path() / "proc").string()},
-           {"--cdi-spec-dirs", (sim.path() / "etc/cdi").string()},
-           {"--log-level", log_level},
-           {"--metrics-address", "127.0.0.1:0"},
-           {"--probe-address", probe_address}}) {
-    args.push_back(flag);
-    args.push_back(value);
-  }
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
-// The port a daemon serves /metrics on: its last "serving /metrics, ...
-// (port N)" log line (written before it registers, and again by the idle
-// process); 0 when there is none.
-int MetricsPort(const fs::path& log) {
-  const std::string text = efa::testing::ReadFile(log);
-  const size_t at = text.rfind("serving /metrics");
-  const size_t port = at == std::string::npos ? at : text.find("(port ", at);
-  return port == std::string::npos ? 0 : std::atoi(text.c_str() + port + 6);
-}
+// The daemon's listener of every route, as its log line names it
+// (TestNode::LoggedPort).
+constexpr char kMetrics[] = "/metrics, /healthz and /readyz";
 
 // The value of the unlabelled sample `series` in a scrape, as written
 // ("" when absent).
@@ -115,40 +88,6 @@ std::string Samples(const std::string& values, const std::string& family) {
   return out;
 }
 
-std::string ReadAll(const fs::path& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Whether `log` holds `line` within `timeout` (inotify on its directory
-// between looks).
-bool WaitForLogLine(const fs::path& log, const std::string& line,
-                    std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const int fd = ::inotify_init1(IN_CLOEXEC);
-  ::inotify_add_watch(fd, log.parent_path().c_str(), IN_MODIFY | IN_CREATE);
-  bool found = false;
-  while (!(found = ReadAll(log).find(line) != std::string::npos)) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    pollfd p{fd, POLLIN, 0};
-    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) != 1) break;
-    char buf[4096];
-    [[maybe_unused]] ssize_t n = ::read(fd, buf, sizeof buf);
-  }
-  ::close(fd);
-  return found;
-}
-
-long long Threads(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoll(line.substr(8));
-  }
-  return -1;
-}
-
 // The processes whose parent is `parent` and whose command is `comm` (any
 // when empty), by PID (as /proc/<pid>/stat says, in this PID namespace).
 std::vector<pid_t> Children(pid_t parent, const std::string& comm = "") {
@@ -156,7 +95,7 @@ std::vector<pid_t> Children(pid_t parent, const std::string& comm = "") {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = ReadAll(entry.path() / "stat");
+    const std::string stat = ReadFile(entry.path() / "stat");
     const size_t open = stat.find('('), close = stat.rfind(')');
     if (open == std::string::npos || close == std::string::npos) continue;
     // "pid (comm) state ppid ..."
@@ -174,7 +113,7 @@ std::vector<pid_t> Children(pid_t parent, const std::string& comm = "") {
 // The PID of `pid` inside its own (innermost) PID namespace: the last field
 // of NSpid in /proc/<pid>/status; 0 when unknown.
 pid_t InnermostPid(pid_t pid) {
-  std::istringstream in(ReadAll("/proc/" + std::to_string(pid) + "/status"));
+  std::istringstream in(ReadFile("/proc/" + std::to_string(pid) + "/status"));
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("NSpid:", 0) != 0) continue;
     std::istringstream fields(line.substr(6));
@@ -191,48 +130,46 @@ TEST_CASE(
     "The daemon binary registers on a p5 node, re-registers on SIGHUP and stops on "
     "SIGTERM",
     "[daemon][process][concurrency]") {
-  SimRoot sim("p5.48xlarge");
-  const fs::path kubelet_dir = sim.path() / "kubelet";
-  FakeKubelet kubelet(kubelet_dir / "device-plugins");
-  REQUIRE(kubelet.Start().ok());
-
+  TestNode node({.machine = "p5.48xlarge", .pod_resources = false, .run = DaemonRun::kLater});
   const auto start = std::chrono::steady_clock::now();
-  ChildProcess daemon(DaemonArgs(sim, "warn", "127.0.0.1:0"), sim.path() / "daemon.log");
-  REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
+  node.StartBinary({"--log-level", "warn", "--metrics-address", "127.0.0.1:0", "--probe-address",
+                    "127.0.0.1:0"});
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, 10s));
   const auto registered = std::chrono::steady_clock::now();
   std::printf("start -> registered: %.1f ms\n",
               std::chrono::duration<double, std::milli>(registered - start).count());
-  REQUIRE(kubelet.WaitForDevices(
+  REQUIRE(node.kubelet().WaitForDevices(
       kEfa, [](const auto& d) { return d.size() == 32; }, 10s));
 
-  daemon.Signal(SIGHUP);
-  REQUIRE(kubelet.WaitForRegistrations(kEfa, 2, 10s));
+  node.process().Signal(SIGHUP);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, 10s));
 
-  const fs::path socket = kubelet_dir / "device-plugins/aws-efa-device-plugin.sock";
+  const fs::path socket = node.device_plugin_dir() / "aws-efa-device-plugin.sock";
   CHECK(fs::is_socket(socket));
-  daemon.Signal(SIGTERM);
-  CHECK(daemon.Wait(10s) == 0);
+  node.process().Signal(SIGTERM);
+  CHECK(node.process().Wait(10s) == 0);
   CHECK_FALSE(fs::exists(socket));
-  CHECK(kubelet.WaitForStreaming(kEfa, false, 10s));
+  CHECK(node.kubelet().WaitForStreaming(kEfa, false, 10s));
 }
 
 TEST_CASE("The daemon binary removes a stale socket before serving",
           "[daemon][process][concurrency]") {
-  SimRoot sim("p4d.24xlarge");
-  const fs::path kubelet_dir = sim.path() / "kubelet";
-  fs::create_directories(kubelet_dir / "device-plugins");
-  // A regular file where the socket goes, as a crashed run may leave one.
-  {
-    std::FILE* f =
-        std::fopen((kubelet_dir / "device-plugins/aws-efa-device-plugin.sock").c_str(), "w");
-    std::fclose(f);
-  }
-  FakeKubelet kubelet(kubelet_dir / "device-plugins");
-  REQUIRE(kubelet.Start().ok());
-  ChildProcess daemon(DaemonArgs(sim, "warn", "127.0.0.1:0"), sim.path() / "daemon.log");
-  REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
-  daemon.Signal(SIGINT);
-  CHECK(daemon.Wait(10s) == 0);
+  TestNode node({.machine = "p4d.24xlarge",
+                 // A regular file where the socket goes, as a crashed run may
+                 // leave one.
+                 .prepare =
+                     [](SimRoot& sim) {
+                       const fs::path dir = sim.path() / "kubelet/device-plugins";
+                       fs::create_directories(dir);
+                       efa::testing::WriteFile(dir / "aws-efa-device-plugin.sock", "");
+                     },
+                 .pod_resources = false,
+                 .run = DaemonRun::kBinary,
+                 .flags = {"--log-level", "warn", "--metrics-address", "127.0.0.1:0",
+                           "--probe-address", "127.0.0.1:0"}});
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, 10s));
+  node.process().Signal(SIGINT);
+  CHECK(node.process().Wait(10s) == 0);
 }
 
 TEST_CASE(
@@ -240,16 +177,16 @@ TEST_CASE(
     "[daemon][process][sharing][metrics][concurrency]") {
   // renameByDefault: the resource is vpc.amazonaws.com/efa.shared.
   constexpr char kShared[] = "vpc.amazonaws.com/efa.shared";
-  SimRoot sim("p4d.24xlarge");
-  FakeKubelet kubelet(FakeKubelet::ForKubeletDir(sim.path() / "kubelet"));
-  REQUIRE(kubelet.Start().ok());
-  const fs::path log = sim.path() / "daemon.log";
-  ChildProcess daemon(
-      DaemonArgs(sim, "info", "", {"--sharing-replicas", "4", "--sharing-rename-by-default"}), log);
+  TestNode node(
+      {.machine = "p4d.24xlarge",
+       .run = DaemonRun::kBinary,
+       .flags = {"--log-level", "info", "--metrics-address", "127.0.0.1:0", "--probe-address", "",
+                 "--sharing-replicas", "4", "--sharing-rename-by-default"}});
+  auto& kubelet = node.kubelet();
   REQUIRE(kubelet.WaitForRegistrations(kShared, 1, kDeadline));
   REQUIRE(kubelet.WaitForDevices(
       kShared, [](const auto& d) { return d.size() == 16; }, kDeadline));
-  const int port = MetricsPort(log);
+  const int port = node.LoggedPort(kMetrics);
   REQUIRE(port > 0);
 
   std::map<std::string, int> want;  // physical EFA -> containers given it
@@ -302,10 +239,9 @@ TEST_CASE(
   std::string body;
   const auto deadline = std::chrono::steady_clock::now() + kDeadline;
   while (std::chrono::steady_clock::now() < deadline) {
-    httplib::Client client("127.0.0.1", port);
-    auto result = client.Get("/metrics");
-    REQUIRE(result);
-    body = result->body;
+    const auto scrape = HttpGet(port, "/metrics");
+    REQUIRE(scrape.status != 0);
+    body = scrape.body;
     // The series exists once the call is counted.
     if (absl::StrContains(body, "efa_device_plugin_allocations_total{code=\"INVALID_ARGUMENT\"}")) {
       break;
@@ -313,11 +249,10 @@ TEST_CASE(
     std::this_thread::sleep_for(10ms);
   }
   // /readyz names the resource registered.
-  httplib::Client client("127.0.0.1", port);
-  auto ready = client.Get("/readyz");
-  REQUIRE(ready);
-  CHECK(ready->status == 200);
-  CHECK(ready->body == "ok: vpc.amazonaws.com/efa.shared is registered with the kubelet\n");
+  const auto ready = HttpGet(port, "/readyz");
+  REQUIRE(ready.status != 0);
+  CHECK(ready.status == 200);
+  CHECK(ready.body == "ok: vpc.amazonaws.com/efa.shared is registered with the kubelet\n");
   CHECK(kubelet.registrations(kEfa) == 0);
 
   const auto parsed = efa::testing::SummarizeExposition(body, /*values=*/true);
@@ -331,19 +266,14 @@ TEST_CASE(
         absl::StrCat("efa_device_plugin_allocation_size_sum{} ", efas_given, ".0\n"));
   // No series anywhere names a replica.
   CHECK(parsed.text.find("::") == std::string::npos);
-  CHECK(daemon.Stop(kDeadline) == 0);
+  CHECK(node.process().Stop(kDeadline) == 0);
 }
 
 TEST_CASE(
     "The daemon binary on a node without EFA runs no gRPC until an EFA appears, then serves and "
     "registers",
     "[daemon][process][concurrency]") {
-  SimRoot sim("no-efa");
   SimRoot p4d("p4d.24xlarge");
-  const fs::path kubelet_dir = sim.path() / "kubelet";
-  FakeKubelet kubelet(kubelet_dir / "device-plugins");
-  REQUIRE(kubelet.Start().ok());
-  const fs::path log = sim.path() / "daemon.log";
   // Installed beside the daemon, the idle process takes over (same PID);
   // alone, or beside an idle binary that cannot run (a library missing in a
   // custom image: the loader exits 127 after the exec), the daemon idles in
@@ -351,10 +281,10 @@ TEST_CASE(
   enum class Idle { kInstalled, kAbsent, kBroken };
   const Idle idle = GENERATE(Idle::kInstalled, Idle::kAbsent, Idle::kBroken);
   const bool alone = idle != Idle::kInstalled;
+  const efa::testing::TempDir bin;  // a copy of the daemon's binary, alone
   fs::path binary = EFA_PLUGIN_BINARY;
   if (alone) {
-    binary = sim.path() / "bin/efa-k8s-device-plugin";
-    fs::create_directories(binary.parent_path());
+    binary = bin.path() / "efa-k8s-device-plugin";
     fs::copy_file(EFA_PLUGIN_BINARY, binary);
   }
   const fs::path idle_binary = binary.parent_path() / "efa-k8s-device-plugin-idle";
@@ -365,48 +295,50 @@ TEST_CASE(
   INFO((idle == Idle::kInstalled ? "with the idle process"
         : idle == Idle::kAbsent  ? "the daemon alone"
                                  : "beside an idle binary that cannot run"));
-  ChildProcess daemon(
-      {binary.string(), "--kubelet-dir", kubelet_dir.string(), "--sysfs-root", sim.sys().string(),
-       "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
-       (sim.path() / "etc/cdi").string(), "--rescan-interval", "100ms", "--metrics-address",
-       "127.0.0.1:0", "--probe-address", "127.0.0.1:0"},
-      log);
-  REQUIRE(WaitForLogLine(log, "no EFA on this node; idle until one appears", 10s));
-  const fs::path exe = "/proc/" + std::to_string(daemon.pid()) + "/exe";
+  TestNode node({.machine = "no-efa",
+                 .pod_resources = false,
+                 .run = DaemonRun::kBinary,
+                 .binary = binary,
+                 .flags = {"--rescan-interval", "100ms", "--metrics-address", "127.0.0.1:0",
+                           "--probe-address", "127.0.0.1:0"}});
+  SimRoot& sim = node.sim();
+  auto& kubelet = node.kubelet();
+  REQUIRE(node.WaitLog("no EFA on this node; idle until one appears"));
+  const fs::path exe = "/proc/" + std::to_string(node.pid()) + "/exe";
   CHECK(fs::read_symlink(exe) == (alone ? binary : idle_binary));
-  CHECK(absl::StrContains(ReadAll(log), "handing over to") != alone);
-  CHECK(absl::StrContains(ReadAll(log),
+  CHECK(absl::StrContains(ReadFile(node.log()), "handing over to") != alone);
+  CHECK(absl::StrContains(ReadFile(node.log()),
                           "cannot run " + idle_binary.string() +
                               ": its check exited with status 127; idle in this process "
                               "instead") == (idle == Idle::kBroken));
   // Idle: no plugin socket, no gRPC threads (the loop and the two HTTP
   // listeners' event loops).
-  const fs::path socket = kubelet_dir / "device-plugins/aws-efa-device-plugin.sock";
+  const fs::path socket = node.device_plugin_dir() / "aws-efa-device-plugin.sock";
   CHECK_FALSE(fs::exists(socket));
-  CHECK(Threads(daemon.pid()) == 3 + kRuntimeThreads);
+  CHECK(efa::testing::ThreadCount(node.pid()) == 3 + kRuntimeThreads);
   CHECK(kubelet.registrations(kEfa) == 0);
   // Its endpoints answer (the idle process's "serving" lines come last).
-  httplib::Client client("127.0.0.1", MetricsPort(log));
-  auto metrics = client.Get("/metrics");
-  REQUIRE(metrics);
-  CHECK(metrics->status == 200);
-  CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_efas_found 0\n"));
+  const int idle_port = node.LoggedPort(kMetrics);
+  const auto metrics = HttpGet(idle_port, "/metrics");
+  REQUIRE(metrics.status != 0);
+  CHECK(metrics.status == 200);
+  CHECK(absl::StrContains(metrics.body, "\nefa_device_plugin_efas_found 0\n"));
   // The families that say which node runs the plugin, as when serving, so
   // that alerts tell a node without EFA from one whose plugin is missing.
   const std::string idle_info =
       "\nefa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"idle\"} 1\n";
-  CHECK(absl::StrContains(metrics->body, idle_info));
-  CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_devices{health=\"healthy\"} 0\n"));
-  CHECK(absl::StrContains(metrics->body, "\nefa_device_plugin_devices{health=\"unhealthy\"} 0\n"));
-  const std::string started = SampleText(metrics->body, "efa_device_plugin_start_time_seconds");
+  CHECK(absl::StrContains(metrics.body, idle_info));
+  CHECK(absl::StrContains(metrics.body, "\nefa_device_plugin_devices{health=\"healthy\"} 0\n"));
+  CHECK(absl::StrContains(metrics.body, "\nefa_device_plugin_devices{health=\"unhealthy\"} 0\n"));
+  const std::string started = SampleText(metrics.body, "efa_device_plugin_start_time_seconds");
   double started_at = 0;
   CHECK(absl::SimpleAtod(started, &started_at));
   // Within a day of now: the process's start, not the boot's.
   CHECK(std::abs(started_at - static_cast<double>(std::time(nullptr))) < 86400);
-  auto ready = client.Get("/readyz");
-  REQUIRE(ready);
-  CHECK(ready->body == "ok: no EFA on this node, nothing to register\n");
-  CHECK(client.Get("/healthz")->status == 200);
+  const auto ready = HttpGet(idle_port, "/readyz");
+  REQUIRE(ready.status != 0);
+  CHECK(ready.body == "ok: no EFA on this node, nothing to register\n");
+  CHECK(HttpGet(idle_port, "/healthz").status == 200);
 
   // An EFA appears: the p4d's four, hot-plugged into the same root.
   fs::remove_all(sim.sys());
@@ -414,68 +346,61 @@ TEST_CASE(
   for (int n = 0; n < 4; ++n) sim.RestoreUverbs(n);  // char devices do not copy
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, 10s));
   CHECK(kubelet.WaitForDevices(
-      kEfa,
-      [](const auto& d) {
-        return d.size() == 4 && std::all_of(d.begin(), d.end(),
-                                            [](const auto& x) { return x.health() == "Healthy"; });
-      },
-      10s));
+      kEfa, [](const auto& d) { return efa::testing::AllHealthy(d, 4); }, 10s));
   CHECK(fs::is_socket(socket));
   CHECK(fs::read_symlink(exe) == binary);
   // The daemon says it serves (on port 0 here, a new port).
-  httplib::Client served("127.0.0.1", MetricsPort(log));
-  auto after = served.Get("/metrics");
-  REQUIRE(after);
+  const auto after = HttpGet(node.LoggedPort(kMetrics), "/metrics");
+  REQUIRE(after.status != 0);
   CHECK(absl::StrContains(
-      after->body, "\nefa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"serving\"} 1\n"));
-  CHECK(absl::StrContains(after->body, "\nefa_device_plugin_devices{health=\"healthy\"} 4\n"));
+      after.body, "\nefa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"serving\"} 1\n"));
+  CHECK(absl::StrContains(after.body, "\nefa_device_plugin_devices{health=\"healthy\"} 4\n"));
   // The same process (exec keeps it): no restart to alert on.
-  CHECK(SampleText(after->body, "efa_device_plugin_start_time_seconds") == started);
-  daemon.Signal(SIGTERM);
-  CHECK(daemon.Wait(10s) == 0);
+  CHECK(SampleText(after.body, "efa_device_plugin_start_time_seconds") == started);
+  node.process().Signal(SIGTERM);
+  CHECK(node.process().Wait(10s) == 0);
 }
 
 TEST_CASE(
     "The daemon binary exec'ed back by the idle process answers /healthz while its first "
     "registration waits",
     "[daemon][process][concurrency]") {
-  SimRoot sim("no-efa");
   SimRoot p4d("p4d.24xlarge");
-  const fs::path kubelet_dir = sim.path() / "kubelet";
-  const fs::path log = sim.path() / "daemon.log";
   // A kubelet that takes the connection and never answers: Register waits
   // for its whole deadline (10 s).
-  fs::create_directories(kubelet_dir / "device-plugins");
+  TestNode node({.machine = "no-efa", .kubelet = false, .run = DaemonRun::kLater});
+  SimRoot& sim = node.sim();
+  fs::create_directories(node.device_plugin_dir());
   const int kubelet = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(kubelet >= 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  const std::string path = (kubelet_dir / "device-plugins/kubelet.sock").string();
-  REQUIRE(path.size() < sizeof addr.sun_path);
+  const std::string path = (node.device_plugin_dir() / "kubelet.sock").string();
+  REQUIRE(efa::testing::CheckUnixSocketPath(path).ok());
   std::memcpy(addr.sun_path, path.c_str(), path.size());
   REQUIRE(::bind(kubelet, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
   REQUIRE(::listen(kubelet, 16) == 0);
-  ChildProcess daemon(DaemonArgs(sim, "info", "127.0.0.1:0", {"--rescan-interval", "100ms"}), log);
-  REQUIRE(WaitForLogLine(log, "no EFA on this node; idle until one appears", kDeadline));
-  REQUIRE(absl::StrContains(ReadAll(log), "handing over to"));
+  node.StartBinary({"--log-level", "info", "--metrics-address", "127.0.0.1:0", "--probe-address",
+                    "127.0.0.1:0", "--rescan-interval", "100ms"});
+  REQUIRE(node.WaitLog("no EFA on this node; idle until one appears"));
+  REQUIRE(absl::StrContains(ReadFile(node.log()), "handing over to"));
 
   // An EFA appears: the idle process execs the daemon, which serves and
   // registers.
   fs::remove_all(sim.sys());
   fs::copy(p4d.sys(), sim.sys(), fs::copy_options::recursive | fs::copy_options::copy_symlinks);
   for (int n = 0; n < 4; ++n) sim.RestoreUverbs(n);
-  REQUIRE(WaitForLogLine(log, "serving the device plugin API on", kDeadline));
+  REQUIRE(node.WaitLog("serving the device plugin API on"));
   const auto serving = std::chrono::steady_clock::now();
   // The daemon's own listener (its "serving /metrics" line is the last).
-  httplib::Client client("127.0.0.1", MetricsPort(log));
-  auto health = client.Get("/healthz");
-  REQUIRE(health);
-  CHECK(health->status == 200);
-  CHECK(absl::StartsWith(health->body, "ok: the owner loop ran "));
+  const auto health = HttpGet(node.LoggedPort(kMetrics), "/healthz");
+  REQUIRE(health.status != 0);
+  CHECK(health.status == 200);
+  CHECK(absl::StartsWith(health.body, "ok: the owner loop ran "));
   // Asked while the registration still waited.
   CHECK(std::chrono::steady_clock::now() - serving < 5s);
-  CHECK_FALSE(absl::StrContains(ReadAll(log), "registration with"));
-  CHECK(daemon.Stop(kDeadline + 10s) == 0);
+  CHECK_FALSE(absl::StrContains(ReadFile(node.log()), "registration with"));
+  CHECK(node.process().Stop(kDeadline + 10s) == 0);
   ::close(kubelet);
 }
 
@@ -488,22 +413,21 @@ TEST_CASE("As PID 1 of its PID namespace the daemon binary and the idle process 
   // With an EFA the daemon stays; without, the idle process takes its PID.
   const bool efa = GENERATE(true, false);
   INFO((efa ? "the daemon" : "the idle process"));
-  SimRoot sim(efa ? "p4d.24xlarge" : "no-efa");
-  FakeKubelet kubelet(FakeKubelet::ForKubeletDir(sim.path() / "kubelet"));
-  REQUIRE(kubelet.Start().ok());
-  const fs::path log = sim.path() / "daemon.log";
-  // --kill-child: the daemon goes with unshare, should the test fail.
-  std::vector<std::string> args = {"/usr/bin/unshare", "--fork",       "--pid",
-                                   "--mount-proc",     "--kill-child", "--"};
-  for (const std::string& a : DaemonArgs(sim, "debug", "")) args.push_back(a);
-  ChildProcess unshare(args, log);
+  TestNode node(
+      {.machine = efa ? "p4d.24xlarge" : "no-efa",
+       .run = DaemonRun::kBinary,
+       // --kill-child: the daemon goes with unshare, should the
+       // test fail.
+       .wrapper = {"/usr/bin/unshare", "--fork", "--pid", "--mount-proc", "--kill-child", "--"},
+       .flags = {"--log-level", "debug", "--metrics-address", "127.0.0.1:0", "--probe-address",
+                 ""}});
   if (efa) {
-    REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   } else {
-    REQUIRE(WaitForLogLine(log, "no EFA on this node; idle until one appears", kDeadline));
+    REQUIRE(node.WaitLog("no EFA on this node; idle until one appears"));
   }
   // unshare's one child is the daemon, PID 1 inside.
-  std::vector<pid_t> init = Children(unshare.pid(), "efa-k8s-device-");  // comm: 15 bytes
+  std::vector<pid_t> init = Children(node.pid(), "efa-k8s-device-");  // comm: 15 bytes
   REQUIRE(init.size() == 1);
   REQUIRE(InnermostPid(init[0]) == 1);
 
@@ -512,12 +436,12 @@ TEST_CASE("As PID 1 of its PID namespace the daemon binary and the idle process 
   // handed to PID 1. The shell prints the child's PID: the child may not
   // have exec'ed sleep yet (its name is still the shell's), but it was
   // handed over before the shell's exit reached nsenter, which waits for it.
-  const fs::path exec_log = sim.path() / "exec.log";
+  const fs::path exec_log = node.sim().path() / "exec.log";
   ChildProcess exec({"/usr/bin/nsenter", "--target", std::to_string(init[0]), "--pid", "--",
                      "/bin/sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!; exit 0"},
                     exec_log);
   REQUIRE(exec.Wait(kDeadline) == 0);
-  const std::string printed = ReadAll(exec_log);
+  const std::string printed = ReadFile(exec_log);
   INFO("the shell printed " << printed);
   pid_t inside = 0;
   REQUIRE(absl::SimpleAtoi(absl::StripAsciiWhitespace(printed), &inside));
@@ -530,11 +454,10 @@ TEST_CASE("As PID 1 of its PID namespace the daemon binary and the idle process 
 
   // It ends: PID 1 reaps it (else it stays a zombie for ever).
   REQUIRE(::kill(orphan, SIGTERM) == 0);
-  CHECK(WaitForLogLine(log, absl::StrCat("reaped process ", inside, " (killed by signal 15)"),
-                       kDeadline));
+  CHECK(node.WaitLog(absl::StrCat("reaped process ", inside, " (killed by signal 15)")));
   const std::vector<pid_t> left = Children(init[0]);
   CHECK(std::find(left.begin(), left.end(), orphan) == left.end());
   // A clean stop; unshare exits with its child's status.
   REQUIRE(::kill(init[0], SIGTERM) == 0);
-  CHECK(unshare.Wait(kDeadline) == 0);
+  CHECK(node.process().Wait(kDeadline) == 0);
 }

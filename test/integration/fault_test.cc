@@ -25,10 +25,10 @@
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "plugin/alignment/cdi_spec.h"
-#include "test/bench/proc_stats.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
 #include "test/support/devices.h"
+#include "test/support/proc_stats.h"
 #include "test/support/sanitized.h"
 #include "test/support/temp_dir.h"
 #include "test/support/test_node.h"
@@ -58,8 +58,8 @@ Footprint Measure(pid_t pid) {
   Footprint f;
   const fs::path proc = "/proc/" + std::to_string(pid);
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(proc / "fd")) ++f.fds;
-  f.threads = efa::bench::StatusField(proc / "status", "Threads");
-  f.rss_kib = efa::bench::ResidentKiB(pid);
+  f.threads = efa::testing::StatusField(proc / "status", "Threads");
+  f.rss_kib = efa::testing::ResidentKiB(pid);
   return f;
 }
 

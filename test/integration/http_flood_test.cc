@@ -3,7 +3,7 @@
 // 0.9 s, on one of its two HTTP ports: the other port answers all along,
 // and the daemon's own work (registering again after a kubelet restart,
 // telling which EFA went away) goes on.
-#include "test/bench/http_flood.h"
+#include "test/support/http_flood.h"
 
 #include <sys/resource.h>
 
@@ -29,11 +29,11 @@
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using efa::bench::ConnectionFlood;
-using efa::bench::ProbeOnce;
-using efa::bench::Prober;
+using efa::testing::ConnectionFlood;
 using efa::testing::DaemonRun;
 using efa::testing::FakeKubelet;
+using efa::testing::ProbeOnce;
+using efa::testing::Prober;
 using efa::testing::TestNode;
 
 namespace {
@@ -87,7 +87,7 @@ class FloodedNode : public TestNode {
       REQUIRE(ProbeOnce(probe_port(), path, 1s).status == 200);
     }
     // This process holds the flood's connections.
-    REQUIRE(efa::bench::RaiseFileLimit(kFloodConnections + 1024) >= kFloodConnections + 256);
+    REQUIRE(efa::testing::RaiseFileLimit(kFloodConnections + 1024) >= kFloodConnections + 256);
   }
 
   uint16_t metrics_port() const { return static_cast<uint16_t>(metrics_port_); }
@@ -162,7 +162,7 @@ TEST_CASE("A flood of the metrics port leaves the probes, re-registration and de
   // Once the flood ends (its last connections time out), /metrics counts
   // what it refused, where an operator looks.
   flood.reset();
-  efa::bench::ProbeResult metrics;
+  efa::testing::ProbeResult metrics;
   for (const auto until = std::chrono::steady_clock::now() + kDeadline;
        metrics.status != 200 && std::chrono::steady_clock::now() < until;) {
     metrics = ProbeOnce(node.metrics_port(), "/metrics", 5s);

@@ -52,7 +52,7 @@ using efa::testing::kEfa;
 constexpr char kMain[] = "main";
 using efa::testing::kDeadline;
 
-enum class Order { kAcceleratorFirst, kEfaFirst, kRandom };
+using Order = efa::testing::AdmitOrder;
 
 // A node with the machine's GPUs or Neuron devices behind a fake plugin and
 // the daemon in late-binding mode (or `mode`), registered beside it.
@@ -86,7 +86,6 @@ class LateNode : public TestNode {
     REQUIRE(kubelet().WaitForRegistrations(kEfa, before + 1, kDeadline));
     REQUIRE(kubelet().WaitForListAndWatchMessages(kEfa, messages + 1, kDeadline));
     REQUIRE(kubelet().WaitForStreaming(kEfa, true, kDeadline));
-    judged_ = 0;
   }
 
   absl::StatusOr<FakeKubelet::AdmittedContainer> Admit(const std::string& uid, int accels, int efas,
@@ -159,31 +158,17 @@ class LateNode : public TestNode {
   }
 
   // Admits pods of `accels` accelerators + `efas` EFAs until the node is
-  // full, `rounds` times over (removing them between rounds); returns how
-  // many were aligned out of how many.
+  // full, `rounds` times over (each round checked disjoint, then removed);
+  // returns how many were aligned out of how many.
   std::pair<int, int> Run(int accels, int efas, Order order, int rounds, unsigned seed) {
-    std::mt19937 rng(seed);
-    int aligned = 0, total = 0;
-    for (int round = 0; round < rounds; ++round) {
-      std::vector<std::string> uids;
-      while (true) {
-        const bool accel_first =
-            order == Order::kAcceleratorFirst || (order == Order::kRandom && (rng() & 1));
-        const std::string uid = absl::StrCat("uid-", ++pods_);
-        auto admitted = Admit(uid, accels, efas, accel_first);
-        if (!admitted.ok()) break;  // the node is full
-        REQUIRE(admitted->start_status.ok());
-        uids.push_back(uid);
-        ++total;
-        aligned += Aligned(uid) ? 1 : 0;
-      }
-      CheckDisjoint(uids);
-      // The daemon judges each container after the fact, on its physical EFAs.
-      judged_ += static_cast<int>(uids.size());
-      REQUIRE(daemon().alignment_stats()->WaitForJudgedForTest(judged_, kDeadline));
-      for (const auto& uid : uids) REQUIRE(kubelet().RemovePod(uid).ok());
-    }
-    return {aligned, total};
+    return AdmitRounds(
+        {accels, efas, order, rounds, seed},
+        [this](const std::string& uid, const FakeKubelet::AdmittedContainer& admitted) {
+          if (late()) CheckAllocateAnswer(uid, admitted);
+          REQUIRE(admitted.start_status.ok());
+          return Aligned(uid);
+        },
+        [this](const std::vector<std::string>& uids) { CheckDisjoint(uids); });
   }
 
   bool late() const { return options().alignment == AlignmentMode::kLateBinding; }
@@ -193,8 +178,6 @@ class LateNode : public TestNode {
 
  private:
   efa::topology::Inventory inventory_;
-  int judged_ = 0;
-  int pods_ = 0;
 };
 
 void Report(const char* what, std::pair<int, int> result) {

@@ -3,7 +3,6 @@
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -11,15 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "test/fake_kubelet/fake_kubelet.h"
-#include "test/sim/sim_root.h"
-#include "test/support/child_process.h"
+#include "test/support/devices.h"
+#include "test/support/test_node.h"
 
 namespace fs = std::filesystem;
-using namespace std::chrono_literals;
-using efa::sim::SimRoot;
-using efa::testing::ChildProcess;
-using efa::testing::FakeKubelet;
+using efa::testing::DaemonRun;
+using efa::testing::kDeadline;
+using efa::testing::kEfa;
+using efa::testing::TestNode;
 
 namespace {
 
@@ -68,21 +66,15 @@ TEST_CASE(
     "The daemon listens only on its plugin socket and the metrics and probe addresses, and "
     "writes nothing others may change",
     "[security][process][concurrency]") {
-  SimRoot sim("p4d.24xlarge");
-  FakeKubelet kubelet(FakeKubelet::ForKubeletDir(sim.path() / "kubelet"));
-  REQUIRE(kubelet.Start().ok());
+  TestNode node({.machine = "p4d.24xlarge", .run = DaemonRun::kLater});
   const auto before = fs::file_time_type::clock::now();
-  ChildProcess daemon(
-      {EFA_PLUGIN_BINARY, "--kubelet-dir", (sim.path() / "kubelet").string(), "--sysfs-root",
-       sim.sys().string(), "--dev-root", (sim.path() / "dev").string(), "--cdi-spec-dirs",
-       (sim.path() / "etc/cdi").string(), "--log-level", "warn", "--metrics-address", "127.0.0.1:0",
-       "--probe-address", "127.0.0.1:0"},
-      sim.path() / "daemon.log");
-  REQUIRE(kubelet.WaitForRegistrations("vpc.amazonaws.com/efa", 1, 10s));
-  REQUIRE(kubelet.WaitForStreaming("vpc.amazonaws.com/efa", true, 10s));
+  node.StartBinary({"--log-level", "warn", "--metrics-address", "127.0.0.1:0", "--probe-address",
+                    "127.0.0.1:0"});
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
 
-  const auto listeners = Listeners(SocketInodes(daemon.pid()));
-  const fs::path plugin_socket = sim.path() / "kubelet/device-plugins/aws-efa-device-plugin.sock";
+  const auto listeners = Listeners(SocketInodes(node.pid()));
+  const fs::path plugin_socket = node.device_plugin_dir() / "aws-efa-device-plugin.sock";
   CAPTURE(listeners);
   REQUIRE(listeners.size() == 3);
   std::set<std::string> kinds;
@@ -101,8 +93,8 @@ TEST_CASE(
   REQUIRE(::stat(plugin_socket.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);
   // Nothing the daemon created or changed under the node is writable by others.
-  for (const auto& e : fs::recursive_directory_iterator(sim.path())) {
-    if (e.is_symlink() || e.path() == sim.path() / "daemon.log") continue;
+  for (const auto& e : fs::recursive_directory_iterator(node.sim().path())) {
+    if (e.is_symlink() || e.path() == node.log()) continue;
     std::error_code ec;
     if (fs::last_write_time(e.path(), ec) < before) continue;
     INFO(e.path());

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <random>
 #include <sstream>
 
 #include "plugin/alignment/alignment.h"
@@ -34,7 +35,7 @@ TestNode::TestNode(TestNodeOptions options)
       kubelet_(KubeletOptions(sim_, config_.pod_resources)) {
   if (config_.prepare) config_.prepare(sim_);
   efas_ = topology::DiscoverEfaDevices(sim_.roots()).devices.size();
-  REQUIRE(kubelet_.Start().ok());
+  if (config_.kubelet) REQUIRE(kubelet_.Start().ok());
   options_.roots = sim_.roots();
   options_.kubelet_dir = kubelet_dir();
   options_.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
@@ -68,6 +69,7 @@ fs::path TestNode::checkpoint() const { return device_plugin_dir() / plugin::kCh
 void TestNode::StartDaemon(const std::function<void(plugin::Daemon&)>& before_run) {
   StopDaemon();
   daemon_ = std::make_unique<plugin::Daemon>(options_);
+  judged_ = 0;  // the new daemon's alignment stats start again
   if (before_run) before_run(*daemon_);
   thread_ = std::thread([this] { exit_code_ = daemon_->Run(); });
 }
@@ -93,7 +95,8 @@ bool TestNode::PassUntil(const std::function<bool()>& done) {
 
 void TestNode::StartBinary(const std::vector<std::string>& flags, rlim_t max_files) {
   process_.reset();  // a killed daemon leaves its socket: the new one removes it
-  std::vector<std::string> args{EFA_PLUGIN_BINARY};
+  std::vector<std::string> args = config_.wrapper;
+  args.push_back(config_.binary.empty() ? EFA_PLUGIN_BINARY : config_.binary.string());
   for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
   args.insert(args.end(), flags.begin(), flags.end());
   process_ = std::make_unique<ChildProcess>(args, log(), max_files);
@@ -156,6 +159,35 @@ bool TestNode::Aligned(const std::string& uid, const std::vector<std::string>& e
     accels.emplace_back(accelerator_resource(), id);
   }
   return plugin::IsAligned(*model_, efas, plugin::ResolveTargets(accels, {}, gpus_, *model_));
+}
+
+std::pair<int, int> TestNode::AdmitRounds(
+    const AdmissionRounds& rounds, const AlignedCheck& aligned,
+    const std::function<void(const std::vector<std::string>& uids)>& round_end) {
+  std::mt19937 rng(rounds.seed);
+  int aligned_containers = 0, total = 0;
+  for (int round = 0; round < rounds.rounds; ++round) {
+    std::vector<std::string> uids;
+    while (true) {
+      const bool accelerators_first = rounds.order == AdmitOrder::kAcceleratorFirst ||
+                                      (rounds.order == AdmitOrder::kRandom && (rng() & 1));
+      std::vector<std::pair<std::string, int>> requests = {
+          {accelerator_resource(), rounds.accelerators}, {kEfa, rounds.efas}};
+      if (!accelerators_first) std::swap(requests[0], requests[1]);
+      const std::string n = std::to_string(++pods_);
+      auto admitted = kubelet_.AdmitContainer("pod-" + n, "default", "uid-" + n, "main", requests);
+      if (!admitted.ok()) break;  // the node is full
+      uids.push_back("uid-" + n);
+      ++total;
+      aligned_containers += aligned(uids.back(), *admitted) ? 1 : 0;
+    }
+    if (round_end) round_end(uids);
+    // The daemon judges each container after the fact, before it goes.
+    judged_ += static_cast<int>(uids.size());
+    REQUIRE(daemon_->alignment_stats()->WaitForJudgedForTest(judged_, kDeadline));
+    for (const auto& uid : uids) REQUIRE(kubelet_.RemovePod(uid).ok());
+  }
+  return {aligned_containers, total};
 }
 
 }  // namespace efa::testing

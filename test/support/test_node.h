@@ -43,12 +43,33 @@ enum class DaemonRun {
   kLater,      // not started yet: the test calls StartDaemon or StartBinary
 };
 
+// Which of a pod's two resources the kubelet admits first (AdmitRounds).
+enum class AdmitOrder {
+  kAcceleratorFirst,
+  kEfaFirst,
+  kRandom,  // either, drawn for each pod
+};
+
+// Rounds of pods, each of accelerators and EFAs, admitted until the node is
+// full (AdmitRounds).
+struct AdmissionRounds {
+  int accelerators = 1;  // per pod
+  int efas = 4;          // per pod
+  AdmitOrder order = AdmitOrder::kAcceleratorFirst;
+  int rounds = 1;
+  unsigned seed = 1;  // of kRandom's draws
+};
+
 struct TestNodeOptions {
   std::string machine = "p4d.24xlarge";
   sim::Naming naming = sim::Naming::kUdev;
   // Changes the simulated machine before anything starts (an EFA missing,
-  // a driver without counters).
+  // a driver without counters, a file left where a socket goes).
   std::function<void(sim::SimRoot&)> prepare = nullptr;
+  // The fake kubelet serves with the node; without, nothing serves its
+  // socket (the test may put a kubelet of its own at
+  // device_plugin_dir()/kubelet.sock). Not with `accelerators`.
+  bool kubelet = true;
   // The kubelet also serves its pod-resources API, as a real one does;
   // without, only the device-plugin API (the daemon's alignment degrades).
   bool pod_resources = true;
@@ -59,8 +80,13 @@ struct TestNodeOptions {
   // In process: changes the daemon's options after the node's own (roots,
   // kubelet dir, CDI spec dirs, clock).
   std::function<void(plugin::DaemonOptions&)> configure = nullptr;
-  // As the binary: its flags after the node's (SimRoot::DaemonFlags), and
-  // its RLIMIT_NOFILE (0: this process's).
+  // As the binary: the program (empty: EFA_PLUGIN_BINARY; a copy of it
+  // elsewhere, say, alone in its folder); a command it runs under (the
+  // command's argv before the program's: unshare, nsenter), which is then
+  // the process pid() names; its flags after the node's
+  // (SimRoot::DaemonFlags); and its RLIMIT_NOFILE (0: this process's).
+  std::filesystem::path binary = {};
+  std::vector<std::string> wrapper = {};
   std::vector<std::string> flags = {};
   rlim_t max_files = 0;
   // A fake plugin of the machine's GPUs or Neuron devices, started after
@@ -115,10 +141,12 @@ class TestNode {
   bool PassUntil(const std::function<bool()>& done);
 
   // ---- The daemon's binary ---------------------------------------------
-  // Starts the binary on this node with `flags` after the node's, its
-  // output in log(). A binary started before must have ended (KillBinary).
+  // Starts the binary on this node (the options' binary, under their
+  // wrapper) with `flags` after the node's, its output in log(). A binary
+  // started before must have ended (KillBinary).
   void StartBinary(const std::vector<std::string>& flags, rlim_t max_files = 0);
-  // SIGKILL; returns whether it died of it. Safe on any thread (no Catch2).
+  // SIGKILL (to the wrapper, with one); returns whether it died of it. Safe
+  // on any thread (no Catch2).
   bool KillBinary();
   ChildProcess& process() { return *process_; }
   pid_t pid() const { return process_->pid(); }
@@ -147,6 +175,18 @@ class TestNode {
   // says (hwloc, read at the start).
   bool Aligned(const std::string& uid, const std::vector<std::string>& efas,
                const std::string& container = "main");
+  // With accelerators and the daemon in process: admits pods (one
+  // container, "main"; pod-N, uid-N) until the node is full, `rounds.rounds`
+  // times over. `aligned` sees each container admitted and says whether its
+  // EFAs are aligned; `round_end` sees the round's uids. Then the daemon has
+  // judged every container after the fact (its alignment stats, counted
+  // since StartDaemon) and the pods are removed. Returns how many
+  // containers were aligned, out of how many.
+  using AlignedCheck =
+      std::function<bool(const std::string& uid, const FakeKubelet::AdmittedContainer& admitted)>;
+  std::pair<int, int> AdmitRounds(
+      const AdmissionRounds& rounds, const AlignedCheck& aligned,
+      const std::function<void(const std::vector<std::string>& uids)>& round_end = nullptr);
 
  private:
   const TestNodeOptions config_;
@@ -163,6 +203,9 @@ class TestNode {
   // Aligned()'s view of the machine (with accelerators).
   std::shared_ptr<const topology::HostModel> model_;
   std::vector<topology::NvidiaGpu> gpus_;
+  // AdmitRounds': pods admitted so far, containers the daemon judged.
+  int pods_ = 0;
+  int judged_ = 0;
 };
 
 }  // namespace efa::testing

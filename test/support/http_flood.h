@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-namespace efa::bench {
+namespace efa::testing {
 
 // Connections to a loopback port held open by a flood: half idle (never a
 // byte), half slow (a request head that never ends, one byte every
@@ -266,4 +266,4 @@ class Prober {
   std::thread thread_;
 };
 
-}  // namespace efa::bench
+}  // namespace efa::testing

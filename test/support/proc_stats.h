@@ -12,7 +12,7 @@
 #include <sstream>
 #include <string>
 
-namespace efa::bench {
+namespace efa::testing {
 
 // A field "Name:   123 ..." of /proc/<pid>[/task/<tid>]/status; -1 if absent.
 inline long long StatusField(const std::filesystem::path& status, const std::string& name) {
@@ -111,4 +111,4 @@ inline std::map<std::string, long long> SwitchesBetween(
   return by_name;
 }
 
-}  // namespace efa::bench
+}  // namespace efa::testing
