@@ -44,6 +44,7 @@
 #include "test/sim/machine_spec.h"
 #include "test/sim/sim_root.h"
 #include "test/support/child_process.h"
+#include "test/support/daemon_log.h"
 #include "test/support/devices.h"
 #include "test/support/http_flood.h"
 #include "test/support/proc_stats.h"
@@ -297,21 +298,13 @@ class Suite {
   // The daemon on `sim`, with the kubelet dir `kubelet` (default: the
   // simulated node's, where the fake kubelet serves).
   std::vector<std::string> DaemonArgs(const SimRoot& sim, const fs::path& kubelet = {}) const {
-    return {settings_.plugin,
-            "--kubelet-dir",
-            (kubelet.empty() ? sim.path() / "kubelet" : kubelet).string(),
-            "--sysfs-root",
-            sim.sys().string(),
-            "--dev-root",
-            (sim.path() / "dev").string(),
-            "--proc-root",
-            (sim.path() / "proc").string(),
-            "--cdi-spec-dirs",
-            (sim.path() / "etc/cdi").string(),
-            "--metrics-address",
-            "127.0.0.1:0",
-            "--probe-address",
-            "127.0.0.1:0"};
+    std::vector<std::string> args = {settings_.plugin};
+    for (const std::string& flag : sim.DaemonFlags()) args.push_back(flag);
+    if (!kubelet.empty()) {
+      *(std::find(args.begin(), args.end(), "--kubelet-dir") + 1) = kubelet.string();
+    }
+    args.insert(args.end(), {"--metrics-address", "127.0.0.1:0", "--probe-address", "127.0.0.1:0"});
+    return args;
   }
 
   // 2. ChooseEfas on synthetic nodes, against sorting the same free IDs.
@@ -708,14 +701,10 @@ class Suite {
                   daemon10, daemon_all, echo10, echo_all));
   }
 
-  // Waits until `log` holds `line` (inotify on its directory between looks).
+  // Waits until `log` holds `line`.
   static void WaitForLogLine(const fs::path& log, const std::string& line) {
-    const auto deadline = Clock::now() + kDeadline;
-    DirectoryWatch watch(log.parent_path(), IN_MODIFY | IN_CREATE);
-    while (ReadFile(log).value_or("").find(line) == std::string::npos) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0 || !watch.Wait(left)) Fail(log.string() + ": no \"" + line + "\" line");
+    if (!efa::testing::WaitForLogLine(log, line, kDeadline)) {
+      Fail(log.string() + ": no \"" + line + "\" line");
     }
   }
 
@@ -936,12 +925,10 @@ class Suite {
 
   // The port a daemon logged serving `what` on ("serving <what> on ...
   // (port N, ...)"), its latest such line.
-  static int LoggedPort(const fs::path& log_path, const std::string& what) {
-    const std::string log = ReadFile(log_path).value_or("");
-    const size_t at = log.rfind("serving " + what + " on ");
-    const size_t port = at == std::string::npos ? at : log.find("(port ", at);
-    if (port == std::string::npos) Fail(log_path.string() + ": no port logged for " + what);
-    return std::atoi(log.c_str() + port + 6);
+  static int LoggedPort(const fs::path& log, const std::string& what) {
+    const int port = efa::testing::LoggedPort(log, what);
+    if (port == 0) Fail(log.string() + ": no port logged for " + what);
+    return port;
   }
 
   // 9. A p5 daemon started with a container's descriptor limit (1024):

@@ -3,12 +3,11 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
-#include <cstdlib>
 #include <random>
-#include <sstream>
 
 #include "plugin/alignment/alignment.h"
 #include "plugin/kubelet/kubelet_checkpoint.h"
+#include "test/support/daemon_log.h"
 #include "test/support/devices.h"
 #include "test/support/temp_dir.h"
 #include "topology/efa_discovery.h"
@@ -107,30 +106,15 @@ bool TestNode::KillBinary() {
   return process_->Wait(kDeadline) == 128 + SIGKILL;
 }
 
-int TestNode::LogLines(const std::string& text) const {
-  std::istringstream in(ReadFile(log()));
-  int n = 0;
-  for (std::string line; std::getline(in, line);) n += line.find(text) != std::string::npos;
-  return n;
-}
+int TestNode::LogLines(const std::string& text) const { return testing::LogLines(log(), text); }
 
 bool TestNode::WaitLog(const std::string& text) const {
-  for (const auto deadline = std::chrono::steady_clock::now() + kDeadline;
-       std::chrono::steady_clock::now() < deadline;) {
-    if (LogLines(text) > 0) return true;
-    // A log line has no event of its own to wait on: the file is polled.
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  if (WaitForLogLine(log(), text, kDeadline)) return true;
   UNSCOPED_INFO("no log line with: " << text << "\nlog:\n" << ReadFile(log()));
   return false;
 }
 
-int TestNode::LoggedPort(const std::string& what) const {
-  const std::string text = ReadFile(log());
-  const size_t at = text.rfind("serving " + what + " on ");
-  const size_t port = at == std::string::npos ? at : text.find("(port ", at);
-  return port == std::string::npos ? 0 : std::atoi(text.c_str() + port + 6);
-}
+int TestNode::LoggedPort(const std::string& what) const { return testing::LoggedPort(log(), what); }
 
 bool TestNode::WaitHealth(const std::string& id, const std::string& health) {
   return kubelet_.WaitForDevices(
