@@ -349,12 +349,16 @@ TEST_CASE(
       kEfa, [](const auto& d) { return efa::testing::AllHealthy(d, 4); }, 10s));
   CHECK(fs::is_socket(socket));
   CHECK(fs::read_symlink(exe) == binary);
-  // The daemon says it serves (on port 0 here, a new port).
-  const auto after = HttpGet(node.LoggedPort(kMetrics), "/metrics");
+  // The daemon says it serves (on port 0 here, a new port), once the loop
+  // pass after the registration has published its state.
+  const auto serving_port = static_cast<uint16_t>(node.LoggedPort(kMetrics));
+  CHECK(efa::testing::WaitScrape(
+      serving_port,
+      efa::testing::Has(
+          {{"efa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"serving\"}", 1},
+           {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
+  const auto after = HttpGet(serving_port, "/metrics");
   REQUIRE(after.status != 0);
-  CHECK(absl::StrContains(
-      after.body, "\nefa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"serving\"} 1\n"));
-  CHECK(absl::StrContains(after.body, "\nefa_device_plugin_devices{health=\"healthy\"} 4\n"));
   // The same process (exec keeps it): no restart to alert on.
   CHECK(SampleText(after.body, "efa_device_plugin_start_time_seconds") == started);
   node.process().Signal(SIGTERM);
