@@ -27,13 +27,16 @@ inline int LogLines(const std::filesystem::path& log, const std::string& text) {
 
 // Whether the file at `log` has a line containing `text` within `timeout`.
 // Looks again each time its directory reports a change (inotify); without
-// a watch (no descriptor left), every 20 ms.
+// a watch (no descriptor left, no directory yet), every 20 ms.
 inline bool WaitForLogLine(const std::filesystem::path& log, const std::string& text,
                            std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout;
-  const int fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-  if (fd >= 0) ::inotify_add_watch(fd, log.parent_path().c_str(), IN_MODIFY | IN_CREATE);
+  int fd = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (fd >= 0 && ::inotify_add_watch(fd, log.parent_path().c_str(), IN_MODIFY | IN_CREATE) < 0) {
+    ::close(fd);  // no directory yet: look every 20 ms
+    fd = -1;
+  }
   bool found = false;
   while (!(found = LogLines(log, text) > 0)) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
