@@ -194,15 +194,17 @@ expect default 'c["securityContext"]' '{"allowPrivilegeEscalation": false, "capa
 expect default 'pod["securityContext"]' '{"runAsGroup": 0, "runAsNonRoot": false, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}'
 expect default '[k for k in ("hostPID", "hostNetwork", "hostIPC") if pod.get(k)]' '[]'
 expect default 'pod["automountServiceAccountToken"]' 'false'
-# Exactly the host paths the daemon reads or writes; only device-plugins writable.
-expect default 'host_mounts' '{"/dev/infiniband": ["/dev/infiniband", true], "/etc/cdi": ["/etc/cdi", true], "/sys/bus": ["/sys/bus", true], "/sys/class": ["/sys/class", true], "/sys/devices": ["/sys/devices", true], "/var/lib/kubelet/device-plugins": ["/var/lib/kubelet/device-plugins", false], "/var/lib/kubelet/plugins_registry": ["/var/lib/kubelet/plugins_registry", true], "/var/lib/kubelet/pod-resources": ["/var/lib/kubelet/pod-resources", true], "/var/run/cdi": ["/var/run/cdi", true]}'
+# Exactly the host paths the daemon reads or writes; only device-plugins and
+# the CDI dir (alignment.cdiDir, in every mode: late binding's specs outlive a
+# switch back to best effort) writable.
+expect default 'host_mounts' '{"/dev/infiniband": ["/dev/infiniband", true], "/etc/cdi": ["/etc/cdi", true], "/sys/bus": ["/sys/bus", true], "/sys/class": ["/sys/class", true], "/sys/devices": ["/sys/devices", true], "/var/lib/kubelet/device-plugins": ["/var/lib/kubelet/device-plugins", false], "/var/lib/kubelet/plugins_registry": ["/var/lib/kubelet/plugins_registry", true], "/var/lib/kubelet/pod-resources": ["/var/lib/kubelet/pod-resources", true], "/var/run/cdi": ["/var/run/cdi", false]}'
 expect default 'sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v) == sorted(p for p, _ in host_mounts.values())' 'true'
 expect default '[p for p in host_mounts if p.startswith("/proc") or p in ("/", "/sys", "/dev", "/var/lib/kubelet")]' '[]'
 expect default 'mounts["/etc/efa-k8s-device-plugin"]["readOnly"]' 'true'
 expect default 'volumes["config"]["configMap"]["name"]' "$FULLNAME"
 # The config file and the probes.
 expect default 'c["args"]' '["--config=/etc/efa-k8s-device-plugin/config.yaml"]'
-expect default 'config' '{"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "metricsAddress": ":8080", "probeAddress": ":8081", "version": "v1"}'
+expect default 'config' '{"cdiDir": "/var/run/cdi", "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "metricsAddress": ":8080", "probeAddress": ":8081", "version": "v1"}'
 expect default 'c["ports"]' '[{"containerPort": 8080, "name": "metrics", "protocol": "TCP"}, {"containerPort": 8081, "name": "probes", "protocol": "TCP"}]'
 expect default 'c["livenessProbe"]["httpGet"]' '{"path": "/healthz", "port": "probes"}'
 expect default 'c["readinessProbe"]["httpGet"]' '{"path": "/readyz", "port": "probes"}'
@@ -259,7 +261,7 @@ checks args
 expect_render config --set config.logLevel=debug --set config.logFormat=json --set config.rescanInterval=30s \
   --set config.reportNuma=false --set-json 'config.gpuResources=["nvidia.com/gpu","nvidia.com/mig-1g.10gb"]' \
   --set config.expectedEfaCount=32 --set guards.mofed.policy=protect --set guards.dra.policy=ignore
-expect config 'config' '{"cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "draPolicy": "ignore", "expectedEfaCount": 32, "gpuResources": ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"], "logFormat": "json", "logLevel": "debug", "metricsAddress": ":8080", "mofedPolicy": "protect", "probeAddress": ":8081", "reportNuma": false, "rescanInterval": "30s", "version": "v1"}'
+expect config 'config' '{"cdiDir": "/var/run/cdi", "cdiSpecDirs": ["/etc/cdi", "/var/run/cdi"], "draPolicy": "ignore", "expectedEfaCount": 32, "gpuResources": ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"], "logFormat": "json", "logLevel": "debug", "metricsAddress": ":8080", "mofedPolicy": "protect", "probeAddress": ":8081", "reportNuma": false, "rescanInterval": "30s", "version": "v1"}'
 default_sum="$(q default 'ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]')"
 expect config 'ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != "'"$default_sum"'"' 'true'
 checks config
@@ -281,9 +283,38 @@ checks latebinding-handover
 expect latebinding-dir 'sorted(v["name"] for v in pod["volumes"] if "cdi" in v["name"])' '["cdi-dir", "cdi-spec-0-etc-cdi", "cdi-spec-1-var-run-cdi"]'
 checks latebinding-dir
 
+# A helm upgrade between modes keeps the CDI dir mounted read-write with the
+# same volume and the same cdiDir in the config: after late binding -> best
+# effort the daemon still reads the running containers' specs and deletes
+# each when its container ends (docs/install.md, "Changing values on a
+# running cluster"). The mount and config are the same in every mode.
+expect_render besteffort-dir --set alignment.mode=best-effort --set alignment.cdiDir=/run/efa-cdi
+expect besteffort-dir 'host_mounts["/run/efa-cdi"]' '["/run/efa-cdi", false]'
+expect besteffort-dir 'config["cdiDir"] + " " + config["alignment"]' '/run/efa-cdi best-effort'
+expect besteffort-dir 'config.get("cdiHandover")' 'None'
+expect besteffort-dir 'mounts["/run/efa-cdi"]' '{"mountPath": "/run/efa-cdi", "name": "cdi-dir"}'
+expect besteffort-dir '[v for v in pod["volumes"] if v["name"] == "cdi-dir"]' '[{"hostPath": {"path": "/run/efa-cdi", "type": "DirectoryOrCreate"}, "name": "cdi-dir"}]'
+checks besteffort-dir
+expect_render latebinding-then-back --set alignment.mode=late-binding --set alignment.cdiDir=/run/efa-cdi
+expect latebinding-then-back '[v for v in pod["volumes"] if v["name"] == "cdi-dir"]' '[{"hostPath": {"path": "/run/efa-cdi", "type": "DirectoryOrCreate"}, "name": "cdi-dir"}]'
+expect latebinding-then-back 'mounts["/run/efa-cdi"]' '{"mountPath": "/run/efa-cdi", "name": "cdi-dir"}'
+checks latebinding-then-back
+# The CDI dir among the MOFED guard's dirs is mounted once, read-write, in
+# every mode (two mounts at one path would be refused by the kubelet).
+expect_render besteffort-specdir --set-json 'guards.mofed.cdiSpecDirs=["/etc/cdi","/var/run/cdi/"]'
+expect besteffort-specdir 'sum(1 for m in c["volumeMounts"] if m["mountPath"].rstrip("/") == "/var/run/cdi")' '1'
+expect besteffort-specdir 'host_mounts["/var/run/cdi"]' '["/var/run/cdi", false]'
+checks besteffort-specdir
+# No cdiDir (allowed outside late binding): nothing mounted for it, none in the config.
+expect_render no-cdidir --set alignment.cdiDir=
+expect no-cdidir '["cdi-dir" in volumes, "cdiDir" in config]' '[false, false]'
+expect no-cdidir 'host_mounts["/var/run/cdi"]' '["/var/run/cdi", true]'
+checks no-cdidir
+
 expect_render alignment-off --set alignment.mode=off
 expect alignment-off 'config.get("alignment")' 'off'
-expect alignment-off '[p for p, (h, ro) in host_mounts.items() if not ro]' '["/var/lib/kubelet/device-plugins"]'
+expect alignment-off '[p for p, (h, ro) in host_mounts.items() if not ro]' '["/var/lib/kubelet/device-plugins", "/var/run/cdi"]'
+expect alignment-off 'config["cdiDir"]' '/var/run/cdi'
 checks alignment-off
 
 expect_render processcheck --set guards.mofed.processCheck=true
@@ -293,8 +324,8 @@ expect processcheck 'c["securityContext"]["privileged"]' 'false'
 checks processcheck
 
 expect_render mofed-off --set guards.mofed.policy=off
-expect mofed-off 'sorted(p for p in host_mounts if "cdi" in p)' '[]'
-expect mofed-off 'config' '{"metricsAddress": ":8080", "mofedPolicy": "off", "probeAddress": ":8081", "version": "v1"}'
+expect mofed-off 'sorted((p, ro) for p, (h, ro) in host_mounts.items() if "cdi" in p)' '[["/var/run/cdi", false]]'
+expect mofed-off 'config' '{"cdiDir": "/var/run/cdi", "metricsAddress": ":8080", "mofedPolicy": "off", "probeAddress": ":8081", "version": "v1"}'
 checks mofed-off
 
 expect_render servicemonitor --set metrics.serviceMonitor.enabled=true --set metrics.serviceMonitor.labels.release=prom \
@@ -588,7 +619,7 @@ if [ -z "$DAEMON" ]; then
 elif ! "$DAEMON" --help 2>&1 | grep -q -- '--print-config'; then
   echo "note - $DAEMON has no --print-config: rendered config files not checked by the daemon"
 else
-  for name in default args config latebinding-dir alignment-off mofed-off metrics-off servicemonitor simroots bind-localhost all; do
+  for name in default args config latebinding-dir besteffort-dir no-cdidir alignment-off mofed-off metrics-off servicemonitor simroots bind-localhost all; do
     q "$name" 'obj("ConfigMap", "'"$FULLNAME"'")["data"]["config.yaml"]' >"$TMP/$name.config.yaml"
     mapfile -t extra < <(q "$name" '"\n".join(c["args"][1:])' | sed '/^$/d')
     if out="$("$DAEMON" --config "$TMP/$name.config.yaml" "${extra[@]}" --print-config 2>&1)"; then

@@ -71,16 +71,28 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+"true" when the chart mounts alignment.cdiDir read-write: in every mode, not
+only late binding, so that after a switch from late binding to another mode
+(or a downgrade of the mode) the daemon still reads the CDI specs late binding
+wrote for running containers, counts their EFAs as held, and deletes each
+spec when its container ends (docs/install.md, "Changing values on a running
+cluster"). Empty only when cdiDir is (which late binding refuses).
+*/}}
+{{- define "efa.cdiDirMounted" -}}
+{{- if .Values.alignment.cdiDir }}true{{ end }}
+{{- end }}
+
+{{/*
 The CDI spec dirs mounted read-only for the MOFED guard, as a JSON list:
-guards.mofed.cdiSpecDirs without the late-binding cdiDir (that one is
-mounted read-write already) and without repeats.
+guards.mofed.cdiSpecDirs without alignment.cdiDir (that one is mounted
+read-write already) and without repeats.
 */}}
 {{- define "efa.cdiSpecMounts" -}}
 {{- $out := list }}
 {{- if include "efa.mofedGuard" . }}
 {{- range .Values.guards.mofed.cdiSpecDirs }}
 {{- $d := . | trimSuffix "/" }}
-{{- if and (include "efa.lateBinding" $) (eq $d ($.Values.alignment.cdiDir | toString | trimSuffix "/")) }}
+{{- if and (include "efa.cdiDirMounted" $) (eq $d ($.Values.alignment.cdiDir | toString | trimSuffix "/")) }}
 {{- else if not (has $d $out) }}
 {{- $out = append $out $d }}
 {{- end }}
@@ -138,8 +150,11 @@ defaults win; the options the chart's mounts depend on are always written.
 {{- $_ := set $cfg $option $v }}
 {{- end }}
 {{- end }}
-{{- if include "efa.lateBinding" . }}
+{{- /* cdiDir in every mode: the daemon reads late binding's specs after a switch back. */}}
+{{- if include "efa.cdiDirMounted" . }}
 {{- $_ := set $cfg "cdiDir" .Values.alignment.cdiDir }}
+{{- end }}
+{{- if include "efa.lateBinding" . }}
 {{- with .Values.alignment.cdiHandover }}
 {{- $_ := set $cfg "cdiHandover" . }}
 {{- end }}
