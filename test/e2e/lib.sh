@@ -68,6 +68,29 @@ e2e_wait_for() {
   done
 }
 
+# A docker-save tarball of one layer, for `ctr images import`:
+#   make_image TAR REF LAYER_DIR ENTRYPOINT_JSON
+# (cluster.sh's pause and pod images; check 13's plugin image)
+make_image() {
+  local tar="$1" ref="$2" rootfs="$3" entrypoint="$4"
+  local work; work="$(mktemp -d)"
+  tar -C "$rootfs" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf "$work/layer.tar" .
+  local diff_id; diff_id="$(sha256sum "$work/layer.tar" | cut -d' ' -f1)"
+  mkdir "$work/$diff_id"; mv "$work/layer.tar" "$work/$diff_id/layer.tar"
+  cat > "$work/config.json" <<EOF
+{"architecture":"amd64","os":"linux","created":"1970-01-01T00:00:00Z",
+ "config":{"Entrypoint":$entrypoint,"Env":["PATH=/bin"]},
+ "rootfs":{"type":"layers","diff_ids":["sha256:$diff_id"]}}
+EOF
+  local config_id; config_id="$(sha256sum "$work/config.json" | cut -d' ' -f1)"
+  mv "$work/config.json" "$work/$config_id.json"
+  echo "[{\"Config\":\"$config_id.json\",\"RepoTags\":[\"$ref\"],\"Layers\":[\"$diff_id/layer.tar\"]}]" \
+    > "$work/manifest.json"
+  tar -C "$work" --owner=0 --group=0 --numeric-owner -cf "$tar.tmp" manifest.json "$config_id.json" "$diff_id"
+  mv "$tar.tmp" "$tar"
+  rm -rf "$work"
+}
+
 # Starts a process in its own session, logging to $E2E_LOGS/NAME.log, and
 # records "PID EXE" in $E2E_STATE/pids/NAME so that only this process is ever
 # signalled later.

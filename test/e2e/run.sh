@@ -22,7 +22,12 @@
 # host daemon restarted with --sharing-replicas 4 and restored after)
 # sharing: 128 allocatable, 8 pods of 1 GPU + 4 EFA and 16 of 1 EFA at once,
 # each pod's device nodes and env, the GPU pods aligned; late_binding.sh 12
-# late binding through containerd 1.7's CDI annotation. This file is the
+# late binding through containerd 1.7's CDI annotation; upgrade.sh 13 `helm
+# upgrade` of the chart's release with changed values (best effort -> late
+# binding -> sharing with the rename -> back) while pods hold EFAs, each
+# running container's device nodes checked from inside after each (the
+# chart's pod from EFA_E2E_IMAGE_TAR, else from an image of this build's
+# binaries, scripts/image-rootfs.sh). This file is the
 # runner: settings, reporting, setup, the order of the checks, teardown.
 # Also a CTest test (e2e_real_kubelet, label e2e), which sets
 # EFA_E2E_BUILD_DIR to its own build dir.
@@ -51,6 +56,7 @@ readonly EFA_TOTAL=32
 readonly CHECKPOINT="$E2E_KUBELET_DIR/device-plugins/kubelet_internal_checkpoint"
 readonly PLUGIN_SOCKET="$E2E_KUBELET_DIR/device-plugins/aws-efa-device-plugin.sock"
 PLUGIN_BIN="$BUILD_DIR/plugin/efa-k8s-device-plugin"
+IDLE_BIN="$BUILD_DIR/plugin/efa-k8s-device-plugin-idle"
 SIMNODE_BIN="$BUILD_DIR/test/efa-simnode"
 FAKE_GPU_BIN="$BUILD_DIR/test/fake-gpu-plugin"
 
@@ -100,7 +106,7 @@ setup_failed() {
   echo "FAIL setup: $*"
   failed=$((failed + 1))
   local n
-  for n in 1 2 3 4 5 6 7 8 9 10 11 12; do
+  for n in 1 2 3 4 5 6 7 8 9 10 11 12 13; do
     echo "FAIL check $n: not run (setup failed)"
     failed=$((failed + 1))
   done
@@ -124,6 +130,8 @@ source "$here/checks/chart.sh"
 source "$here/checks/sharing.sh"
 # shellcheck source=SCRIPTDIR/checks/late_binding.sh
 source "$here/checks/late_binding.sh"
+# shellcheck source=SCRIPTDIR/checks/upgrade.sh
+source "$here/checks/upgrade.sh"
 
 # --- setup and teardown -----------------------------------------------------
 build_all() {
@@ -140,11 +148,11 @@ build_all() {
   if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
     cmake -S "$repo" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || return 1
   fi
-  cmake --build "$BUILD_DIR" -j "$JOBS" --target efa-k8s-device-plugin efa-simnode fake-gpu-plugin \
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target efa-k8s-device-plugin efa-k8s-device-plugin-idle efa-simnode fake-gpu-plugin \
     > "$E2E_CACHE/daemon-build.log" 2>&1 \
     || { tail -n 30 "$E2E_CACHE/daemon-build.log"; return 1; }
   local bin
-  for bin in "$PLUGIN_BIN" "$SIMNODE_BIN" "$FAKE_GPU_BIN"; do
+  for bin in "$PLUGIN_BIN" "$IDLE_BIN" "$SIMNODE_BIN" "$FAKE_GPU_BIN"; do
     [ -x "$bin" ] || { echo "build_all: $bin was not built (the build dir's layout?)"; return 1; }
   done
   times[daemon_build]=$((SECONDS - t))
@@ -265,6 +273,7 @@ main() {
   run_check 8 "helm upgrade of a release of AWS's chart updates its DaemonSet in place" check_8_upgrade_in_place
   run_check 11 "sharing: replicas $SHARING_REPLICAS show $((EFA_TOTAL * SHARING_REPLICAS)) EFAs; $SHARED_GPU_PODS GPU pods and $SHARED_EFA_PODS EFA-only pods run at once" check_11_sharing
   run_check 12 "late binding on containerd 1.7 (CDI annotation): $LATE_PODS pods of 1 GPU + 4 EFA get the EFAs beside their GPU; kept across a kubelet and a container restart; specs removed with their pods" check_12_late_binding
+  run_check 13 "helm upgrade with changed values while pods hold EFAs (best effort -> late binding -> sharing renamed -> back): every running container keeps its device nodes, none is in two" check_13_upgrade_values
   if [ -n "${EFA_E2E_IMAGE_TAR:-}" ]; then
     run_check 9 "the Helm chart's pod runs on the kubelet and serves the node" check_9_chart_on_kubelet
     run_check 10 "helm upgrade replaces the running pod of AWS's chart with the chart's" check_10_upgrade_on_kubelet

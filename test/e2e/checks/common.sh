@@ -25,9 +25,10 @@ start_daemon() {
     --log-level debug "$@"
 }
 
-# pod_manifest NAME EFA_COUNT [GPU_COUNT]: a busybox pod bound to the node.
+# pod_manifest NAME EFA_COUNT [GPU_COUNT [RESOURCE]]: a busybox pod bound to
+# the node, asking for EFA_COUNT of RESOURCE (default $EFA).
 pod_manifest() {
-  local name="$1" efa="$2" gpu="${3:-0}"
+  local name="$1" efa="$2" gpu="${3:-0}" resource="${4:-$EFA}"
   cat <<EOF
 apiVersion: v1
 kind: Pod
@@ -45,7 +46,7 @@ spec:
     command: ["/bin/sleep", "86400"]
     resources:
       limits:
-$( [ "$efa" -gt 0 ] && echo "        $EFA: $efa" )
+$( [ "$efa" -gt 0 ] && echo "        $resource: $efa" )
 $( [ "$gpu" -gt 0 ] && echo "        nvidia.com/gpu: $gpu" )
 EOF
 }

@@ -1,0 +1,276 @@
+# shellcheck shell=bash
+# Check 13: `helm upgrade` of the chart's release with changed values while
+# pods hold EFAs (issue 42). Sourced by run.sh, not run by itself.
+#
+# The chart is installed from its chart repository (add_chart_repo, as check
+# 9) in best-effort mode; its pod runs the image of EFA_E2E_IMAGE_TAR, else
+# one made here from this build's binaries by scripts/image-rootfs.sh (what
+# the Dockerfile's runtime stage holds). Then, each step a `helm upgrade`
+# that rolls the plugin pod, pods running all along:
+#   install      best effort; pods be-gpu (1 GPU + 4 EFA), be-efa (2 EFA)
+#   late binding --reuse-values --set alignment.mode=late-binding; pods
+#                lb-gpu, lb-efa; be-gpu's container killed and restarted
+#   sharing      --reuse-values --set sharing.replicas=2,
+#                sharing.renameByDefault=true (vpc.amazonaws.com/efa.shared);
+#                pods sh-gpu, sh-efa of the new name; lb-efa restarted
+#   back         --reset-values to the install's values; pods bk-gpu, bk-efa;
+#                sh-efa restarted
+# After each upgrade and after each step's pods and restart, every running
+# container's /dev/infiniband is read from inside (kubectl exec: name and
+# major:minor of each node) and checked: each container holds exactly the
+# nodes it held when it started (a restarted one too), and no device node is
+# in two running containers, except between containers that asked for the
+# shared resource, at most sharing.replicas of them. Every finding is kept
+# and the steps go on, so one run shows each transition's outcome; the
+# reason names the step, the pod and the device node. Last, with every pod
+# deleted the best-effort daemon removes the CDI specs late binding wrote.
+# The daemon in the chart's pod reads the pod's own /proc (the chart fixes
+# procRoot), not the fake NVIDIA driver's files: it cannot place GPUs, so
+# late binding binds without alignment here; check 12 covers alignment.
+readonly EFA_SHARED="vpc.amazonaws.com/efa.shared"
+readonly UPGRADE_REPLICAS=2
+readonly UPGRADE_LOCAL_IMAGE="localhost/efa-k8s-device-plugin:e2e-build"
+readonly UPGRADE_WAIT=60   # seconds for a rollout, pods to run, a restart
+
+declare -A UP_HELD=()   # pod -> its device nodes when it started: "MAJ:MIN name" lines
+declare -A UP_RES=()    # pod -> the EFA resource it asked for
+UP_PROBLEMS=()          # every finding, in order
+UP_STEP=""              # the step being run, for messages
+
+up_problem() { UP_PROBLEMS+=("[$UP_STEP] $*"); info "PROBLEM [$UP_STEP] $*"; }
+
+# The chart pod's image: EFA_E2E_IMAGE_TAR's (import_plugin_image), else
+# one of this build's daemon and idle binaries with the libraries they load.
+upgrade_plugin_image() {
+  if [ -n "${EFA_E2E_IMAGE_TAR:-}" ]; then import_plugin_image; return; fi
+  local root out tar="$E2E_STATE/plugin-image.tar" triplet
+  triplet="$(gcc -dumpmachine)"
+  root="$(mktemp -d)"
+  # shellcheck disable=SC2154  # repo: run.sh's checkout
+  out="$("$repo/scripts/image-rootfs.sh" "$triplet" "$root" "$PLUGIN_BIN" "$IDLE_BIN" 2>&1)" \
+    || { rm -rf "$root"; why "scripts/image-rootfs.sh failed: $(flat "$out")"; return 1; }
+  make_image "$tar" "$UPGRADE_LOCAL_IMAGE" "$root" '["/usr/bin/efa-k8s-device-plugin"]'
+  rm -rf "$root"
+  ctr --address "$E2E_CONTAINERD_SOCK" -n k8s.io images import "$tar" >>"$E2E_LOGS/images.log" 2>&1 \
+    || why "ctr images import $tar failed (see $E2E_LOGS/images.log)" || return 1
+  # shellcheck disable=SC2034  # chart.sh's, which chart_values reads
+  PLUGIN_IMAGE="$UPGRADE_LOCAL_IMAGE"
+}
+
+# The install's values: check 9's, late binding's CDI dir the test's
+# (containerd's only one), readiness probed every second (a rollout is
+# waited for through it), debug log.
+upgrade_base_values() {
+  chart_values
+  printf '%s\n' --set "alignment.cdiDir=$CDI_DIR" --set readinessProbe.periodSeconds=1 \
+    --set config.logLevel=debug
+}
+
+res_allocatable() {
+  e2e_kubectl get node "$E2E_NODE" -o json 2>/dev/null | jq -r --arg r "$1" '.status.allocatable[$r] // "0"'
+}
+# The plugin pod that replaced OLD_UID (none: any) is Ready (registered),
+# the old one gone, and the node offers RESOURCE.
+plugin_serves() {
+  local old="$1" res="$2" uid
+  chart_pod_ready || return 1
+  uid="$(chart_pod_field '.[0].metadata.uid')"
+  [ "$uid" != "$old" ] || return 1
+  [ -z "$old" ] || pod_uid_gone "$old" || return 1
+  e2e_kubectl logs -n "$CHART_NS" "$(chart_pod_field '.[0].metadata.name')" 2>/dev/null \
+    | grep -F "registered $res with the kubelet" >/dev/null || return 1
+  [ "$(res_allocatable "$res")" -gt 0 ]
+}
+
+# upgrade_to STEP RESOURCE HELM-ARGS...: `helm upgrade` (or install when
+# STEP is "install"), then waits for the new plugin pod to serve RESOURCE.
+upgrade_to() {
+  local step="$1" res="$2" old="" out t=$SECONDS; shift 2
+  UP_STEP="$step"
+  if [ "$step" = install ]; then
+    out="$(e2e_helm install "$RELEASE" "$CHART_REF" -n "$CHART_NS" "$@" 2>&1)" \
+      || why "helm install $RELEASE $CHART_REF failed: $(flat "$out")" || return 1
+  else
+    old="$(chart_pod_field '.[0].metadata.uid')"
+    out="$(e2e_helm upgrade "$RELEASE" "$CHART_REF" -n "$CHART_NS" "$@" 2>&1)" \
+      || why "[$step] helm upgrade $* failed: $(flat "$out")" || return 1
+  fi
+  e2e_wait_for "$UPGRADE_WAIT" "the plugin pod of '$step' to serve $res" plugin_serves "$old" "$res" \
+    || why "[$step] no new plugin pod serving $res within ${UPGRADE_WAIT}s: $(chart_pods | jq -c '[.items[] | {name: .metadata.name, uid: .metadata.uid, phase: .status.phase, ready: ([.status.conditions[]? | select(.type == "Ready") | .status] | first), containers: .status.containerStatuses}]'); allocatable $res '$(res_allocatable "$res")'" \
+    || return 1
+  info "[$step] plugin pod $(chart_pod_field '.[0].metadata.name') serves $res (allocatable $(res_allocatable "$res")) $((SECONDS - t))s after helm $( [ "$step" = install ] && echo install || echo "upgrade $*")"
+}
+
+# The container's device nodes as "MAJ:MIN name" lines, sorted; from inside.
+nodes_in() {
+  local view
+  view="$(pod_view "$1" 2>&1)" || { echo "$view"; return 1; }
+  view_devices "$view" | awk '{ print $2, $1 }' | sort
+}
+# "name (MAJ:MIN), ..." of "MAJ:MIN name" lines, for messages.
+nodes_text() { awk 'NF { printf "%s%s (%s)", (n++ ? ", " : ""), $2, $1 }' <<< "$1"; }
+
+# Whether each pod is Running, or will not run (Failed, or a container
+# waiting with an error).
+settled() {
+  local p
+  for p in "$@"; do
+    pod_running "$p" || pod_failed "$p" \
+      || pod_json "$p" | jq -e '[.status.containerStatuses[]?.state.waiting.reason // empty]
+          | any(test("Err|Error|BackOff"))' >/dev/null || return 1
+  done
+}
+
+# start_pods RESOURCE NAME:EFAS:GPUS...: creates the pods (restartPolicy
+# OnFailure: a killed container is started again), waits for them, records
+# what each running one holds. A pod that does not run, or holds another
+# number of nodes than it asked for (1 to that many with sharing: one node
+# an EFA however many of its replicas), is a finding.
+start_pods() {
+  local res="$1" spec name efas gpus manifests="" nodes count; shift
+  local -a names=()
+  for spec in "$@"; do
+    IFS=: read -r name efas gpus <<< "$spec"
+    names+=("$name")
+    manifests+="$(pod_manifest "$name" "$efas" "$gpus" "$res" | sed 's/restartPolicy: Never/restartPolicy: OnFailure/')"$'\n---\n'
+  done
+  e2e_kubectl apply -f - <<< "$manifests" >/dev/null || why "[$UP_STEP] cannot create pods ${names[*]}" || return 1
+  e2e_wait_for "$UPGRADE_WAIT" "pods ${names[*]} to run" settled "${names[@]}" || true
+  for spec in "$@"; do
+    IFS=: read -r name efas gpus <<< "$spec"
+    if ! pod_running "$name"; then
+      up_problem "$name ($efas $res, $gpus GPU) does not run: $(not_running "$name")"
+      continue
+    fi
+    if ! nodes="$(nodes_in "$name")"; then up_problem "cannot look inside $name: $(flat "$nodes")"; continue; fi
+    count="$(grep -c . <<< "$nodes")"
+    local least="$efas"
+    [ "$res" != "$EFA_SHARED" ] || least=1
+    if [ "$count" -lt "$least" ] || [ "$count" -gt "$efas" ]; then
+      up_problem "$name/main asked for $efas $res and holds $count device nodes: [$(nodes_text "$nodes")]"
+    fi
+    UP_HELD[$name]="$nodes"
+    UP_RES[$name]="$res"
+    info "[$UP_STEP] $name/main ($efas $res, $gpus GPU) holds $(nodes_text "$nodes")"
+  done
+}
+
+# check_holdings WHEN: every recorded container holds exactly what it held
+# when it started, and no device node is in two of them (but containers of
+# the shared resource, up to the replicas, among themselves).
+check_holdings() {
+  local when="$1" pod now lost gained all="" before=${#UP_PROBLEMS[@]}
+  for pod in $(printf '%s\n' "${!UP_HELD[@]}" | sort); do
+    if ! now="$(nodes_in "$pod")"; then up_problem "$when: cannot look inside $pod: $(flat "$now")"; continue; fi
+    if [ "$now" != "${UP_HELD[$pod]}" ]; then
+      lost="$(comm -23 <(echo "${UP_HELD[$pod]}") <(echo "$now"))"
+      gained="$(comm -13 <(echo "${UP_HELD[$pod]}") <(echo "$now"))"
+      up_problem "$when: $pod/main (${UP_RES[$pod]}) lost [$(nodes_text "$lost")] and gained [$(nodes_text "$gained")]; it holds [$(nodes_text "$now")]"
+    fi
+    all+="$(awk -v p="$pod" 'NF { print $1, $2, p }' <<< "$now")"$'\n'
+  done
+  local node name holders shared
+  while read -r node name holders; do
+    [ -n "$node" ] || continue
+    local -a list; IFS=, read -r -a list <<< "$holders"
+    shared=1
+    for pod in "${list[@]}"; do [ "${UP_RES[$pod]}" = "$EFA_SHARED" ] || shared=0; done
+    [ "$shared" -eq 1 ] && [ "${#list[@]}" -le "$UPGRADE_REPLICAS" ] && continue
+    local who=""
+    for pod in "${list[@]}"; do who+="${who:+, }$pod/main (${UP_RES[$pod]})"; done
+    up_problem "$when: device node $name ($node) is in ${#list[@]} running containers: $who"
+  done < <(grep . <<< "$all" | sort | awk '{ k = $1 " " $2; h[k] = (k in h ? h[k] "," : "") $3; n[k]++ }
+                                           END { for (k in n) if (n[k] > 1) print k, h[k] }' | sort)
+  [ ${#UP_PROBLEMS[@]} -gt "$before" ] \
+    || info "[$UP_STEP] $when: ${#UP_HELD[@]} containers hold what they held at start, no device node in two"
+}
+
+# restart_and_check POD: kills its container; it must come back (the
+# kubelet calls the plugin's PreStartContainer again where the plugin asks
+# for it) with the same device nodes.
+restart_and_check() {
+  local pod="$1" id n now
+  id="$(container_of "$pod")"; n="$(restarts_of "$pod")"
+  ctr --address "$E2E_CONTAINERD_SOCK" -n k8s.io tasks kill -s SIGKILL "$id" >/dev/null 2>&1 \
+    || { up_problem "cannot kill $pod's container $id"; return 0; }
+  if ! e2e_wait_for "$UPGRADE_WAIT" "$pod's container to run again" restarted_running "$pod" $((n + 1)); then
+    up_problem "$pod/main (${UP_RES[$pod]}) did not start again after its container was killed: $(pod_json "$pod" | jq -c '[.status.containerStatuses[]? | {restartCount, state}]')"
+    return 0
+  fi
+  if ! now="$(nodes_in "$pod")"; then up_problem "cannot look inside $pod after its restart: $(flat "$now")"; return 0; fi
+  [ "$now" = "${UP_HELD[$pod]}" ] \
+    || up_problem "$pod/main (${UP_RES[$pod]}) came back from a container restart with [$(nodes_text "$now")], before [$(nodes_text "${UP_HELD[$pod]}")]"
+  info "[$UP_STEP] $pod/main restarted (restartCount $((n + 1))): $(nodes_text "$now")"
+}
+
+late_specs_any() { find "$CDI_DIR" -maxdepth 1 -name 'vpc.amazonaws.com-efa*_claim-*.json' -printf '%f\n' | sort; }
+no_late_specs() { [ -z "$(late_specs_any)" ]; }
+
+# The steps; returns non-zero only when the run cannot go on (the findings
+# are in UP_PROBLEMS).
+upgrade_steps() {
+  local -a base
+  mapfile -t base < <(upgrade_base_values)
+  upgrade_to install "$EFA" "${base[@]}" || return 1
+  chart_fetched_from_repo || why "helm install did not fetch the chart from $CHART_REPO_URL (see $E2E_LOGS/chart-repo.log)" || return 1
+  start_pods "$EFA" be-gpu:4:1 be-efa:2:0 || return 1
+  check_holdings "best effort, pods started"
+
+  upgrade_to "late binding" "$EFA" --reuse-values --set alignment.mode=late-binding || return 1
+  check_holdings "after the upgrade to late binding"
+  start_pods "$EFA" lb-gpu:4:1 lb-efa:2:0 || return 1
+  check_holdings "late binding, new pods started"
+  restart_and_check be-gpu
+  check_holdings "late binding, be-gpu restarted"
+
+  upgrade_to "sharing renamed" "$EFA_SHARED" --reuse-values \
+    --set "sharing.replicas=$UPGRADE_REPLICAS" --set sharing.renameByDefault=true || return 1
+  check_holdings "after the upgrade to sharing with the rename"
+  start_pods "$EFA_SHARED" sh-gpu:4:1 sh-efa:2:0 || return 1
+  check_holdings "sharing renamed, new pods started"
+  restart_and_check lb-efa
+  check_holdings "sharing renamed, lb-efa restarted"
+
+  upgrade_to "back" "$EFA" --reset-values "${base[@]}" || return 1
+  check_holdings "after the upgrade back to the install's values"
+  start_pods "$EFA" bk-gpu:4:1 bk-efa:2:0 || return 1
+  check_holdings "back, new pods started"
+  restart_and_check sh-efa
+  check_holdings "back, sh-efa restarted"
+
+  # The best-effort daemon deletes the specs late binding wrote once their
+  # containers are gone.
+  UP_STEP="back"
+  local specs; specs="$(late_specs_any)"
+  delete_all_pods || why "cannot delete the pods of check 13" || return 1
+  [ -z "$specs" ] || e2e_wait_for "$UPGRADE_WAIT" "the late-binding specs to go" no_late_specs \
+    || up_problem "with every pod deleted the best-effort daemon left late binding's CDI specs in $CDI_DIR: $(flat "$(late_specs_any)")"
+}
+
+check_13_upgrade_values() {
+  UP_HELD=(); UP_RES=(); UP_PROBLEMS=(); UP_STEP="setup"
+  delete_all_pods || why "cannot delete the earlier checks' pods" || return 1
+  no_release || return 1
+  if ! e2e_pid fake-gpu-plugin >/dev/null; then start_fake_gpu_plugin || return 1; fi
+  upgrade_plugin_image || return 1
+  stop_host_daemon || return 1
+  add_chart_repo || return 1
+  local rc=0 t=$SECONDS
+  upgrade_steps || rc=1
+  info "steps took $((SECONDS - t))s"
+  # Back to the host daemon for the checks after this one, whatever happened.
+  delete_all_pods || true
+  if ! uninstall_release; then
+    [ "$rc" -ne 0 ] || reason="helm uninstall $RELEASE did not remove the DaemonSet and its pods"
+    rc=1
+  fi
+  rm -f "$CDI_DIR"/vpc.amazonaws.com-efa*_claim-*.json
+  stop_fake_gpu_plugin
+  local saved="$reason"
+  if ! restart_host_daemon "$EFA_TOTAL"; then
+    [ "$rc" -eq 0 ] || reason="$saved"   # the first cause is the one to report
+    rc=1
+  fi
+  [ "$rc" -eq 0 ] || return 1
+  [ ${#UP_PROBLEMS[@]} -eq 0 ] || why "${#UP_PROBLEMS[@]} findings: $(printf '%s; ' "${UP_PROBLEMS[@]}" | sed 's/; $//')"
+}
