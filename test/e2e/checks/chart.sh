@@ -101,11 +101,13 @@ EOF
 }
 
 # The values a test node needs: the imported image, and the simulated node's
-# sysfs and /dev; CDI specs looked for in the test's own (empty) directory.
+# sysfs and /dev; CDI specs looked for, and late binding's written (the chart
+# mounts that dir in every mode), in the test's own directory, containerd's
+# only one (not the host's /var/run/cdi).
 chart_values() {
   printf '%s\n' --set "image.repository=${PLUGIN_IMAGE%:*}" --set "image.tag=${PLUGIN_IMAGE##*:}" \
     --set image.pullPolicy=Never --set "hostPaths.sysfs=$SIM/sys" --set "hostPaths.dev=$DEV_ROOT" \
-    --set-json "guards.mofed.cdiSpecDirs=[\"$CDI_DIR\"]"
+    --set-json "guards.mofed.cdiSpecDirs=[\"$CDI_DIR\"]" --set "alignment.cdiDir=$CDI_DIR"
 }
 
 # The chart repository of a release: scripts/release.sh's packaged chart and

@@ -57,13 +57,11 @@ upgrade_plugin_image() {
   PLUGIN_IMAGE="$UPGRADE_LOCAL_IMAGE"
 }
 
-# The install's values: check 9's, late binding's CDI dir the test's
-# (containerd's only one), readiness probed every second (a rollout is
-# waited for through it), debug log.
+# The install's values: check 9's, readiness probed every second (a
+# rollout is waited for through it), debug log.
 upgrade_base_values() {
   chart_values
-  printf '%s\n' --set "alignment.cdiDir=$CDI_DIR" --set readinessProbe.periodSeconds=1 \
-    --set config.logLevel=debug
+  printf '%s\n' --set readinessProbe.periodSeconds=1 --set config.logLevel=debug
 }
 
 res_allocatable() {
