@@ -271,12 +271,12 @@ expect latebinding 'config["alignment"] + " " + config["cdiDir"]' 'late-binding 
 expect latebinding 'host_mounts["/var/run/cdi"]' '["/var/run/cdi", false]'
 expect latebinding 'host_mounts["/etc/cdi"]' '["/etc/cdi", true]'
 expect latebinding 'sum(1 for m in c["volumeMounts"] if m["mountPath"] == "/var/run/cdi")' '1'
+expect latebinding 'config.get("cdiHandover")' 'null'
 checks latebinding
 
 expect_render latebinding-dir --set alignment.mode=late-binding --set alignment.cdiDir=/run/efa-cdi
 expect latebinding-dir '[host_mounts["/run/efa-cdi"], host_mounts["/var/run/cdi"]]' '[["/run/efa-cdi", false], ["/var/run/cdi", true]]'
 expect latebinding-dir 'config["cdiDir"]' '/run/efa-cdi'
-expect latebinding 'config.get("cdiHandover")' 'None'
 expect_render latebinding-handover --set alignment.mode=late-binding --set alignment.cdiHandover=cdi-devices
 expect latebinding-handover 'config["cdiHandover"]' 'cdi-devices'
 checks latebinding-handover
@@ -291,7 +291,7 @@ checks latebinding-dir
 expect_render besteffort-dir --set alignment.mode=best-effort --set alignment.cdiDir=/run/efa-cdi
 expect besteffort-dir 'host_mounts["/run/efa-cdi"]' '["/run/efa-cdi", false]'
 expect besteffort-dir 'config["cdiDir"] + " " + config["alignment"]' '/run/efa-cdi best-effort'
-expect besteffort-dir 'config.get("cdiHandover")' 'None'
+expect besteffort-dir 'config.get("cdiHandover")' 'null'
 expect besteffort-dir 'mounts["/run/efa-cdi"]' '{"mountPath": "/run/efa-cdi", "name": "cdi-dir"}'
 expect besteffort-dir '[v for v in pod["volumes"] if v["name"] == "cdi-dir"]' '[{"hostPath": {"path": "/run/efa-cdi", "type": "DirectoryOrCreate"}, "name": "cdi-dir"}]'
 checks besteffort-dir
