@@ -177,7 +177,7 @@ check_holdings() {
     local who=""
     for pod in "${list[@]}"; do who+="${who:+, }$pod/main (${UP_RES[$pod]})"; done
     up_problem "$when: device node $name ($node) is in ${#list[@]} running containers: $who"
-  done < <(grep . <<< "$all" | sort | awk '{ k = $1 " " $2; h[k] = (k in h ? h[k] "," : "") $3; n[k]++ }
+  done < <(grep . <<< "$all" | sort | awk '{ k = $1 " " $2; if (k in h) h[k] = h[k] "," $3; else h[k] = $3; n[k]++ }
                                            END { for (k in n) if (n[k] > 1) print k, h[k] }' | sort)
   [ ${#UP_PROBLEMS[@]} -gt "$before" ] \
     || info "[$UP_STEP] $when: ${#UP_HELD[@]} containers hold what they held at start, no device node in two"
