@@ -35,9 +35,16 @@ readonly UPGRADE_WAIT=60   # seconds for a rollout, pods to run, a restart
 declare -A UP_HELD=()   # pod -> its device nodes when it started: "MAJ:MIN name" lines
 declare -A UP_RES=()    # pod -> the EFA resource it asked for
 UP_PROBLEMS=()          # every finding, in order
+declare -A UP_SEEN=()   # findings already reported (a state that lasts is reported once)
 UP_STEP=""              # the step being run, for messages
 
 up_problem() { UP_PROBLEMS+=("[$UP_STEP] $*"); info "PROBLEM [$UP_STEP] $*"; }
+# up_problem_once KEY MESSAGE: the finding, unless KEY was reported before.
+up_problem_once() {
+  [ -z "${UP_SEEN[$1]:-}" ] || return 0
+  UP_SEEN[$1]=1
+  up_problem "$2"
+}
 
 # The chart pod's image: EFA_E2E_IMAGE_TAR's (import_plugin_image), else
 # one of this build's daemon and idle binaries with the libraries they load.
@@ -80,10 +87,11 @@ plugin_serves() {
   [ "$(res_allocatable "$res")" -gt 0 ]
 }
 
-# upgrade_to STEP RESOURCE HELM-ARGS...: `helm upgrade` (or install when
-# STEP is "install"), then waits for the new plugin pod to serve RESOURCE.
+# upgrade_to STEP RESOURCE SHOWN HELM-ARGS...: `helm upgrade` (or install
+# when STEP is "install"), then waits for the new plugin pod to serve
+# RESOURCE. SHOWN: the arguments as the progress line shows them.
 upgrade_to() {
-  local step="$1" res="$2" old="" out t=$SECONDS; shift 2
+  local step="$1" res="$2" shown="$3" old="" out t=$SECONDS; shift 3
   UP_STEP="$step"
   if [ "$step" = install ]; then
     out="$(e2e_helm install "$RELEASE" "$CHART_REF" -n "$CHART_NS" "$@" 2>&1)" \
@@ -96,7 +104,7 @@ upgrade_to() {
   e2e_wait_for "$UPGRADE_WAIT" "the plugin pod of '$step' to serve $res" plugin_serves "$old" "$res" \
     || why "[$step] no new plugin pod serving $res within ${UPGRADE_WAIT}s: $(chart_pods | jq -c '[.items[] | {name: .metadata.name, uid: .metadata.uid, phase: .status.phase, ready: ([.status.conditions[]? | select(.type == "Ready") | .status] | first), containers: .status.containerStatuses}]'); allocatable $res '$(res_allocatable "$res")'" \
     || return 1
-  info "[$step] plugin pod $(chart_pod_field '.[0].metadata.name') serves $res (allocatable $(res_allocatable "$res")) $((SECONDS - t))s after helm $( [ "$step" = install ] && echo install || echo "upgrade $*")"
+  info "[$step] plugin pod $(chart_pod_field '.[0].metadata.name') serves $res (allocatable $(res_allocatable "$res")) $((SECONDS - t))s after helm $shown"
 }
 
 # The container's device nodes as "MAJ:MIN name" lines, sorted; from inside.
@@ -159,11 +167,15 @@ start_pods() {
 check_holdings() {
   local when="$1" pod now lost gained all="" before=${#UP_PROBLEMS[@]}
   for pod in $(printf '%s\n' "${!UP_HELD[@]}" | sort); do
-    if ! now="$(nodes_in "$pod")"; then up_problem "$when: cannot look inside $pod: $(flat "$now")"; continue; fi
+    if ! now="$(nodes_in "$pod")"; then
+      up_problem_once "exec $pod" "$when: cannot look inside $pod: $(flat "$now")"
+      continue
+    fi
     if [ "$now" != "${UP_HELD[$pod]}" ]; then
       lost="$(comm -23 <(echo "${UP_HELD[$pod]}") <(echo "$now"))"
       gained="$(comm -13 <(echo "${UP_HELD[$pod]}") <(echo "$now"))"
-      up_problem "$when: $pod/main (${UP_RES[$pod]}) lost [$(nodes_text "$lost")] and gained [$(nodes_text "$gained")]; it holds [$(nodes_text "$now")]"
+      up_problem_once "changed $pod $(flat "$now")" \
+        "$when: $pod/main (${UP_RES[$pod]}) lost [$(nodes_text "$lost")] and gained [$(nodes_text "$gained")]; it holds [$(nodes_text "$now")]"
     fi
     all+="$(awk -v p="$pod" 'NF { print $1, $2, p }' <<< "$now")"$'\n'
   done
@@ -176,18 +188,33 @@ check_holdings() {
     [ "$shared" -eq 1 ] && [ "${#list[@]}" -le "$UPGRADE_REPLICAS" ] && continue
     local who=""
     for pod in "${list[@]}"; do who+="${who:+, }$pod/main (${UP_RES[$pod]})"; done
-    up_problem "$when: device node $name ($node) is in ${#list[@]} running containers: $who"
+    up_problem_once "twice $node $holders" "$when: device node $name ($node) is in ${#list[@]} running containers: $who"
   done < <(grep . <<< "$all" | sort | awk '{ k = $1 " " $2; if (k in h) h[k] = h[k] "," $3; else h[k] = $3; n[k]++ }
                                            END { for (k in n) if (n[k] > 1) print k, h[k] }' | sort)
   [ ${#UP_PROBLEMS[@]} -gt "$before" ] \
-    || info "[$UP_STEP] $when: ${#UP_HELD[@]} containers hold what they held at start, no device node in two"
+    || info "[$UP_STEP] $when: ${#UP_HELD[@]} containers hold what they held at start$( [ ${#UP_SEEN[@]} -eq 0 ] && echo ", no device node in two" || echo "; no new finding")"
+}
+
+# Whether POD's container runs again after its Nth restart, or failed to
+# start (a waiting reason naming an error or a back-off: the first restart
+# after a kill is immediate, so a back-off means a start failed).
+restart_settled() {
+  restarted_running "$1" "$2" || pod_json "$1" \
+    | jq -e '[.status.containerStatuses[]?.state.waiting.reason // empty] | any(test("Err|Error|BackOff"))' >/dev/null
+}
+# The kubelet's last warning about POD (why a container did not start).
+last_warning() {
+  e2e_kubectl get events -n default --field-selector "involvedObject.name=$1,type=Warning" -o json 2>/dev/null \
+    | jq -r '[.items[] | select(.reason != "BackOff")] | sort_by(.lastTimestamp) | last | .message // "none"' \
+    | sed -E 's/endpoint &\{[^}]*\}/endpoint/' | cut -c1-400
 }
 
 # restart_and_check POD...: kills their containers together; each must
 # come back (the kubelet calls PreStartContainer of the resource's plugin
 # again when its last registration asked for it; without, the container
 # is started from the checkpointed Allocate answer, a CDI annotation
-# included) with the same device nodes.
+# included) with the same device nodes. One that does not is no longer
+# looked inside.
 restart_and_check() {
   local pod now
   declare -A was=()
@@ -196,9 +223,11 @@ restart_and_check() {
     ctr --address "$E2E_CONTAINERD_SOCK" -n k8s.io tasks kill -s SIGKILL "$(container_of "$pod")" >/dev/null 2>&1 \
       || { up_problem "cannot kill $pod's container $(container_of "$pod")"; unset "was[$pod]"; }
   done
-  for pod in "${!was[@]}"; do
-    if ! e2e_wait_for "$UPGRADE_WAIT" "$pod's container to run again" restarted_running "$pod" $((was[$pod] + 1)); then
-      up_problem "$pod/main (${UP_RES[$pod]}) did not start again after its container was killed: $(pod_json "$pod" | jq -c '[.status.containerStatuses[]? | {restartCount, state}]')"
+  for pod in $(printf '%s\n' "${!was[@]}" | sort); do
+    e2e_wait_for "$UPGRADE_WAIT" "$pod's container to run again or fail to" restart_settled "$pod" $((was[$pod] + 1)) || true
+    if ! restarted_running "$pod" $((was[$pod] + 1)); then
+      up_problem "$pod/main (${UP_RES[$pod]}) did not start again after its container was killed: $(pod_json "$pod" | jq -c '[.status.containerStatuses[]? | {restartCount, waiting: .state.waiting.reason}]'); the kubelet: $(last_warning "$pod")"
+      unset "UP_HELD[$pod]"
       continue
     fi
     if ! now="$(nodes_in "$pod")"; then up_problem "cannot look inside $pod after its restart: $(flat "$now")"; continue; fi
@@ -216,27 +245,29 @@ no_late_specs() { [ -z "$(late_specs_any)" ]; }
 upgrade_steps() {
   local -a base
   mapfile -t base < <(upgrade_base_values)
-  upgrade_to install "$EFA" "${base[@]}" || return 1
+  upgrade_to install "$EFA" "install (best effort)" "${base[@]}" || return 1
   chart_fetched_from_repo || why "helm install did not fetch the chart from $CHART_REPO_URL (see $E2E_LOGS/chart-repo.log)" || return 1
   start_pods "$EFA" be-gpu:4:1 be-efa:2:0 || return 1
   check_holdings "best effort, pods started"
 
-  upgrade_to "late binding" "$EFA" --reuse-values --set alignment.mode=late-binding || return 1
+  upgrade_to "late binding" "$EFA" "upgrade --reuse-values --set alignment.mode=late-binding" \
+    --reuse-values --set alignment.mode=late-binding || return 1
   check_holdings "after the upgrade to late binding"
   start_pods "$EFA" lb-gpu:4:1 lb-efa:2:0 || return 1
   check_holdings "late binding, new pods started"
   restart_and_check be-gpu
   check_holdings "late binding, be-gpu restarted"
 
-  upgrade_to "sharing renamed" "$EFA_SHARED" --reuse-values \
-    --set "sharing.replicas=$UPGRADE_REPLICAS" --set sharing.renameByDefault=true || return 1
+  upgrade_to "sharing renamed" "$EFA_SHARED" \
+    "upgrade --reuse-values --set sharing.replicas=$UPGRADE_REPLICAS,sharing.renameByDefault=true" \
+    --reuse-values --set "sharing.replicas=$UPGRADE_REPLICAS" --set sharing.renameByDefault=true || return 1
   check_holdings "after the upgrade to sharing with the rename"
   start_pods "$EFA_SHARED" sh-gpu:4:1 sh-efa:2:0 || return 1
   check_holdings "sharing renamed, new pods started"
   restart_and_check lb-efa
   check_holdings "sharing renamed, lb-efa restarted"
 
-  upgrade_to "back" "$EFA" --reset-values "${base[@]}" || return 1
+  upgrade_to "back" "$EFA" "upgrade --reset-values <the install's values>" --reset-values "${base[@]}" || return 1
   check_holdings "after the upgrade back to the install's values"
   start_pods "$EFA" bk-gpu:4:1 bk-efa:2:0 || return 1
   check_holdings "back, new pods started"
@@ -255,7 +286,7 @@ upgrade_steps() {
 }
 
 check_13_upgrade_values() {
-  UP_HELD=(); UP_RES=(); UP_PROBLEMS=(); UP_STEP="setup"
+  UP_HELD=(); UP_RES=(); UP_PROBLEMS=(); UP_SEEN=(); UP_STEP="setup"
   delete_all_pods || why "cannot delete the earlier checks' pods" || return 1
   no_release || return 1
   if ! e2e_pid fake-gpu-plugin >/dev/null; then start_fake_gpu_plugin || return 1; fi
