@@ -15,9 +15,9 @@
 #                pods sh-gpu, sh-efa of the new name; lb-efa restarted
 #   back         --reset-values to the install's values; pods bk-gpu, bk-efa;
 #                lb-gpu and sh-efa restarted
-# After each upgrade and after each step's pods and restart, every running
-# container's /dev/infiniband is read from inside (kubectl exec: name and
-# major:minor of each node) and checked: each container holds exactly the
+# After each upgrade, and again after each step's new pods and restart,
+# every running container's /dev/infiniband is read from inside (kubectl
+# exec, all at once: name and major:minor of each node) and checked: each container holds exactly the
 # nodes it held when it started (a restarted one too), and no device node is
 # in two running containers, except between containers that asked for the
 # shared resource, at most sharing.replicas of them. Every finding is kept
@@ -68,7 +68,8 @@ upgrade_plugin_image() {
 # rollout is waited for through it), debug log.
 upgrade_base_values() {
   chart_values
-  printf '%s\n' --set readinessProbe.periodSeconds=1 --set config.logLevel=debug
+  printf '%s\n' --set readinessProbe.periodSeconds=1 --set readinessProbe.initialDelaySeconds=0 \
+    --set config.logLevel=debug
 }
 
 res_allocatable() {
@@ -113,6 +114,22 @@ nodes_in() {
   view="$(pod_view "$1" 2>&1)" || { echo "$view"; return 1; }
   view_devices "$view" | awk '{ print $2, $1 }' | sort
 }
+# read_nodes POD...: nodes_in of each pod, all at once (each is a kubectl
+# exec); sets NODES[pod] to its lines, or NODES_ERR[pod] to why not.
+declare -A NODES=() NODES_ERR=()
+read_nodes() {
+  local dir pod; dir="$(mktemp -d)"
+  NODES=(); NODES_ERR=()
+  for pod in "$@"; do
+    { if nodes_in "$pod" > "$dir/$pod.out" 2>&1; then : > "$dir/$pod.ok"; fi; } &
+  done
+  wait
+  for pod in "$@"; do
+    if [ -e "$dir/$pod.ok" ]; then NODES[$pod]="$(cat "$dir/$pod.out")"
+    else NODES_ERR[$pod]="$(flat "$(cat "$dir/$pod.out")")"; fi
+  done
+  rm -rf "$dir"
+}
 # "name (MAJ:MIN), ..." of "MAJ:MIN name" lines, for messages.
 nodes_text() { awk 'NF { printf "%s%s (%s)", (n++ ? ", " : ""), $2, $1 }' <<< "$1"; }
 
@@ -142,13 +159,15 @@ start_pods() {
   done
   e2e_kubectl apply -f - <<< "$manifests" >/dev/null || why "[$UP_STEP] cannot create pods ${names[*]}" || return 1
   e2e_wait_for "$UPGRADE_WAIT" "pods ${names[*]} to run" settled "${names[@]}" || true
+  read_nodes "${names[@]}"
   for spec in "$@"; do
     IFS=: read -r name efas gpus <<< "$spec"
     if ! pod_running "$name"; then
       up_problem "$name ($efas $res, $gpus GPU) does not run: $(not_running "$name")"
       continue
     fi
-    if ! nodes="$(nodes_in "$name")"; then up_problem "cannot look inside $name: $(flat "$nodes")"; continue; fi
+    [ -z "${NODES_ERR[$name]:-}" ] || { up_problem "cannot look inside $name: ${NODES_ERR[$name]}"; continue; }
+    nodes="${NODES[$name]}"
     count="$(grep -c . <<< "$nodes")"
     local least="$efas"
     [ "$res" != "$EFA_SHARED" ] || least=1
@@ -166,11 +185,15 @@ start_pods() {
 # the shared resource, up to the replicas, among themselves).
 check_holdings() {
   local when="$1" pod now lost gained all="" before=${#UP_PROBLEMS[@]}
-  for pod in $(printf '%s\n' "${!UP_HELD[@]}" | sort); do
-    if ! now="$(nodes_in "$pod")"; then
-      up_problem_once "exec $pod" "$when: cannot look inside $pod: $(flat "$now")"
+  local -a pods
+  mapfile -t pods < <(printf '%s\n' "${!UP_HELD[@]}" | sort)
+  read_nodes "${pods[@]}"
+  for pod in "${pods[@]}"; do
+    if [ -n "${NODES_ERR[$pod]:-}" ]; then
+      up_problem_once "exec $pod" "$when: cannot look inside $pod: ${NODES_ERR[$pod]}"
       continue
     fi
+    now="${NODES[$pod]}"
     if [ "$now" != "${UP_HELD[$pod]}" ]; then
       lost="$(comm -23 <(echo "${UP_HELD[$pod]}") <(echo "$now"))"
       gained="$(comm -13 <(echo "${UP_HELD[$pod]}") <(echo "$now"))"
@@ -206,7 +229,7 @@ restart_settled() {
 last_warning() {
   e2e_kubectl get events -n default --field-selector "involvedObject.name=$1,type=Warning" -o json 2>/dev/null \
     | jq -r '[.items[] | select(.reason != "BackOff")] | sort_by(.lastTimestamp) | last | .message // "none"' \
-    | sed -E 's/endpoint &\{[^}]*\}/endpoint/' | cut -c1-400
+    | sed -E 's#endpoint &\{[^ ]* [^ ]* [^ ]* ([^ ]*) .*\} has been stopped#the endpoint of \1 has been stopped#' | cut -c1-400
 }
 
 # restart_and_check POD...: kills their containers together; each must
@@ -254,27 +277,24 @@ upgrade_steps() {
     --reuse-values --set alignment.mode=late-binding || return 1
   check_holdings "after the upgrade to late binding"
   start_pods "$EFA" lb-gpu:4:1 lb-efa:2:0 || return 1
-  check_holdings "late binding, new pods started"
   restart_and_check be-gpu
-  check_holdings "late binding, be-gpu restarted"
+  check_holdings "late binding, new pods started, be-gpu restarted"
 
   upgrade_to "sharing renamed" "$EFA_SHARED" \
     "upgrade --reuse-values --set sharing.replicas=$UPGRADE_REPLICAS,sharing.renameByDefault=true" \
     --reuse-values --set "sharing.replicas=$UPGRADE_REPLICAS" --set sharing.renameByDefault=true || return 1
   check_holdings "after the upgrade to sharing with the rename"
   start_pods "$EFA_SHARED" sh-gpu:4:1 sh-efa:2:0 || return 1
-  check_holdings "sharing renamed, new pods started"
   restart_and_check lb-efa
-  check_holdings "sharing renamed, lb-efa restarted"
+  check_holdings "sharing renamed, new pods started, lb-efa restarted"
 
   upgrade_to "back" "$EFA" "upgrade --reset-values <the install's values>" --reset-values "${base[@]}" || return 1
   check_holdings "after the upgrade back to the install's values"
   start_pods "$EFA" bk-gpu:4:1 bk-efa:2:0 || return 1
-  check_holdings "back, new pods started"
   # lb-gpu: late-bound, started from its CDI annotation (no PreStart in
   # best effort); sh-efa: held under the name the node no longer offers.
   restart_and_check lb-gpu sh-efa
-  check_holdings "back, lb-gpu and sh-efa restarted"
+  check_holdings "back, new pods started, lb-gpu and sh-efa restarted"
 
   # The best-effort daemon deletes the specs late binding wrote once their
   # containers are gone.
