@@ -300,35 +300,46 @@ upgrade_steps() {
   # containers are gone.
   UP_STEP="back"
   local specs; specs="$(late_specs_any)"
-  delete_all_pods || why "cannot delete the pods of check 13" || return 1
-  [ -z "$specs" ] || e2e_wait_for "$UPGRADE_WAIT" "the late-binding specs to go" no_late_specs \
+  timed "delete pods" delete_all_pods || why "cannot delete the pods of check 13" || return 1
+  [ -z "$specs" ] || timed "specs removed" e2e_wait_for "$UPGRADE_WAIT" "the late-binding specs to go" no_late_specs \
     || up_problem "with every pod deleted the best-effort daemon left late binding's CDI specs in $CDI_DIR: $(flat "$(late_specs_any)")"
 }
 
-check_13_upgrade_values() {
-  UP_HELD=(); UP_RES=(); UP_PROBLEMS=(); UP_SEEN=(); UP_STEP="setup"
-  delete_all_pods || why "cannot delete the earlier checks' pods" || return 1
-  no_release || return 1
-  if ! e2e_pid fake-gpu-plugin >/dev/null; then start_fake_gpu_plugin || return 1; fi
-  upgrade_plugin_image || return 1
-  stop_host_daemon || return 1
-  add_chart_repo || return 1
-  local rc=0 t=$SECONDS
-  upgrade_steps || rc=1
-  info "steps took $((SECONDS - t))s"
-  # Back to the host daemon for the checks after this one, whatever happened.
-  delete_all_pods || true
-  if ! uninstall_release; then
-    [ "$rc" -ne 0 ] || reason="helm uninstall $RELEASE did not remove the DaemonSet and its pods"
-    rc=1
-  fi
+# timed LABEL CMD...: runs CMD, adding "LABEL Ns" to UP_TIMES.
+UP_TIMES=""
+timed() {
+  local label="$1" t=$SECONDS rc=0; shift
+  "$@" || rc=$?
+  UP_TIMES+="${UP_TIMES:+, }$label $((SECONDS - t))s"
+  return "$rc"
+}
+
+# Back to the host daemon for the checks after this one, whatever happened;
+# the first failure's reason is kept.
+upgrade_cleanup() {
+  local rc=0 saved="$reason"
+  timed "delete pods" delete_all_pods || true
+  timed uninstall uninstall_release || { rc=1; reason="helm uninstall $RELEASE did not remove the DaemonSet and its pods"; }
   rm -f "$CDI_DIR"/vpc.amazonaws.com-efa*_claim-*.json
   stop_fake_gpu_plugin
-  local saved="$reason"
-  if ! restart_host_daemon "$EFA_TOTAL"; then
-    [ "$rc" -eq 0 ] || reason="$saved"   # the first cause is the one to report
-    rc=1
-  fi
+  timed "host daemon" restart_host_daemon "$EFA_TOTAL" || rc=1
+  [ -z "$saved" ] || reason="$saved"
+  return "$rc"
+}
+
+check_13_upgrade_values() {
+  UP_HELD=(); UP_RES=(); UP_PROBLEMS=(); UP_SEEN=(); UP_STEP="setup"; UP_TIMES=""
+  timed "delete pods" delete_all_pods || why "cannot delete the earlier checks' pods" || return 1
+  no_release || return 1
+  if ! e2e_pid fake-gpu-plugin >/dev/null; then timed "fake GPU plugin" start_fake_gpu_plugin || return 1; fi
+  timed image upgrade_plugin_image || return 1
+  timed "stop host daemon" stop_host_daemon || return 1
+  timed "chart repo" add_chart_repo || return 1
+  local rc=0
+  reason=""
+  timed steps upgrade_steps || rc=1
+  upgrade_cleanup || rc=1
+  info "times: $UP_TIMES"
   [ "$rc" -eq 0 ] || return 1
   [ ${#UP_PROBLEMS[@]} -eq 0 ] || why "${#UP_PROBLEMS[@]} findings: $(printf '%s; ' "${UP_PROBLEMS[@]}" | sed 's/; $//')"
 }
