@@ -37,8 +37,9 @@ declare -A UP_RES=()    # pod -> the EFA resource it asked for
 UP_PROBLEMS=()          # every finding, in order
 declare -A UP_SEEN=()   # findings already reported (a state that lasts is reported once)
 UP_STEP=""              # the step being run, for messages
+UP_T0=0                 # when the check began (progress lines show the seconds since)
 
-up_problem() { UP_PROBLEMS+=("[$UP_STEP] $*"); info "PROBLEM [$UP_STEP] $*"; }
+up_problem() { UP_PROBLEMS+=("[$UP_STEP] $*"); info "PROBLEM [$UP_STEP +$((SECONDS - UP_T0))s] $*"; }
 # up_problem_once KEY MESSAGE: the finding, unless KEY was reported before.
 up_problem_once() {
   [ -z "${UP_SEEN[$1]:-}" ] || return 0
@@ -105,7 +106,7 @@ upgrade_to() {
   e2e_wait_for "$UPGRADE_WAIT" "the plugin pod of '$step' to serve $res" plugin_serves "$old" "$res" \
     || why "[$step] no new plugin pod serving $res within ${UPGRADE_WAIT}s: $(chart_pods | jq -c '[.items[] | {name: .metadata.name, uid: .metadata.uid, phase: .status.phase, ready: ([.status.conditions[]? | select(.type == "Ready") | .status] | first), containers: .status.containerStatuses}]'); allocatable $res '$(res_allocatable "$res")'" \
     || return 1
-  info "[$step] plugin pod $(chart_pod_field '.[0].metadata.name') serves $res (allocatable $(res_allocatable "$res")) $((SECONDS - t))s after helm $shown"
+  info "[$step +$((SECONDS - UP_T0))s] plugin pod $(chart_pod_field '.[0].metadata.name') serves $res (allocatable $(res_allocatable "$res")) $((SECONDS - t))s after helm $shown"
 }
 
 # The container's device nodes as "MAJ:MIN name" lines, sorted; from inside.
@@ -176,7 +177,7 @@ start_pods() {
     fi
     UP_HELD[$name]="$nodes"
     UP_RES[$name]="$res"
-    info "[$UP_STEP] $name/main ($efas $res, $gpus GPU) holds $(nodes_text "$nodes")"
+    info "[$UP_STEP +$((SECONDS - UP_T0))s] $name/main ($efas $res, $gpus GPU) holds $(nodes_text "$nodes")"
   done
 }
 
@@ -215,7 +216,7 @@ check_holdings() {
   done < <(grep . <<< "$all" | sort | awk '{ k = $1 " " $2; if (k in h) h[k] = h[k] "," $3; else h[k] = $3; n[k]++ }
                                            END { for (k in n) if (n[k] > 1) print k, h[k] }' | sort)
   [ ${#UP_PROBLEMS[@]} -gt "$before" ] \
-    || info "[$UP_STEP] $when: ${#UP_HELD[@]} containers hold what they held at start$( [ ${#UP_SEEN[@]} -eq 0 ] && echo ", no device node in two" || echo "; no new finding")"
+    || info "[$UP_STEP +$((SECONDS - UP_T0))s] $when: ${#UP_HELD[@]} containers hold what they held at start$( [ ${#UP_SEEN[@]} -eq 0 ] && echo ", no device node in two" || echo "; no new finding")"
 }
 
 # Whether POD's container runs again after its Nth restart, or failed to
@@ -256,7 +257,7 @@ restart_and_check() {
     if ! now="$(nodes_in "$pod")"; then up_problem "cannot look inside $pod after its restart: $(flat "$now")"; continue; fi
     [ "$now" = "${UP_HELD[$pod]}" ] \
       || up_problem "$pod/main (${UP_RES[$pod]}) came back from a container restart with [$(nodes_text "$now")], before [$(nodes_text "${UP_HELD[$pod]}")]"
-    info "[$UP_STEP] $pod/main restarted (restartCount $((was[$pod] + 1))): $(nodes_text "$now")"
+    info "[$UP_STEP +$((SECONDS - UP_T0))s] $pod/main restarted (restartCount $((was[$pod] + 1))): $(nodes_text "$now")"
   done
 }
 
@@ -328,7 +329,7 @@ upgrade_cleanup() {
 }
 
 check_13_upgrade_values() {
-  UP_HELD=(); UP_RES=(); UP_PROBLEMS=(); UP_SEEN=(); UP_STEP="setup"; UP_TIMES=""
+  UP_HELD=(); UP_RES=(); UP_PROBLEMS=(); UP_SEEN=(); UP_STEP="setup"; UP_TIMES=""; UP_T0=$SECONDS
   timed "delete pods" delete_all_pods || why "cannot delete the earlier checks' pods" || return 1
   no_release || return 1
   if ! e2e_pid fake-gpu-plugin >/dev/null; then timed "fake GPU plugin" start_fake_gpu_plugin || return 1; fi
