@@ -219,11 +219,17 @@ check_holdings() {
     || info "[$UP_STEP +$((SECONDS - UP_T0))s] $when: ${#UP_HELD[@]} containers hold what they held at start$( [ ${#UP_SEEN[@]} -eq 0 ] && echo ", no device node in two" || echo "; no new finding")"
 }
 
-# Whether POD's container runs again after its Nth restart, or failed to
-# start (a waiting reason naming an error or a back-off: the first restart
-# after a kill is immediate, so a back-off means a start failed).
+# restart_settled POD N SINCE: whether POD's container runs again after
+# its Nth restart, or failed to start: the kubelet's "Failed" warning about
+# it at SINCE (RFC 3339) or later, or a waiting reason naming an error or a
+# back-off (the first restart after a kill is immediate, so a back-off
+# means a start failed). The warning comes at once; the reason only at the
+# pod worker's next sync, 10 s after a failed one.
 restart_settled() {
-  restarted_running "$1" "$2" || pod_json "$1" \
+  restarted_running "$1" "$2" && return 0
+  e2e_kubectl get events -n default --field-selector "involvedObject.name=$1,type=Warning,reason=Failed" -o json 2>/dev/null \
+    | jq -e --arg since "$3" 'any(.items[]; (.lastTimestamp // .eventTime // "") >= $since)' >/dev/null && return 0
+  pod_json "$1" \
     | jq -e '[.status.containerStatuses[]?.state.waiting.reason // empty] | any(test("Err|Error|BackOff"))' >/dev/null
 }
 # The kubelet's last warning about POD (why a container did not start).
@@ -240,15 +246,16 @@ last_warning() {
 # included) with the same device nodes. One that does not is no longer
 # looked inside.
 restart_and_check() {
-  local pod now
+  local pod now since
   declare -A was=()
+  since="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   for pod in "$@"; do
     was[$pod]="$(restarts_of "$pod")"
     ctr --address "$E2E_CONTAINERD_SOCK" -n k8s.io tasks kill -s SIGKILL "$(container_of "$pod")" >/dev/null 2>&1 \
       || { up_problem "cannot kill $pod's container $(container_of "$pod")"; unset "was[$pod]"; }
   done
   for pod in $(printf '%s\n' "${!was[@]}" | sort); do
-    e2e_wait_for "$UPGRADE_WAIT" "$pod's container to run again or fail to" restart_settled "$pod" $((was[$pod] + 1)) || true
+    e2e_wait_for "$UPGRADE_WAIT" "$pod's container to run again or fail to" restart_settled "$pod" $((was[$pod] + 1)) "$since" || true
     if ! restarted_running "$pod" $((was[$pod] + 1)); then
       up_problem "$pod/main (${UP_RES[$pod]}) did not start again after its container was killed: $(pod_json "$pod" | jq -c '[.status.containerStatuses[]? | {restartCount, waiting: .state.waiting.reason}]'); the kubelet: $(last_warning "$pod")"
       unset "UP_HELD[$pod]"
