@@ -100,8 +100,21 @@ upgrade_to() {
       || why "helm install $RELEASE $CHART_REF failed: $(flat "$out")" || return 1
   else
     old="$(chart_pod_field '.[0].metadata.uid')"
+    local old_name; old_name="$(chart_pod_field '.[0].metadata.name')"
     out="$(e2e_helm upgrade "$RELEASE" "$CHART_REF" -n "$CHART_NS" "$@" 2>&1)" \
       || why "[$step] helm upgrade $* failed: $(flat "$out")" || return 1
+    # Kubelet 1.20 sometimes loses a deleted pod's container between its
+    # kill and its pod killer ("Failed killing the pod ... not found") and
+    # then never finishes the pod: it stays Terminating with no container
+    # (ContainerStatusUnknown) and the DaemonSet waits for it. Such a pod
+    # (none of its containers running) is force-deleted, as an operator
+    # would; a daemon that does not stop is still the kubelet's to kill.
+    if ! e2e_wait_for 30 "the old plugin pod $old_name to go" pod_uid_gone "$old" \
+        && e2e_kubectl get pod -n "$CHART_NS" "$old_name" -o json 2>/dev/null \
+          | jq -e '.metadata.deletionTimestamp != null and all(.status.containerStatuses[]?; .state.running == null)' >/dev/null; then
+      info "[$step] the kubelet left the old plugin pod $old_name terminating with no container running (a kubelet 1.20 race): force-deleting it"
+      e2e_kubectl delete pod -n "$CHART_NS" "$old_name" --grace-period=0 --force >/dev/null 2>&1 || true
+    fi
   fi
   e2e_wait_for "$UPGRADE_WAIT" "the plugin pod of '$step' to serve $res" plugin_serves "$old" "$res" \
     || why "[$step] no new plugin pod serving $res within ${UPGRADE_WAIT}s: $(chart_pods | jq -c '[.items[] | {name: .metadata.name, uid: .metadata.uid, phase: .status.phase, ready: ([.status.conditions[]? | select(.type == "Ready") | .status] | first), containers: .status.containerStatuses}]'); allocatable $res '$(res_allocatable "$res")'" \
