@@ -43,7 +43,7 @@ class DeviceTracker {
     // The EFAs held by containers the kubelet does not count against them
     // (ibdev -> why; LateBinder::Reserved): advertised Unhealthy, so that
     // no new container is given them. Null: none.
-    std::function<const std::map<std::string, std::string>&()> reserved;
+    std::function<const std::map<std::string, std::string>&()> reserved = nullptr;
   };
   // Listings ("list") and device reads ("read") that failed for a reason
   // that says nothing about the devices (topology::DiscoveryError).
