@@ -340,6 +340,16 @@ bool Daemon::CheckGuards() {
 
 void Daemon::ReleaseGone() {
   next_release_ = late_binder_->ReleaseGone().value_or(Clock::time_point::max());
+  const int renamed = late_binder_->BoundUnderOtherName();
+  if (renamed > 0 && renamed != bound_under_other_name_.load()) {
+    spdlog::warn(
+        "{} running container(s) hold EFAs late-bound under {}, which this daemon no longer "
+        "serves: they keep them while they run, but the kubelet cannot restart them (it has no "
+        "plugin of that name to call PreStartContainer on); recreate their pods, or serve that "
+        "name again (sharing.renameByDefault)",
+        renamed, options_.resource_name == kResourceName ? kSharedResourceName : kResourceName);
+  }
+  bound_under_other_name_ = renamed;
   std::map<std::string, std::string> reserved = late_binder_->Reserved();
   if (reserved == reserved_) return;
   if (reserved.empty()) {

@@ -157,6 +157,9 @@ class Daemon {
   const LateBinder* late_binder() const { return late_binder_.get(); }
   // The EFAs held under an earlier configuration and so given to no new
   // container (LateBinder::Reserved). Thread-safe.
+  // Late bindings held under the EFA resource name not served now
+  // (LateBinder::BoundUnderOtherName). Thread-safe.
+  int bound_under_other_name() const { return bound_under_other_name_.load(); }
   std::set<std::string> reserved_efas() const {
     absl::MutexLock lock(&reserved_mu_);
     return reserved_efas_;
@@ -247,6 +250,7 @@ class Daemon {
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
   std::atomic<int> checkpoint_entries_skipped_{0};
+  std::atomic<int> bound_under_other_name_{0};
   mutable absl::Mutex reserved_mu_;
   std::set<std::string> reserved_efas_ ABSL_GUARDED_BY(reserved_mu_);
 

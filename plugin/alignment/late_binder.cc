@@ -211,6 +211,13 @@ absl::Status LateBinder::Recover() {
   return status;
 }
 
+int LateBinder::BoundUnderOtherName() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(std::count_if(bindings_.begin(), bindings_.end(), [&](const auto& b) {
+    return !b.second.resource.empty() && b.second.resource != options_.resource_name;
+  }));
+}
+
 bool LateBinder::recovered() const {
   absl::MutexLock lock(&mu_);
   return recovered_;
@@ -447,13 +454,14 @@ absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& 
                            .efas = binding.efas};
   // The record first: a spec on disk always has what recovers it beside it.
   const fs::path record_path = options_.cdi_dir / ClaimRecordFileName(claim);
-  absl::Status written = WriteFileAtomically(record_path, ClaimRecordJson(claim, record), kSpecMode);
+  absl::Status written =
+      WriteFileAtomically(record_path, ClaimRecordJson(claim, record), kSpecMode);
   if (written.ok()) written = WriteFileAtomically(SpecPath(claim), binding.spec, kSpecMode);
   if (written.ok()) return written;
   fs::remove(record_path, ec);  // a record without its spec binds nothing
-  return absl::Status(written.code(), absl::StrCat("cannot write the CDI spec of ", described,
-                                                   " to ", SpecPath(claim).string(), ": ",
-                                                   written.message()));
+  return absl::Status(written.code(),
+                      absl::StrCat("cannot write the CDI spec of ", described, " to ",
+                                   SpecPath(claim).string(), ": ", written.message()));
 }
 
 absl::Status LateBinder::PreStart(const topology::DeviceTable& table,

@@ -596,6 +596,8 @@ TEST_CASE("A binding made under one EFA resource name is kept while served under
   CHECK(after.Bindings().size() == 1);
   CHECK(after.counts().released == 0);
   CHECK(fs::exists(after.SpecPath(ClaimName(node.Group(0)))));
+  // Said: the kubelet cannot restart it (no plugin of the old name).
+  CHECK(after.BoundUnderOtherName() == 1);
 }
 
 TEST_CASE("Late binding never binds the EFAs a best-effort container holds by ID",
