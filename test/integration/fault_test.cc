@@ -520,6 +520,25 @@ bool CanLimitInotify(const std::string& limit) {
 
 constexpr char kMetrics[] = "/metrics, /healthz and /readyz";
 
+// A p4d whose daemon binary runs under InotifyLimited(limit), rescanning
+// every second, its metrics on a port of its own.
+efa::testing::TestNodeOptions InotifyLimitedNode(const std::string& limit) {
+  return {.machine = "p4d.24xlarge",
+          .run = DaemonRun::kBinary,
+          .wrapper = InotifyLimited(limit),
+          .flags = {"--log-level", "info", "--metrics-address", "127.0.0.1:0", "--probe-address",
+                    "", "--rescan-interval", "1s"}};
+}
+
+// Waits (kDeadline) until the daemon counts as unwatched at least the
+// device-plugins dir and the three device directories.
+bool WaitRunsOnTimers(int port) {
+  return efa::testing::WaitScrape(port, [](const efa::testing::Metrics& m) {
+    return m.count("efa_device_plugin_watches_unavailable") &&
+           m.at("efa_device_plugin_watches_unavailable") >= 4;
+  });
+}
+
 }  // namespace
 
 TEST_CASE("Without inotify the daemon binary serves on its timers and notices what it missed",
@@ -531,25 +550,17 @@ TEST_CASE("Without inotify the daemon binary serves on its timers and notices wh
     return;
   }
   constexpr auto kRescan = 1s;
-  TestNode node({.machine = "p4d.24xlarge",
-                 .run = DaemonRun::kBinary,
-                 .wrapper = InotifyLimited(limit),
-                 .flags = {"--log-level", "info", "--metrics-address", "127.0.0.1:0",
-                           "--probe-address", "", "--rescan-interval", "1s"}});
+  TestNode node(InotifyLimitedNode(limit));
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
-  // It says so, once per cause, and counts what it cannot watch: the
-  // device-plugins dir, the three device directories, the guards' two.
+  // It says so, once per cause, and counts what it cannot watch.
   CHECK(node.WaitLog(limit == "max_inotify_instances"
                          ? "cannot create an inotify instance: Too many open files"
                          : "No space left on device (fs.inotify.max_user_watches"));
   CHECK(node.LogLines("running on timers") == 1);
   const int port = node.LoggedPort(kMetrics);
   REQUIRE(port != 0);
-  CHECK(efa::testing::WaitScrape(port, [](const efa::testing::Metrics& m) {
-    return m.count("efa_device_plugin_watches_unavailable") &&
-           m.at("efa_device_plugin_watches_unavailable") >= 4;
-  }));
+  CHECK(WaitRunsOnTimers(port));
 
   // It serves.
   v1beta1::AllocateRequest request;
@@ -570,8 +581,10 @@ TEST_CASE("Without inotify the daemon binary serves on its timers and notices wh
               static_cast<long long>(
                   std::chrono::duration_cast<std::chrono::milliseconds>(noticed).count()),
               static_cast<long long>(std::chrono::milliseconds(kRescan).count()));
-  // The pass, then the rescan and the kubelet's copy of the list.
-  CHECK(noticed < kRescan + (kSanitized ? 2s : 500ms));
+  // The pass, then the rescan and the kubelet's copy of the list (a busy
+  // machine's margin); trusting the uevent count, the daemon would wait
+  // for its full rescan, 5 minutes.
+  CHECK(noticed < kRescan + (kSanitized ? 3s : 1s));
 
   // The kubelet restarts (kubelet.sock created again, our socket deleted,
   // the stream ended): registered again, the restart counted.
@@ -590,19 +603,12 @@ TEST_CASE("The daemon binary watches again once inotify frees up", "[fault][proc
     WARN("not run: no user namespace with its own inotify limits here");
     return;
   }
-  TestNode node({.machine = "p4d.24xlarge",
-                 .run = DaemonRun::kBinary,
-                 .wrapper = InotifyLimited(limit),
-                 .flags = {"--log-level", "info", "--metrics-address", "127.0.0.1:0",
-                           "--probe-address", "", "--rescan-interval", "1s"}});
+  TestNode node(InotifyLimitedNode(limit));
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitLog("cannot create an inotify instance"));
   const int port = node.LoggedPort(kMetrics);
   REQUIRE(port != 0);
-  REQUIRE(efa::testing::WaitScrape(port, [](const efa::testing::Metrics& m) {
-    return m.count("efa_device_plugin_watches_unavailable") &&
-           m.at("efa_device_plugin_watches_unavailable") >= 4;
-  }));
+  REQUIRE(WaitRunsOnTimers(port));
   // Instances free again in its user namespace (root containers ended).
   ChildProcess raise({"/usr/bin/nsenter", "--target", std::to_string(node.pid()), "--user", "--",
                       "/bin/sh", "-c", "echo 128 >/proc/sys/user/" + limit},
