@@ -50,7 +50,7 @@ bool InotifyWatches::Open() {
           "plugin socket deleted, the kubelet checkpoint, the devices, the guards' "
           "directories), and tries again",
           std::strerror(instance_error_), Hint(instance_error_, /*instance=*/true),
-          options_.rescan_interval.count() / 1000.0);
+          std::chrono::duration<double>(options_.rescan_interval).count());
     }
     return false;
   }
@@ -89,7 +89,7 @@ void InotifyWatches::NoteRefused(const std::string& dir, int err) {
       "cannot watch {}: {}{}; running on timers: the periodic pass looks at it every {:g} s "
       "instead, and tries again",
       dir, std::strerror(err), Hint(err, /*instance=*/false),
-      options_.rescan_interval.count() / 1000.0);
+      std::chrono::duration<double>(options_.rescan_interval).count());
 }
 
 void InotifyWatches::NoteWatched(const std::string& dir) {
