@@ -91,6 +91,12 @@ void CollectOwnerLoop(const Daemon& daemon, const std::set<std::string>& unhealt
              MetricType::Counter);
   AddSample(discovery_errors, static_cast<double>(discovery.list), {{"operation", "list"}});
   AddSample(discovery_errors, static_cast<double>(discovery.read), {{"operation", "read"}});
+  AddSample(Family(out, "watches_unavailable",
+                   "Directories the daemon cannot watch with inotify now: the kernel refused the "
+                   "watch or gave no inotify instance (fs.inotify limits). While above 0 it runs "
+                   "on its timers: the periodic pass looks for what their events would report.",
+                   MetricType::Gauge),
+            daemon.watches_unavailable());
   const auto beat = daemon.heartbeat();
   AddSample(Family(out, "heartbeat_age_seconds",
                    "Seconds since the owner loop's last pass (see /healthz).", MetricType::Gauge),

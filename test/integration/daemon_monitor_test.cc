@@ -508,7 +508,7 @@ std::string EfaSeries(const std::string& counter) {
 // The names and HELP texts are pinned because dashboards and alerts read
 // them: those the daemon exported before it moved to prometheus-cpp, read
 // the same way from that exposition, and the families added since
-// (checkpoint_entries_skipped, efa_allocations and the EFAs' own counters:
+// (checkpoint_entries_skipped, watches_unavailable, efa_allocations and the EFAs' own counters:
 // the p4d's 4 EFAs, no container series since this kubelet serves no
 // pod-resources).
 const std::string kExposition =
@@ -749,6 +749,11 @@ const std::string kExposition =
     "epoch (kept across the hand-over between the daemon and the idle process: a change is a "
     "restart).\"\n"
     "  efa_device_plugin_start_time_seconds{}\n"
+    "efa_device_plugin_watches_unavailable gauge \"Directories the daemon cannot watch with "
+    "inotify now: the kernel refused the watch or gave no inotify instance (fs.inotify limits). "
+    "While above 0 it runs on its timers: the periodic pass looks for what their events would "
+    "report.\"\n"
+    "  efa_device_plugin_watches_unavailable{}\n"
     "efa_device_plugin_withdrawn gauge \"1 while vpc.amazonaws.com/efa is withdrawn for the "
     "DRA driver.\"\n"
     "  efa_device_plugin_withdrawn{}\n";
