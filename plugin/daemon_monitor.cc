@@ -320,6 +320,12 @@ DaemonMonitor::DaemonMonitor(MonitorOptions options)
                       .Name(absl::StrCat(kMetricPrefix, "allocations_total"))
                       .Help("Allocate calls, by gRPC status code.")
                       .Register(registry_);
+  // Every code Allocate answers, at 0 from the start: a series born at its
+  // first error, with that error's count, is no increase() to Prometheus,
+  // which would miss the first burst of each code after every restart.
+  for (grpc::StatusCode code : kAllocateCodes) {
+    allocations_->Add({{"code", std::string(GrpcCodeName(code))}});
+  }
   allocations_ok_ = &allocations_->Add({{"code", "OK"}});
   allocation_size_ = &prometheus::BuildHistogram()
                           .Name(absl::StrCat(kMetricPrefix, "allocation_size"))

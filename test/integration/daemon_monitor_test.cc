@@ -181,6 +181,14 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
                                 {"efa_device_plugin_kubelet_restarts_total", 0},
                                 {"efa_device_plugin_efas_found", 4},
                                 {"efa_device_plugin_efas_expected", 4}})));
+  // Before any Allocate, every code it answers has its series at 0: the
+  // first refusal is then an increase() (a series born at 1 is none).
+  for (grpc::StatusCode code : kAllocateCodes) {
+    const std::string series = absl::StrCat("efa_device_plugin_allocations_total{code=\"",
+                                            std::string(GrpcCodeName(code)), "\"}");
+    CAPTURE(series);
+    CHECK(node.Scrape().at(series) == 0);
+  }
   HttpReply reply = node.Get("/metrics");
   CHECK(reply.status == 200);
   CHECK(reply.content_type == "text/plain; version=0.0.4; charset=utf-8");
@@ -533,6 +541,7 @@ const std::string kExposition =
     "  efa_device_plugin_allocation_size_sum{}\n"
     "  le: 1 2 4 8 16 32 +Inf\n"
     "efa_device_plugin_allocations counter \"Allocate calls, by gRPC status code.\"\n"
+    "  efa_device_plugin_allocations_total{code=\"FAILED_PRECONDITION\"}\n"
     "  efa_device_plugin_allocations_total{code=\"INVALID_ARGUMENT\"}\n"
     "  efa_device_plugin_allocations_total{code=\"OK\"}\n"
     "efa_device_plugin_checkpoint_entries_skipped gauge \"Entries of the kubelet checkpoint "
