@@ -1,6 +1,7 @@
 // The kubelet-facing gRPC service (v1beta1.DevicePlugin) for EFA devices.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -61,6 +62,15 @@ using PreStartBinder = std::function<absl::Status(const topology::DeviceTable& t
 std::vector<std::string> PreferredDevices(
     const topology::DeviceTable& table, const v1beta1::ContainerPreferredAllocationRequest& request,
     const Targets& targets);
+
+// Every status code Allocate answers (AllocateContainer's and
+// AllocateContainerLate's refusals, a device requested by two containers):
+// the metrics create each code's series at 0, so that the first error
+// after a start is an increase. The fuzz target of the requests checks
+// that no refusal has another code.
+inline constexpr std::array<grpc::StatusCode, 3> kAllocateCodes = {
+    grpc::StatusCode::OK, grpc::StatusCode::INVALID_ARGUMENT,
+    grpc::StatusCode::FAILED_PRECONDITION};
 
 // Builds the Allocate answer for one container: DeviceSpecs for exactly the
 // requested devices' uverbs nodes and the EFA_* environment, each physical

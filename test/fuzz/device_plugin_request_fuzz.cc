@@ -79,8 +79,11 @@ void CheckAllocate(const v1beta1::ContainerAllocateRequest& request) {
   const efa::topology::DeviceTable& table = Table();
   auto response = AllocateContainer(table, request);
   if (!response.ok()) {
-    FUZZ_CHECK(response.status().code() == absl::StatusCode::kInvalidArgument ||
-               response.status().code() == absl::StatusCode::kFailedPrecondition);
+    // A code the metrics create up front (kAllocateCodes), never OK.
+    const auto code = static_cast<grpc::StatusCode>(response.status().code());
+    FUZZ_CHECK(code != grpc::StatusCode::OK &&
+               std::ranges::find(efa::plugin::kAllocateCodes, code) !=
+                   efa::plugin::kAllocateCodes.end());
     FUZZ_CHECK_MSG(!response.status().message().empty() && response.status().message().size() < 400,
                    response.status().message());
     return;

@@ -339,21 +339,35 @@ expect servicemonitor 'obj("ServiceMonitor")["spec"]["selector"]["matchLabels"] 
 expect servicemonitor 'obj("Service")["spec"]["clusterIP"] + " " + str(obj("Service")["spec"]["ports"][0]["port"])' 'None 9400'
 
 # The PrometheusRule (absent by default: the kinds of default above); when enabled it holds exactly the
-# rules of the plain rules file (one source), with the labels and namespace given.
+# rules of the plain rules file (one source), with the labels and namespace given, the job of the
+# alerts on the targets made the ServiceMonitor's (the metrics Service's name), and no runbook_url
+# (the project publishes no address for docs/runbook.md).
 RULES_FILE="$ROOT/helm/aws-efa-k8s-device-plugin/files/efa-device-plugin.rules.yaml"
 rules_json="$("$PY" -c 'import json,sys,yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1])), sort_keys=True))' "$RULES_FILE")"
+# The rules as the chart renders them for job JOB: the file's job="efa-device-plugin" replaced.
+rules_for_job() { "$PY" -c 'import sys; print(sys.argv[1].replace("job=\\\"efa-device-plugin\\\"", "job=\\\"" + sys.argv[2] + "\\\""))' "$rules_json" "$1"; }
+[ "$(rules_for_job X)" != "$rules_json" ] || die "rules_for_job: no job=\"efa-device-plugin\" in $RULES_FILE"
 expect_render prometheusrule --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.labels.release=prom \
-  --set metrics.prometheusRule.namespace=monitoring
+  --set metrics.prometheusRule.namespace=monitoring --set metrics.serviceMonitor.enabled=true \
+  --set-json 'networkPolicy.metricsNamespaces=["monitoring"]'
 expect prometheusrule '[k for k in kinds() if k.startswith("PrometheusRule")]' '["PrometheusRule/efa-aws-efa-k8s-device-plugin"]'
 expect prometheusrule 'obj("PrometheusRule")["metadata"]["labels"]["release"] + " " + obj("PrometheusRule")["metadata"]["namespace"]' 'prom monitoring'
-expect prometheusrule '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True)' "$rules_json"
+expect prometheusrule '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True)' "$(rules_for_job "$FULLNAME-metrics")"
+# The job is the ServiceMonitor's: the Prometheus Operator names it after the Service it selects.
+expect prometheusrule 'sorted({m for g in obj("PrometheusRule")["spec"]["groups"] for r in g["rules"] for m in __import__("re").findall(r"job=\"([^\"]*)\"", r["expr"])} | {obj("Service")["metadata"]["name"]})' '["'"$FULLNAME"'-metrics"]'
+expect prometheusrule '(obj("Service")["metadata"]["labels"] | obj("ServiceMonitor")["spec"]["selector"]["matchLabels"]) == obj("Service")["metadata"]["labels"] and "jobLabel" not in obj("ServiceMonitor")["spec"]' 'true'
+expect prometheusrule 'sorted(r["alert"] for g in obj("PrometheusRule")["spec"]["groups"] for r in g["rules"] if "runbook_url" in r.get("annotations", {}))' '[]'
 checks prometheusrule
-# runbookBaseURL moves every alert's runbook_url (to BASE#alertname), and nothing else.
+# metrics.prometheusRule.job: the job of a scrape config of your own.
+expect_render prometheusrule-job --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.job=kubernetes-pods/efa
+expect prometheusrule-job '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True)' "$(rules_for_job kubernetes-pods/efa)"
+checks prometheusrule-job
+# runbookBaseURL sets every alert's runbook_url (to BASE#alertname), and nothing else.
 mirror="https://git.example.com/mirror/efa/-/blob/main/docs/runbook.md"
 expect_render prometheusrule-runbook --set metrics.prometheusRule.enabled=true \
   --set metrics.prometheusRule.runbookBaseURL="$mirror"
 expect prometheusrule-runbook 'sorted({r["annotations"]["runbook_url"] == "'"$mirror"'#" + r["alert"].lower() for g in obj("PrometheusRule")["spec"]["groups"] for r in g["rules"]})' '[true]'
-expect prometheusrule-runbook '__import__("json").dumps(obj("PrometheusRule")["spec"], sort_keys=True).replace("'"$mirror"'#", "https://github.com/aws/efa-k8s-device-plugin/blob/main/docs/runbook.md#")' "$rules_json"
+expect prometheusrule-runbook '__import__("json").dumps({"groups": [dict(g, rules=[dict(r, annotations={k: v for k, v in r["annotations"].items() if k != "runbook_url"}) for r in g["rules"]]) for g in obj("PrometheusRule")["spec"]["groups"]]}, sort_keys=True)' "$(rules_for_job "$FULLNAME-metrics")"
 checks prometheusrule-runbook
 expect_reject prometheusrule-runbook-anchor 'runbookBaseURL' --set metrics.prometheusRule.runbookBaseURL='https://example.com/runbook.md#top'
 expect_render prometheusrule-ns --set metrics.prometheusRule.enabled=true

@@ -10,7 +10,9 @@ with the shipped alert rules loaded:
   its instance type (g5.48xlarge, given) can have an EFA: efas_expected 1,
   efas_found 0, as on a g5 launched without one;
 - every query of the shipped dashboard returns data (/api/v1/query) for
-  the p5's cluster (each node is given a cluster label of its own).
+  the p5's cluster (each node is given a cluster label of its own);
+- once the p5's daemon stops, EfaDevicePluginScrapeFailing fires for it
+  (the scrape job is the one the rules name, efa-device-plugin).
 
 The rules file is not templated, so the test loads a copy whose `for:`
 durations are all shortened to FOR (3 s); the expressions are the file's.
@@ -200,6 +202,19 @@ def main():
             assert prom.query('efa_device_plugin_efas_found{node="idle"} == 0 and on (node) '
                               'efa_device_plugin_efas_expected{node="idle"} == 1')
             print("ok   - node without EFA: no alert pending or firing at any evaluation")
+
+            # The p5's daemon stops (its target stays, as a crash-looping
+            # pod's does): its scrapes fail and EfaDevicePluginScrapeFailing
+            # fires for the node, read from `up` of the rules' job; the idle
+            # node's target, still up, does not.
+            daemon = p5.procs[-1]
+            daemon.terminate()
+            daemon.wait(timeout=10)
+            fired = wait_for("EfaDevicePluginScrapeFailing firing for p5",
+                             lambda: prom.alerts("EfaDevicePluginScrapeFailing", "p5", "firing"))
+            assert not prom.alerts("EfaDevicePluginScrapeFailing", "idle"), prom.alerts()
+            print(f"ok   - p5's daemon stopped: EfaDevicePluginScrapeFailing fires: "
+                  f"{fired[0]['annotations']['description']}")
     print(f"prometheus_test: {time.monotonic() - start:.0f} s")
     return 0
 
