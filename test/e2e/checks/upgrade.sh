@@ -115,7 +115,8 @@ upgrade_to() {
     # (ContainerStatusUnknown) and the DaemonSet waits for it. Such a pod
     # (none of its containers running) is force-deleted, as an operator
     # would; a daemon that does not stop is still the kubelet's to kill.
-    if ! e2e_wait_for 30 "the old plugin pod $old_name to go" pod_uid_gone "$old" \
+    # (The kubelet removes a deleted pod 6-9 s after its container ends.)
+    if ! e2e_wait_for 15 "the old plugin pod $old_name to go" pod_uid_gone "$old" \
         && e2e_kubectl get pod -n "$CHART_NS" "$old_name" -o json 2>/dev/null \
           | jq -e '.metadata.deletionTimestamp != null and all(.status.containerStatuses[]?; .state.running == null)' >/dev/null; then
       info "[$step] the kubelet left the old plugin pod $old_name terminating with no container running (a kubelet 1.20 race): force-deleting it"
