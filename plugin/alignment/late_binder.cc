@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <system_error>
 
 #include "absl/strings/escaping.h"
@@ -308,8 +309,10 @@ std::map<std::string, std::string> LateBinder::Reserved() {
       return options_.replicas > 1 ? replica && replica->replica < options_.replicas : !replica;
     });
   };
+  std::set<std::string> held_by_id;  // their claims
   for (const auto& [claim, c] : checkpointed.claims) {
     if (!c.efas_by_id || advertised(c)) continue;
+    held_by_id.insert(claim);
     for (const std::string& id : c.efas) {
       const auto replica = topology::ParseReplicaId(id);
       reserved[replica ? replica->ibdev : id] =
@@ -317,6 +320,24 @@ std::map<std::string, std::string> LateBinder::Reserved() {
                        " (an earlier configuration) until its containers end");
     }
   }
+  // A deleted pod's entries stay in the checkpoint until the kubelet writes
+  // it again, and with every EFA reserved no admission comes to make it:
+  // when List lacks containers held so, the kubelet is asked to rewrite it
+  // (List itself made it forget the pods gone), as for bindings.
+  bool refresh = false;
+  if (!held_by_id.empty()) {
+    const auto list = pod_resources_.List();
+    if (list.ok()) {
+      std::set<std::string> stale;
+      const std::set<std::string> listed = ListedClaims(*list);
+      std::set_difference(held_by_id.begin(), held_by_id.end(), listed.begin(), listed.end(),
+                          std::inserter(stale, stale.end()));
+      absl::MutexLock lock(&mu_);
+      refresh = !stale.empty() && stale != reserved_stale_;
+      reserved_stale_ = std::move(stale);
+    }
+  }
+  if (refresh && options_.refresh_checkpoint) options_.refresh_checkpoint();
   absl::MutexLock lock(&mu_);
   Adopt(checkpointed);
   for (const auto& [claim, binding] : bindings_) {

@@ -142,7 +142,11 @@ class LateBinder {
   // Without late binding: the physical EFAs no new container may be given
   // (ibdev -> why): those bound by an earlier late-binding configuration,
   // and those held by ID under another resource name or replica count.
-  // Empty with late binding, which counts them at each binding. Thread-safe.
+  // Empty with late binding, which counts them at each binding. When
+  // pod-resources List lacks containers the checkpoint says hold EFAs so (a
+  // deleted pod's entries stay until the kubelet writes the file again),
+  // asks for the rewrite (`refresh_checkpoint`) once per such set.
+  // Thread-safe.
   std::map<std::string, std::string> Reserved();
   // The bindings held under the EFA resource name not served now (sharing's
   // rename changed it): their containers keep their EFAs while they run,
@@ -291,6 +295,8 @@ class LateBinder {
   // The bound claims the checkpoint held and List did not at the latest pass
   // that had both (the checkpoint is refreshed when this set changes).
   std::set<std::string> checkpoint_only_ ABSL_GUARDED_BY(mu_);
+  // The same for the containers holding reserved EFAs by ID (Reserved()).
+  std::set<std::string> reserved_stale_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace efa::plugin

@@ -676,12 +676,23 @@ TEST_CASE("Without late binding, EFAs held by ID under another name or replica c
       {ByIdEntry("same", kEfa, node.Group(0)), ByIdEntry("renamed", kSharedResourceName, shared)});
   LateBinderOptions options = node.Options();
   options.late_binding = false;
+  int refreshes = 0;
+  options.refresh_checkpoint = [&refreshes] { ++refreshes; };
+  options.pod_resources.burst = 100;  // every look asks List
   LateBinder binder(options);
   const auto reserved = binder.Reserved();
   // Group 0 is held under the IDs advertised now: the kubelet counts it.
   CHECK(reserved.size() == 2);
   CHECK(reserved.count(node.Group(1)[0]) == 1);
   CHECK(reserved.count(node.Group(1)[1]) == 1);
+  CHECK(refreshes == 0);  // no pod-resources to tell
+  // List answers without "renamed": its pod may be deleted, its entries
+  // left until the kubelet writes the checkpoint again. Asked once.
+  efa::testing::FakeKubelet kubelet(efa::testing::FakeKubelet::ForKubeletDir(node.kubelet_dir()));
+  REQUIRE(kubelet.Start().ok());
+  CHECK(binder.Reserved() == reserved);
+  CHECK(binder.Reserved() == reserved);
+  CHECK(refreshes == 1);
 }
 
 TEST_CASE("A binding recovered after a restart keeps its owner: its container's restart keeps it",
