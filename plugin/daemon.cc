@@ -44,9 +44,11 @@ struct Daemon::Fds {
 
 Daemon::Daemon(DaemonOptions options)
     : options_(std::move(options)),
-      loop_({.now = [clock = options_.clock] { return clock->Now(); },
+      loop_({.now = [clock = options_.clock] {
+  return clock->Now(); },
              .take_signals = options_.handle_signals,
-             .on_hangup = [this] { Hangup(); }}),
+             .on_hangup = [this] {
+  Hangup(); }}),
       fds_(std::make_unique<Fds>()),
       service_(DevicePluginService::Options{options_.report_numa, options_.replicas}),
       registrar_({.kubelet_dir = options_.kubelet_dir,
@@ -71,7 +73,10 @@ Daemon::Daemon(DaemonOptions options)
                 .full_rescan_interval = options_.full_rescan_interval,
                 .on_inventory = options_.on_inventory,
                 .clock = options_.clock,
-                .inotify_fd = fds_->inotify},
+                .inotify_fd = fds_->inotify,
+                .reserved = [this]() -> const auto& { return reserved_;
+}  // namespace efa::plugin
+},
                &service_, &guards_, counters_.get()) {
   SetUpAlignment();
   service_.SetRpcObserver(options_.rpc_observer);
@@ -89,7 +94,7 @@ EfaCounterMonitorOptions Daemon::CounterOptions() {
   counters.idle_timeout = options_.idle_timeout;
   counters.health = options_.device_health;
   counters.holders = EfaCounterMonitor::PodResourcesHolders(
-      options_.kubelet_dir / "pod-resources/kubelet.sock", options_.resource_name,
+      options_.kubelet_dir / "pod-resources/kubelet.sock",
       [this](const std::vector<std::string>& ids) { return PhysicalEfas(ids); });
   counters.on_health_change = [this] {
     health_changed_ = true;
@@ -102,15 +107,17 @@ void Daemon::SetUpAlignment() {
   AlignerOptions aligner_options;
   aligner_options.kubelet_dir = options_.kubelet_dir;
   aligner_options.proc_root = options_.roots.proc;
-  aligner_options.efa_resource = options_.resource_name;
   aligner_options.resources = options_.accelerator_resources;
   aligner_options.pod_resources.now = [this] { return options_.clock->Now(); };
-  if (options_.alignment == AlignmentMode::kLateBinding) {
+  // In every mode: bindings an earlier configuration made are kept until
+  // their containers end (LateBinder).
+  {
     LateBinderOptions late;
+    late.late_binding = options_.alignment == AlignmentMode::kLateBinding;
     late.cdi_dir = options_.cdi_dir;
     late.kubelet_dir = options_.kubelet_dir;
     late.proc_root = options_.roots.proc;
-    late.efa_resource = options_.resource_name;
+    late.resource_name = options_.resource_name;
     late.replicas = options_.replicas;
     late.resources = options_.accelerator_resources;
     late.now = [this] { return options_.clock->Now(); };
@@ -122,20 +129,22 @@ void Daemon::SetUpAlignment() {
       Wake();
     };
     late_binder_ = std::make_unique<LateBinder>(std::move(late));
+  }
+  if (late_binding()) {
     service_.SetLateBinding(
         [this](const topology::DeviceTable& table, const std::vector<std::string>& kubelet_ids) {
           return late_binder_->PreStart(table, kubelet_ids);
         },
         options_.cdi_handover);
   }
-  if (late_binder_ || options_.replicas > 1) {
+  if (late_binding() || options_.replicas > 1) {
     aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {
       return PhysicalEfas(kubelet_ids);
     };
   }
   if (options_.alignment != AlignmentMode::kOff) {
     aligner_ = std::make_unique<Aligner>(std::move(aligner_options));
-    if (!late_binder_) {
+    if (!late_binding()) {
       service_.SetTargetFinder(
           [this](const topology::HostModel& model) { return aligner_->ForAdmission(model); });
     }
@@ -174,7 +183,10 @@ Daemon::~Daemon() { registrar_.StopServer(); }
 
 std::optional<std::vector<std::string>> Daemon::PhysicalEfas(
     const std::vector<std::string>& ids) const {
-  if (late_binder_) return late_binder_->BoundEfas(ids);
+  // A binding, of this configuration or an earlier one, says; else with
+  // late binding the IDs are tokens not bound yet.
+  if (auto bound = late_binder_->BoundEfas(ids)) return bound;
+  if (late_binding()) return std::nullopt;
   return service_.Table()->PhysicalEfas(ids);
 }
 
@@ -242,8 +254,8 @@ void Daemon::HandleInotify() {
       } else if (guards_.TakeWatchEvent(ev->wd, ev->mask)) {
         // Late binding's own specs (and their temporary files) in a CDI
         // dir the MOFED guard watches are no guard's business.
-        if (late_binder_ && (name.starts_with(kCdiSpecPrefix) ||
-                             name.starts_with(std::string(".") + kCdiSpecPrefix))) {
+        if ((name.starts_with(kCdiSpecPrefix) ||
+             name.starts_with(std::string(".") + kCdiSpecPrefix))) {
           continue;
         }
         guards = true;
@@ -273,6 +285,7 @@ void Daemon::HandleInotify() {
 void Daemon::PeriodicCheck() {
   // One wake-up per interval for all periodic work, not one per kind.
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
+  if (!late_binder_->recovered()) RecoverBindings();
   tracker_.PeriodicLook(/*force=*/CheckGuards());
   ReportAlignment(/*periodic=*/true);
 }
@@ -294,7 +307,7 @@ void Daemon::ReportAlignment(bool periodic) {
       spdlog::warn("kubelet checkpoint: skipping an entry that cannot be parsed: {}", why);
     }
   }
-  if (late_binder_) ReleaseGone();
+  ReleaseGone();
   // Admissions change the checkpoint (and are reported on its inotify
   // event); a periodic pass over the same checkpoint would ask
   // pod-resources for nothing new.
@@ -327,6 +340,28 @@ bool Daemon::CheckGuards() {
 
 void Daemon::ReleaseGone() {
   next_release_ = late_binder_->ReleaseGone().value_or(Clock::time_point::max());
+  std::map<std::string, std::string> reserved = late_binder_->Reserved();
+  if (reserved == reserved_) return;
+  if (reserved.empty()) {
+    spdlog::info("no EFA is held under an earlier configuration any more");
+  } else {
+    for (const auto& [efa, why] : reserved) {
+      if (!reserved_.count(efa)) spdlog::warn("EFA {} is given to no new container: {}", efa, why);
+    }
+  }
+  reserved_ = std::move(reserved);
+  {
+    absl::MutexLock lock(&reserved_mu_);
+    reserved_efas_.clear();
+    for (const auto& [efa, why] : reserved_) reserved_efas_.insert(efa);
+  }
+  tracker_.Publish();
+}
+
+void Daemon::RecoverBindings() {
+  // Before serving: no PreStartContainer may bind, and no Allocate give, an
+  // EFA a spec holds.
+  if (late_binder_->Recover().ok()) ReleaseGone();
 }
 
 bool Daemon::OpenEventSources() {
@@ -362,11 +397,7 @@ void Daemon::Start() {
   // which may block for the registration's timeout (the idle process
   // answered 200 until it exec'ed this one).
   Heartbeat();
-  if (late_binder_) {
-    // Before serving: no PreStartContainer may bind an EFA a spec holds.
-    late_binder_->Recover();
-    ReleaseGone();
-  }
+  RecoverBindings();
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
 }
 
@@ -382,7 +413,7 @@ void Daemon::ServeAndRegister() {
       spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
     }
   }
-  if (!registrar_.registered() && !guards_.withdrawn() &&
+  if (!registrar_.registered() && !guards_.withdrawn() && late_binder_->recovered() &&
       options_.clock->Now() >= registrar_.next_attempt()) {
     TryRegister();
   }
@@ -390,7 +421,7 @@ void Daemon::ServeAndRegister() {
 
 Clock::time_point Daemon::NextRegistration() const {
   if (tracker_.has_devices() && !registrar_.registered() && !guards_.withdrawn() &&
-      registrar_.KubeletSocketPresent()) {
+      late_binder_->recovered() && registrar_.KubeletSocketPresent()) {
     return registrar_.next_attempt();
   }
   return Clock::time_point::max();

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -150,8 +152,15 @@ class Daemon {
   v1beta1::ListAndWatchResponse advertised() const { return service_.CurrentList(); }
   // Alignment counters, or null when alignment is off. Thread-safe.
   const AlignmentStats* alignment_stats() const { return aligner_ ? &aligner_->stats() : nullptr; }
-  // The late-binding state, or null in the other modes. Thread-safe.
+  // The late-binding state: bindings of this configuration or of an
+  // earlier one (LateBinder). Thread-safe.
   const LateBinder* late_binder() const { return late_binder_.get(); }
+  // The EFAs held under an earlier configuration and so given to no new
+  // container (LateBinder::Reserved). Thread-safe.
+  std::set<std::string> reserved_efas() const {
+    absl::MutexLock lock(&reserved_mu_);
+    return reserved_efas_;
+  }
   // The EFAs' counters, read when sampled. Thread-safe.
   EfaCounterMonitor& efa_counters() const { return *counters_; }
   std::filesystem::path plugin_socket() const { return registrar_.plugin_socket(); }
@@ -177,9 +186,13 @@ class Daemon {
   // Judges the containers admitted since (Aligner::Report); `periodic`:
   // only if the checkpoint changed since the last report.
   void ReportAlignment(bool periodic = false);
-  // Late binding: releases the bindings confirmed gone, and schedules the
-  // next look at those still being confirmed.
+  bool late_binding() const { return options_.alignment == AlignmentMode::kLateBinding; }
+  // Releases the bindings confirmed gone, schedules the next look at those
+  // still being confirmed, and advertises the EFAs reserved now.
   void ReleaseGone();
+  // Reads the bindings back from the CDI dir (LateBinder::Recover): before
+  // the first registration, and again at each periodic pass until whole.
+  void RecoverBindings();
   // The physical EFAs of the kubelet's device IDs `ids` of one container:
   // the late-binding bindings (nullopt while not bound), else the IDs'
   // EFAs (replicas mapped to their EFA). Thread-safe.
@@ -223,8 +236,8 @@ class Daemon {
   DevicePluginService service_;
   Registrar registrar_;  // after service_, which it serves
   GuardRunner guards_;
-  std::unique_ptr<Aligner> aligner_;         // null when alignment is off
-  std::unique_ptr<LateBinder> late_binder_;  // null unless late binding
+  std::unique_ptr<Aligner> aligner_;  // null when alignment is off
+  std::unique_ptr<LateBinder> late_binder_;
   std::unique_ptr<EfaCounterMonitor> counters_;
   DeviceTracker tracker_;                    // after what it publishes to
   std::atomic<bool> health_changed_{false};  // device health from the counters changed
@@ -234,6 +247,8 @@ class Daemon {
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
   std::atomic<int> checkpoint_entries_skipped_{0};
+  mutable absl::Mutex reserved_mu_;
+  std::set<std::string> reserved_efas_ ABSL_GUARDED_BY(reserved_mu_);
 
   // Owner-thread state.
   Clock::time_point next_periodic_;
@@ -246,6 +261,7 @@ class Daemon {
   std::chrono::milliseconds report_backoff_{0};                // doubles while reports fail
   Clock::time_point next_release_ = Clock::time_point::max();  // late binding: confirm a release
   int kubelet_watch_ = -1;
+  std::map<std::string, std::string> reserved_;  // LateBinder::Reserved, advertised
 };
 
 }  // namespace efa::plugin

@@ -60,6 +60,13 @@ void CollectOwnerLoop(const Daemon& daemon, const std::set<std::string>& unhealt
              "device health, MOFED protect); absent while Healthy.",
              MetricType::Gauge);
   for (const std::string& efa : unhealthy_efas) AddSample(unhealthy_by_efa, 1, {{"efa", efa}});
+  auto& reserved = Family(
+      out, "efa_reserved",
+      "1 for each EFA a running container holds under an earlier configuration (another "
+      "alignment mode, resource name or replica count): advertised Unhealthy, so given to no "
+      "new container, until that container ends; absent otherwise.",
+      MetricType::Gauge);
+  for (const std::string& efa : daemon.reserved_efas()) AddSample(reserved, 1, {{"efa", efa}});
   AddSample(
       Family(out, "registered", "1 while vpc.amazonaws.com/efa is registered.", MetricType::Gauge),
       daemon.registered() ? 1 : 0);
@@ -114,8 +121,9 @@ void CollectAlignment(const Daemon& daemon, std::vector<prometheus::MetricFamily
       out, "late_binding_total",
       "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "
       "(kept), PreStartContainer failures (failed), bindings released (released), recovered "
-      "from the CDI dir at start (recovered), and release passes the kubelet's records could "
-      "not decide (undecided).",
+      "from the CDI dir at start (recovered), release passes the kubelet's records could "
+      "not decide (undecided), and reads of the CDI dir that were not whole "
+      "(recover_incomplete; retried, the daemon registers only after a whole one).",
       MetricType::Counter);
   if (const LateBinder* late = daemon.late_binder()) {
     const LateBindingCounts c = late->counts();
@@ -125,6 +133,7 @@ void CollectAlignment(const Daemon& daemon, std::vector<prometheus::MetricFamily
     AddSample(events, c.released, {{"event", "released"}});
     AddSample(events, c.recovered, {{"event", "recovered"}});
     AddSample(events, c.undecided, {{"event", "undecided"}});
+    AddSample(events, c.recover_incomplete, {{"event", "recover_incomplete"}});
   }
 }
 

@@ -181,12 +181,17 @@ void DeviceTracker::PeriodicLook(bool force) {
 void DeviceTracker::Publish() {
   // Device health from the counters (opt-in) holds a present EFA Unhealthy.
   const std::map<std::string, std::string> counter_problems = counters_->HealthProblems();
+  static const std::map<std::string, std::string> kNone;
+  const std::map<std::string, std::string>& reserved =
+      options_.reserved ? options_.reserved() : kNone;
   std::vector<topology::EfaDevice> devices;
   for (const auto& [id, d] : known_) {
     devices.push_back(d);
-    auto problem = counter_problems.find(d.ibdev);
-    if (d.healthy() && problem != counter_problems.end()) {
-      devices.back().health_problem = problem->second;
+    for (const auto* problems : {&counter_problems, &reserved}) {
+      auto problem = problems->find(d.ibdev);
+      if (devices.back().healthy() && problem != problems->end()) {
+        devices.back().health_problem = problem->second;
+      }
     }
   }
   std::sort(devices.begin(), devices.end(),

@@ -40,6 +40,10 @@ class DeviceTracker {
     // The owner loop's inotify descriptor (not owned): the device
     // directories are watched on it.
     int inotify_fd = -1;
+    // The EFAs held by containers the kubelet does not count against them
+    // (ibdev -> why; LateBinder::Reserved): advertised Unhealthy, so that
+    // no new container is given them. Null: none.
+    std::function<const std::map<std::string, std::string>&()> reserved;
   };
   // Listings ("list") and device reads ("read") that failed for a reason
   // that says nothing about the devices (topology::DiscoveryError).

@@ -87,7 +87,7 @@ Targets Aligner::ForAdmission(const topology::HostModel& model) {
   }
   auto checkpointed = Checkpointed();
   int candidates = 0;
-  auto containers = ContainersWithDevices(*list, options_.resources, options_.efa_resource);
+  auto containers = ContainersWithDevices(*list, options_.resources);
   std::optional<ContainerDevices> admitted;
   {
     absl::MutexLock lock(&names_mu_);
@@ -145,7 +145,7 @@ void Aligner::LogPodResourcesChange(const absl::Status& status) {
 std::optional<std::vector<ContainerDevices>> Aligner::Checkpointed() {
   const auto checkpoint = checkpoint_.Get();
   if (!checkpoint->ok()) return std::nullopt;
-  return CheckpointedContainers(**checkpoint, options_.resources, options_.efa_resource);
+  return CheckpointedContainers(**checkpoint, options_.resources);
 }
 
 Aligner::ReportOutcome Aligner::Report(const topology::HostModel& model) {
@@ -155,7 +155,7 @@ Aligner::ReportOutcome Aligner::Report(const topology::HostModel& model) {
     stats_.Add(&AlignmentStats::Counts::report_failed);
     return ReportOutcome::kFailed;
   }
-  const auto containers = ContainersWithDevices(*list, options_.resources, options_.efa_resource);
+  const auto containers = ContainersWithDevices(*list, options_.resources);
   if (auto checkpointed = Checkpointed()) {
     absl::MutexLock lock(&names_mu_);
     LearnPodNames(containers, *checkpointed, pod_names_);

@@ -26,7 +26,6 @@ namespace efa::plugin {
 struct AlignerOptions {
   std::filesystem::path kubelet_dir = "/var/lib/kubelet";
   std::filesystem::path proc_root = "/proc";
-  std::string efa_resource = kResourceName;
   AcceleratorResources resources;
   PodResourcesClient::Options pod_resources;
   // Late binding: the physical EFAs bound for a container's kubelet device

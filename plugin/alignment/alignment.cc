@@ -64,9 +64,11 @@ std::vector<int> Profile(const topology::HostModel& model, const std::vector<std
 
 // Files device `id` of `resource` under `c` when it is an accelerator or an EFA.
 void AddDevice(const std::string& resource, const std::string& id,
-               const AcceleratorResources& resources, const std::string& efa_resource,
-               ContainerDevices& c) {
-  if (resource == efa_resource) c.efas.push_back(id);
+               const AcceleratorResources& resources, ContainerDevices& c) {
+  if (IsEfaResource(resource)) {
+    c.efas.push_back(id);
+    c.efa_resource = resource;
+  }
   if (Contains(resources.gpu, resource) || Contains(resources.neuron, resource) ||
       Contains(resources.neuroncore, resource)) {
     c.accelerators.emplace_back(resource, id);
@@ -85,15 +87,17 @@ bool SameDevices(const ContainerDevices& a, const ContainerDevices& b) {
 }  // namespace
 
 std::vector<ContainerDevices> ContainersWithDevices(const v1::ListPodResourcesResponse& list,
-                                                    const AcceleratorResources& resources,
-                                                    const std::string& efa_resource) {
+                                                    const AcceleratorResources& resources) {
   std::vector<ContainerDevices> out;
   for (const auto& pod : list.pod_resources()) {
     for (const auto& container : pod.containers()) {
-      ContainerDevices c{pod.namespace_(), pod.name(), container.name(), {}, {}, {}};
+      ContainerDevices c;
+      c.pod_namespace = pod.namespace_();
+      c.pod_name = pod.name();
+      c.container = container.name();
       for (const auto& devices : container.devices()) {
         for (const std::string& id : devices.device_ids()) {
-          AddDevice(devices.resource_name(), id, resources, efa_resource, c);
+          AddDevice(devices.resource_name(), id, resources, c);
         }
       }
       if (!c.accelerators.empty() || !c.efas.empty()) out.push_back(std::move(c));
@@ -103,16 +107,14 @@ std::vector<ContainerDevices> ContainersWithDevices(const v1::ListPodResourcesRe
 }
 
 std::vector<ContainerDevices> CheckpointedContainers(const KubeletCheckpoint& checkpoint,
-                                                     const AcceleratorResources& resources,
-                                                     const std::string& efa_resource) {
+                                                     const AcceleratorResources& resources) {
   std::map<std::pair<std::string, std::string>, ContainerDevices> by_container;
   for (const CheckpointEntry& e : checkpoint.entries) {
     ContainerDevices& c = by_container[{e.pod_uid, e.container_name}];
     c.pod_uid = e.pod_uid;
     c.container = e.container_name;
-    for (const std::string& id : e.device_ids) {
-      AddDevice(e.resource_name, id, resources, efa_resource, c);
-    }
+    for (const std::string& id : e.device_ids) AddDevice(e.resource_name, id, resources, c);
+    if (IsEfaResource(e.resource_name) && e.alloc_resp.devices_size() > 0) c.efas_by_id = true;
   }
   std::vector<ContainerDevices> out;
   for (auto& [key, c] : by_container) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "plugin/kubelet/kubelet_checkpoint.h"
+#include "plugin/kubelet/resource_name.h"
 #include "podresources/v1/api.pb.h"
 #include "topology/allocation_policy.h"
 #include "topology/host_model.h"
@@ -36,20 +37,24 @@ struct ContainerDevices {
   std::string container;
   std::vector<std::pair<std::string, std::string>> accelerators;  // (resource, device ID)
   std::vector<std::string> efas;
-  std::string pod_uid;  // from the checkpoint only (pod-resources v1 has none)
+  std::string efa_resource;  // the EFA resource name `efas` are held under
+  std::string pod_uid;       // from the checkpoint only (pod-resources v1 has none)
+  // From the checkpoint only: the Allocate answer for `efas` gave device
+  // nodes by ID (best effort, alignment off), not a CDI device (late
+  // binding). The container then holds the EFAs its IDs name, in any mode.
+  bool efas_by_id = false;
   std::string Name() const { return pod_namespace + "/" + pod_name + "/" + container; }
 };
 
-// The containers of `list` holding accelerators or EFAs (`efa_resource`).
+// The containers of `list` holding accelerators or EFAs (under either EFA
+// resource name, plugin/kubelet/resource_name.h).
 std::vector<ContainerDevices> ContainersWithDevices(const v1::ListPodResourcesResponse& list,
-                                                    const AcceleratorResources& resources,
-                                                    const std::string& efa_resource);
+                                                    const AcceleratorResources& resources);
 
 // The checkpoint's containers holding accelerators or EFAs, by pod UID and
 // container name (no pod namespace or name: the checkpoint has none).
 std::vector<ContainerDevices> CheckpointedContainers(const KubeletCheckpoint& checkpoint,
-                                                     const AcceleratorResources& resources,
-                                                     const std::string& efa_resource);
+                                                     const AcceleratorResources& resources);
 
 // Pod UID -> "namespace/name", learned where exactly one pod-resources
 // container holds exactly a checkpointed container's devices.

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -148,6 +149,67 @@ absl::StatusOr<std::vector<std::string>> ParseCdiSpec(std::string_view json,
     return ids;
   }
   return fail(absl::StrCat("devices[0].containerEdits.env: no ", kEnvDevices));
+}
+
+std::string ClaimRecordFileName(const std::string& claim) {
+  return absl::StrCat(kCdiSpecPrefix, claim, kClaimRecordSuffix);
+}
+
+std::string ClaimRecordJson(const std::string& claim, const ClaimRecord& record) {
+  const nlohmann::ordered_json doc = {
+      {"version", kClaimRecordVersion},   {"claim", claim},
+      {"mode", "late-binding"},           {"owner", record.owner},
+      {"kubeletIds", record.kubelet_ids}, {"resource", record.resource},
+      {"replicas", record.replicas},      {"efas", record.efas}};
+  return doc.dump() + "\n";
+}
+
+absl::StatusOr<ClaimRecord> ParseClaimRecord(std::string_view json, const std::string& claim,
+                                             const std::string& source) {
+  auto fail = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", why));
+  };
+  const nlohmann::json doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return fail("expected a JSON object");
+  auto strings = [&](const char* key) -> std::optional<std::vector<std::string>> {
+    auto it = doc.find(key);
+    if (it == doc.end() || !it->is_array()) return std::nullopt;
+    std::vector<std::string> out;
+    for (const auto& v : *it) {
+      if (!v.is_string()) return std::nullopt;
+      out.push_back(v.get<std::string>());
+    }
+    return out;
+  };
+  auto text = [&](const char* key) -> std::optional<std::string> {
+    auto it = doc.find(key);
+    if (it == doc.end() || !it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  ClaimRecord r;
+  auto version = doc.find("version");
+  if (version == doc.end() || !version->is_number_integer() || *version < 1) {
+    return fail("version: expected a positive integer");
+  }
+  r.version = version->get<int>();
+  if (text("claim") != claim) return fail(absl::StrCat("claim: expected \"", claim, "\""));
+  auto efas = strings("efas");
+  if (!efas || efas->empty()) return fail("efas: expected a non-empty list of strings");
+  r.efas = *std::move(efas);
+  if (r.version > kClaimRecordVersion) return r;
+  auto owner = text("owner");
+  auto ids = strings("kubeletIds");
+  auto resource = text("resource");
+  auto replicas = doc.find("replicas");
+  if (!owner || !ids || !resource || replicas == doc.end() || !replicas->is_number_integer() ||
+      *replicas < 1) {
+    return fail("expected owner, kubeletIds, resource and replicas");
+  }
+  r.owner = *std::move(owner);
+  r.kubelet_ids = *std::move(ids);
+  r.resource = *std::move(resource);
+  r.replicas = replicas->get<int>();
+  return r;
 }
 
 absl::Status WriteFileAtomically(const fs::path& path, std::string_view content, mode_t mode) {

@@ -80,6 +80,37 @@ absl::StatusOr<std::vector<std::string>> ParseCdiSpec(std::string_view json,
                                                       const std::string& claim,
                                                       const std::string& source);
 
+// Beside each spec, <prefix><claim>.state, what recovering the claim after
+// a restart, upgrade or downgrade needs and the spec has no room for (CDI
+// readers read only *.json and *.yaml):
+//
+//   {"version":1,"claim":"claim-..","mode":"late-binding","owner":"<pod UID>",
+//    "kubeletIds":["efa_0",..],"resource":"vpc.amazonaws.com/efa","replicas":1,
+//    "efas":["rdmap16s27",..]}
+//
+// A later format raises "version" and keeps "claim" and "efas": a reader
+// keeps a newer record's claim bound to its "efas" and reads none of its
+// other fields.
+inline constexpr char kClaimRecordSuffix[] = ".state";
+inline constexpr int kClaimRecordVersion = 1;
+struct ClaimRecord {
+  int version = kClaimRecordVersion;
+  std::string owner;  // the pod UID, "" when unknown
+  std::vector<std::string> kubelet_ids;
+  std::string resource;  // the EFA resource name the kubelet allocated
+  int replicas = 1;      // sharing's replicas when bound: 1 is exclusive
+  std::vector<std::string> efas;
+};
+
+// "vpc.amazonaws.com-efa_<claim>.state".
+std::string ClaimRecordFileName(const std::string& claim);
+// The record as text ending in a newline (version kClaimRecordVersion).
+std::string ClaimRecordJson(const std::string& claim, const ClaimRecord& record);
+// Parses a record for `claim`; messages start with `source`. A record of a
+// newer version comes back with its version and EFAs only.
+absl::StatusOr<ClaimRecord> ParseClaimRecord(std::string_view json, const std::string& claim,
+                                             const std::string& source);
+
 // Replaces `path` with `content` so that a reader sees the old file or the
 // new one, never a part: a temporary file in the same directory (a name
 // starting with '.' and ending in ".tmp", which CDI readers skip) written,

@@ -1,6 +1,7 @@
 #include "plugin/alignment/late_binder.h"
 
 #include <algorithm>
+#include <cstring>
 #include <system_error>
 
 #include "absl/strings/escaping.h"
@@ -13,6 +14,7 @@
 #include "spdlog/spdlog.h"
 #include "topology/allocation_policy.h"
 #include "topology/nvidia_gpus.h"
+#include "topology/replica_id.h"
 #include "topology/sysfs.h"
 
 namespace efa::plugin {
@@ -41,10 +43,9 @@ std::string DescribeClaim(const std::string& claim, const std::vector<std::strin
 // device IDs `kubelet_ids`, if any.
 std::optional<ContainerDevices> FindByDevices(const v1::ListPodResourcesResponse& list,
                                               const AcceleratorResources& resources,
-                                              const std::string& efa_resource,
                                               const std::vector<std::string>& kubelet_ids) {
   const std::vector<std::string> wanted = Sorted(kubelet_ids);
-  for (ContainerDevices& c : ContainersWithDevices(list, resources, efa_resource)) {
+  for (ContainerDevices& c : ContainersWithDevices(list, resources)) {
     if (Sorted(c.efas) == wanted) return std::move(c);
   }
   return std::nullopt;
@@ -77,9 +78,62 @@ fs::path LateBinder::SpecPath(const std::string& claim) const {
   return options_.cdi_dir / CdiSpecFileName(claim);
 }
 
-int LateBinder::Recover() {
+absl::Status LateBinder::RecoverSpec(const fs::path& path, std::map<std::string, Binding>& out) {
+  const std::string claim = ClaimOfSpecFile(path.filename().string());
+  absl::StatusOr<std::string> text = topology::ReadFileBounded(path, kMaxCdiSpecBytes);
+  if (absl::IsNotFound(text.status())) return absl::OkStatus();  // released meanwhile
+  if (!text.ok() && topology::ErrnoOf(text.status()) != 0) return text.status();
+  const fs::path record_path = options_.cdi_dir / ClaimRecordFileName(claim);
+  absl::StatusOr<std::string> record_text =
+      topology::ReadFileBounded(record_path, kMaxCdiSpecBytes);
+  std::optional<ClaimRecord> record;
+  if (record_text.ok()) {
+    absl::StatusOr<ClaimRecord> parsed =
+        ParseClaimRecord(*record_text, claim, record_path.string());
+    if (parsed.ok()) {
+      record = *std::move(parsed);
+    } else {
+      spdlog::warn("late binding: {}; taking the owner of {} from the kubelet checkpoint",
+                   std::string(parsed.status().message()), claim);
+    }
+  } else if (!absl::IsNotFound(record_text.status())) {
+    return record_text.status();
+  }
+  absl::StatusOr<std::vector<std::string>> efas =
+      text.ok() ? ParseCdiSpec(*text, claim, path.string())
+                : absl::StatusOr<std::vector<std::string>>(text.status());
+  const bool newer = record && record->version > kClaimRecordVersion;
+  if (!efas.ok() && newer) {
+    // A later release's spec: its record says which EFAs it holds.
+    efas = record->efas;
+  } else if (!efas.ok()) {
+    std::error_code remove_ec;
+    fs::remove(path, remove_ec);
+    fs::remove(record_path, remove_ec);
+    spdlog::error(
+        "late binding: cannot recover a binding from {}; {}: its EFAs are unknown and its "
+        "container gets new ones at its next start",
+        std::string(efas.status().message()),
+        remove_ec ? "could not remove it either (" + remove_ec.message() + ")" : "removed it");
+    return absl::OkStatus();
+  }
+  Binding b;
+  b.efas = Sorted(*efas);
+  if (text.ok()) b.spec = *std::move(text);
+  if (record && !newer) {
+    b.owner = record->owner;
+    b.kubelet_ids = record->kubelet_ids;
+    b.resource = record->resource;
+    b.exclusive = record->replicas == 1;
+  }
+  out[claim] = std::move(b);
+  return absl::OkStatus();
+}
+
+absl::Status LateBinder::Recover() {
   std::error_code ec;
-  std::vector<fs::path> files;
+  std::vector<fs::path> specs;
+  std::set<std::string> records;  // claims with a record
   for (fs::directory_iterator it(options_.cdi_dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (absl::StartsWith(name, std::string(".") + kCdiSpecPrefix) && absl::EndsWith(name, ".tmp")) {
@@ -88,28 +142,35 @@ int LateBinder::Recover() {
       fs::remove(it->path(), remove_ec);
       continue;
     }
-    if (!ClaimOfSpecFile(name).empty()) files.push_back(it->path());
-  }
-  std::sort(files.begin(), files.end());
-  std::map<std::string, Binding> recovered;
-  std::map<std::string, std::vector<std::string>> owners_of;  // EFA -> claims
-  for (const fs::path& path : files) {
-    const std::string claim = ClaimOfSpecFile(path.filename().string());
-    absl::StatusOr<std::string> text = topology::ReadFileBounded(path, kMaxCdiSpecBytes);
-    absl::StatusOr<std::vector<std::string>> efas =
-        text.ok() ? ParseCdiSpec(*text, claim, path.string())
-                  : absl::StatusOr<std::vector<std::string>>(text.status());
-    if (!efas.ok()) {
-      std::error_code remove_ec;
-      fs::remove(path, remove_ec);
-      spdlog::error(
-          "late binding: cannot recover a binding from {}; {}: its EFAs are unknown and its "
-          "container gets new ones at its next start",
-          std::string(efas.status().message()),
-          remove_ec ? "could not remove it either (" + remove_ec.message() + ")" : "removed it");
-      continue;
+    if (!ClaimOfSpecFile(name).empty()) specs.push_back(it->path());
+    if (absl::StartsWith(name, kCdiSpecPrefix) && absl::EndsWith(name, kClaimRecordSuffix)) {
+      records.insert(
+          name.substr(std::strlen(kCdiSpecPrefix),
+                      name.size() - std::strlen(kCdiSpecPrefix) - std::strlen(kClaimRecordSuffix)));
     }
-    for (const std::string& efa : *efas) {
+  }
+  absl::Status status;
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    status = absl::UnavailableError(
+        absl::StrCat("cannot list ", options_.cdi_dir.string(), ": ", ec.message()));
+  }
+  std::sort(specs.begin(), specs.end());
+  std::map<std::string, Binding> recovered;
+  for (const fs::path& path : specs) {
+    records.erase(ClaimOfSpecFile(path.filename().string()));
+    if (absl::Status read = RecoverSpec(path, recovered); !read.ok() && status.ok()) {
+      status = read;
+    }
+  }
+  if (status.ok()) {
+    for (const std::string& claim : records) {  // its spec was released
+      std::error_code remove_ec;
+      fs::remove(options_.cdi_dir / ClaimRecordFileName(claim), remove_ec);
+    }
+  }
+  std::map<std::string, std::vector<std::string>> owners_of;  // EFA -> claims
+  for (const auto& [claim, binding] : recovered) {
+    for (const std::string& efa : binding.efas) {
       std::vector<std::string>& owners = owners_of[efa];
       owners.push_back(claim);
       // With sharing, up to `replicas` claims bind one EFA.
@@ -119,23 +180,48 @@ int LateBinder::Recover() {
             "containers than its {} replica(s) may share it; each is bound afresh at its next "
             "start",
             efa, owners.size(), owners.front(), claim, SpecPath(owners.front()).string(),
-            path.string(), options_.replicas);
+            SpecPath(claim).string(), options_.replicas);
       }
     }
-    recovered[claim] = Binding{Sorted(*efas), "", *std::move(text), 0, {}, {}};
   }
-  const int n = static_cast<int>(recovered.size());
   absl::MutexLock lock(&mu_);
   for (auto& [claim, binding] : recovered) {
-    spdlog::info("late binding: recovered {} (EFAs {}) from {}", claim,
-                 absl::StrJoin(binding.efas, ","), SpecPath(claim).string());
+    if (bindings_.count(claim)) continue;  // recovered at an earlier pass
+    spdlog::info("late binding: recovered {} (EFAs {}{}) from {}", claim,
+                 absl::StrJoin(binding.efas, ","),
+                 binding.owner.empty() ? "" : ", pod " + binding.owner, SpecPath(claim).string());
+    ++counts_.recovered;
     bindings_[claim] = std::move(binding);
   }
-  counts_.recovered += n;
-  return n;
+  const std::string problem(status.message());
+  if (problem != recover_problem_) {
+    if (problem.empty()) {
+      spdlog::info("late binding: the CDI dir {} is read whole again", options_.cdi_dir.string());
+    } else {
+      spdlog::error(
+          "late binding: {}: the bindings there are not all known; registering with the "
+          "kubelet only once they are (retried at each periodic pass)",
+          problem);
+    }
+    recover_problem_ = problem;
+  }
+  if (!status.ok()) ++counts_.recover_incomplete;
+  recovered_ = recovered_ || status.ok();
+  return status;
 }
 
-LateBinder::Checkpointed LateBinder::ReadCheckpointed(const std::string& claim) const {
+bool LateBinder::recovered() const {
+  absl::MutexLock lock(&mu_);
+  return recovered_;
+}
+
+std::set<std::string> LateBinder::Checkpointed::ClaimNames() const {
+  std::set<std::string> names;
+  for (const auto& [claim, c] : claims) names.insert(claim);
+  return names;
+}
+
+LateBinder::Checkpointed LateBinder::ReadCheckpointed() const {
   Checkpointed out;
   const auto read = checkpoint_.Get();
   if (!read->ok()) {
@@ -145,21 +231,94 @@ LateBinder::Checkpointed LateBinder::ReadCheckpointed(const std::string& claim) 
   const KubeletCheckpoint* checkpoint = &**read;
   for (size_t i = 0; i < checkpoint->skipped_entry_resources.size(); ++i) {
     const std::string& resource = checkpoint->skipped_entry_resources[i];
-    if (resource.empty() || resource == options_.efa_resource) {
+    if (resource.empty() || IsEfaResource(resource)) {
       out.problem = checkpoint->skipped[i];
       break;
     }
   }
-  for (ContainerDevices& c :
-       CheckpointedContainers(*checkpoint, options_.resources, options_.efa_resource)) {
+  for (ContainerDevices& c : CheckpointedContainers(*checkpoint, options_.resources)) {
     if (c.efas.empty()) continue;
-    const std::string c_claim = ClaimName(c.efas);
-    out.claims.insert(c_claim);
     // A stale entry of a deleted pod never shares its IDs with a live one
-    // (the kubelet frees them first), so a second match is not expected.
-    if (c_claim == claim && !out.container) out.container = std::move(c);
+    // (the kubelet frees them first); a pod's containers may (devicesToReuse).
+    auto [it, added] = out.claims.try_emplace(ClaimName(c.efas), c);
+    if (!added && it->second.pod_uid == c.pod_uid) {
+      it->second.accelerators.insert(it->second.accelerators.end(), c.accelerators.begin(),
+                                     c.accelerators.end());
+      it->second.efas_by_id = it->second.efas_by_id || c.efas_by_id;
+    }
   }
   return out;
+}
+
+void LateBinder::Adopt(const Checkpointed& checkpointed) {
+  for (auto& [claim, binding] : bindings_) {
+    // Unknown, or named by pod-resources before the checkpoint had it.
+    if (!binding.owner.empty() && !absl::StartsWith(binding.owner, "pod ")) continue;
+    auto it = checkpointed.claims.find(claim);
+    if (it == checkpointed.claims.end()) continue;
+    const ContainerDevices& c = it->second;
+    binding.owner = c.pod_uid;
+    binding.kubelet_ids = c.efas;
+    binding.resource = c.efa_resource;
+    binding.exclusive = !topology::ParseReplicaId(c.efas.front()).has_value();
+    spdlog::info("late binding: {} (EFAs {}) belongs to pod {} (from the kubelet checkpoint)",
+                 claim, absl::StrJoin(binding.efas, ","), binding.owner);
+    // A later release's spec is left as it wrote it.
+    if (binding.spec.empty()) continue;
+    if (absl::Status written = WriteSpec(claim, claim, binding); !written.ok()) {
+      spdlog::warn("late binding: {}", std::string(written.message()));
+    }
+  }
+}
+
+std::map<std::string, int> LateBinder::Taken(const Checkpointed& checkpointed,
+                                             const std::string& except, int replicas) const {
+  std::map<std::string, int> taken;
+  for (const auto& [claim, binding] : bindings_) {
+    if (claim == except) continue;
+    for (const std::string& efa : binding.efas) taken[efa] += binding.exclusive ? replicas : 1;
+  }
+  for (const auto& [claim, c] : checkpointed.claims) {
+    if (!c.efas_by_id || claim == except || bindings_.count(claim)) continue;
+    for (const std::string& id : c.efas) {
+      const auto replica = topology::ParseReplicaId(id);
+      taken[replica ? replica->ibdev : id] += replica ? 1 : replicas;
+    }
+  }
+  return taken;
+}
+
+std::map<std::string, std::string> LateBinder::Reserved() {
+  std::map<std::string, std::string> reserved;
+  if (options_.late_binding) return reserved;
+  const Checkpointed checkpointed = ReadCheckpointed();
+  // IDs as the daemon advertises them now: held so, the kubelet counts them.
+  auto advertised = [&](const ContainerDevices& c) {
+    if (c.efa_resource != options_.resource_name) return false;
+    return std::all_of(c.efas.begin(), c.efas.end(), [&](const std::string& id) {
+      const auto replica = topology::ParseReplicaId(id);
+      return options_.replicas > 1 ? replica && replica->replica < options_.replicas : !replica;
+    });
+  };
+  for (const auto& [claim, c] : checkpointed.claims) {
+    if (!c.efas_by_id || advertised(c)) continue;
+    for (const std::string& id : c.efas) {
+      const auto replica = topology::ParseReplicaId(id);
+      reserved[replica ? replica->ibdev : id] =
+          absl::StrCat("held by pod ", c.pod_uid, " as ", c.efa_resource, " device ", id,
+                       " (an earlier configuration) until its containers end");
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  Adopt(checkpointed);
+  for (const auto& [claim, binding] : bindings_) {
+    for (const std::string& efa : binding.efas) {
+      reserved[efa] = absl::StrCat("bound by late binding to ", claim,
+                                   binding.owner.empty() ? "" : " of pod " + binding.owner,
+                                   " (an earlier configuration) until its containers end");
+    }
+  }
+  return reserved;
 }
 
 std::optional<std::set<std::string>> LateBinder::LiveClaims(
@@ -184,15 +343,14 @@ std::optional<std::set<std::string>> LateBinder::LiveClaims(
       return std::nullopt;
     }
   }
-  std::set<std::string> claims = checkpointed.claims;
+  std::set<std::string> claims = checkpointed.ClaimNames();
   if (list.ok()) claims.merge(ListedClaims(*list));
   return claims;
 }
 
 std::set<std::string> LateBinder::ListedClaims(const v1::ListPodResourcesResponse& list) const {
   std::set<std::string> claims;
-  for (const ContainerDevices& c :
-       ContainersWithDevices(list, options_.resources, options_.efa_resource)) {
+  for (const ContainerDevices& c : ContainersWithDevices(list, options_.resources)) {
     if (!c.efas.empty()) claims.insert(ClaimName(c.efas));
   }
   return claims;
@@ -200,7 +358,8 @@ std::set<std::string> LateBinder::ListedClaims(const v1::ListPodResourcesRespons
 
 void LateBinder::Release(std::map<std::string, Binding>::iterator it, std::string_view why) {
   const fs::path path = SpecPath(it->first);
-  std::error_code ec;
+  std::error_code ec, record_ec;
+  fs::remove(options_.cdi_dir / ClaimRecordFileName(it->first), record_ec);
   fs::remove(path, ec);
   if (ec) {
     spdlog::warn("late binding: released {} (EFAs {}) but cannot remove {}: {}", it->first,
@@ -244,13 +403,14 @@ std::optional<std::chrono::steady_clock::time_point> LateBinder::ReleaseGone() {
     generation = generation_;
   }
   const auto list = pod_resources_.List();
-  const Checkpointed checkpointed = ReadCheckpointed("");
+  const Checkpointed checkpointed = ReadCheckpointed();
   const auto live = LiveClaims(list, checkpointed);
   const std::set<std::string> listed = list.ok() ? ListedClaims(*list) : std::set<std::string>{};
   bool refresh = false;
   std::optional<std::chrono::steady_clock::time_point> due;
   {
     absl::MutexLock lock(&mu_);
+    Adopt(checkpointed);
     if (live) {
       due = ReleaseLocked(*live, generation);
     } else {
@@ -276,19 +436,33 @@ std::optional<std::chrono::steady_clock::time_point> LateBinder::ReleaseGone() {
 }
 
 absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& described,
-                                   const std::string& spec) const {
-  const fs::path path = SpecPath(claim);
+                                   const Binding& binding) const {
   std::error_code ec;
   fs::create_directories(options_.cdi_dir, ec);  // on failure the write names the problem
-  absl::Status written = WriteFileAtomically(path, spec, kSpecMode);
-  if (written.ok()) return written;
-  return absl::Status(written.code(), absl::StrCat("cannot write the CDI spec of ", described,
-                                                   " to ", path.string(), ": ", written.message()));
+  const ClaimRecord record{.owner = binding.owner,
+                           .kubelet_ids = binding.kubelet_ids,
+                           .resource = binding.resource,
+                           .replicas = binding.exclusive ? 1 : options_.replicas,
+                           .efas = binding.efas};
+  // The record first: a spec on disk always has what recovers it beside it.
+  for (const auto& [path, content] :
+       {std::pair{options_.cdi_dir / ClaimRecordFileName(claim), ClaimRecordJson(claim, record)},
+        std::pair{SpecPath(claim), binding.spec}}) {
+    absl::Status written = WriteFileAtomically(path, content, kSpecMode);
+    if (!written.ok()) {
+      return absl::Status(written.code(),
+                          absl::StrCat("cannot write the CDI spec of ", described, " to ",
+                                       path.string(), ": ", written.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
                                   const std::vector<std::string>& kubelet_ids) {
-  Claim claim{ClaimName(kubelet_ids), "", kubelet_ids, ""};
+  Claim claim;
+  claim.name = ClaimName(kubelet_ids);
+  claim.kubelet_ids = kubelet_ids;
   claim.described = DescribeClaim(claim.name, kubelet_ids);
   if (kubelet_ids.empty()) {
     return Fail(absl::InvalidArgumentError("PreStartContainer names no devices"));
@@ -300,9 +474,27 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   }
   // By PreStartContainer the kubelet has checkpointed every resource of the
   // container: its accelerators are there, by pod UID and container name.
-  Checkpointed checkpointed = ReadCheckpointed(claim.name);
-  std::optional<ContainerDevices> container = checkpointed.container;
-  if (container) claim.owner = container->pod_uid + "/" + container->container;
+  const Checkpointed checkpointed = ReadCheckpointed();
+  std::optional<ContainerDevices> container;
+  if (auto it = checkpointed.claims.find(claim.name); it != checkpointed.claims.end()) {
+    container = it->second;
+    claim.owner = container->pod_uid;
+    claim.resource = container->efa_resource;
+  }
+  if (container && container->efas_by_id) {
+    // Admitted under an earlier configuration that gave device nodes by ID:
+    // the container holds those EFAs (its Allocate answer gives them again
+    // at each start), and late binding counts them as taken.
+    absl::MutexLock lock(&mu_);
+    ++counts_.kept;
+    spdlog::info("late binding: {} of pod {} holds EFAs {} by device ID; nothing to bind",
+                 claim.described, claim.owner, absl::StrJoin(container->efas, ","));
+    return absl::OkStatus();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    Adopt(checkpointed);
+  }
   if (std::optional<absl::Status> kept = KeepBinding(claim)) {
     return kept->ok() ? *kept : Fail(*kept);
   }
@@ -312,11 +504,15 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   const auto list = pod_resources_.List(/*rate_limited=*/false);
   const std::optional<std::set<std::string>> live = LiveClaims(list, checkpointed);
   if (!container && list.ok()) {
-    container = FindByDevices(*list, options_.resources, options_.efa_resource, kubelet_ids);
-    if (container) claim.owner = "pod " + container->Name();
+    container = FindByDevices(*list, options_.resources, kubelet_ids);
+    if (container) {
+      claim.owner = "pod " + container->Name();
+      claim.resource = container->efa_resource;
+    }
   }
   const Targets targets = TargetsOf(table, container, claim.described);
-  absl::StatusOr<std::vector<std::string>> efas = Bind(table, claim, live, generation, targets);
+  absl::StatusOr<std::vector<std::string>> efas =
+      Bind(table, claim, checkpointed, live, generation, targets);
   if (!efas.ok()) return Fail(efas.status());
   spdlog::info("late binding: bound {} of {} to EFAs {} ({})", claim.described,
                claim.owner.empty() ? "an unknown container" : claim.owner,
@@ -344,7 +540,7 @@ std::optional<absl::Status> LateBinder::KeepBinding(const Claim& claim) {
     kept_efas = it->second.efas;
     std::error_code ec;
     if (!fs::exists(SpecPath(claim.name), ec)) {
-      kept = WriteSpec(claim.name, claim.described, it->second.spec);
+      kept = WriteSpec(claim.name, claim.described, it->second);
     }
     if (kept.ok()) ++counts_.kept;
   }
@@ -372,17 +568,13 @@ Targets LateBinder::TargetsOf(const topology::DeviceTable& table,
 }
 
 absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
-    const topology::DeviceTable& table, const Claim& claim,
+    const topology::DeviceTable& table, const Claim& claim, const Checkpointed& checkpointed,
     const std::optional<std::set<std::string>>& live, uint64_t generation, const Targets& targets) {
   absl::MutexLock lock(&mu_);
   ReleaseTakenOver(claim);
   // Bindings confirmed gone free their EFAs too.
   if (live) ReleaseLocked(*live, generation);
-  std::map<std::string, int> taken;  // EFA -> claims bound to it
-  for (const auto& [other, binding] : bindings_) {
-    if (other == claim.name) continue;
-    for (const std::string& efa : binding.efas) ++taken[efa];
-  }
+  const std::map<std::string, int> taken = Taken(checkpointed, claim.name, table.replicas);
   topology::AllocationRequest request = FreeEfas(table, taken);
   // With sharing, a claim of more replicas than there are EFAs with room
   // gets each of those once (a device node is given once anyway).
@@ -402,18 +594,24 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
     return absl::FailedPreconditionError(
         absl::StrCat("cannot bind ", claim.described, ": ", claim.kubelet_ids.size(),
                      " EFAs wanted, ", request.available.size(), " healthy and free (",
-                     taken.size(), " bound to other containers)"));
+                     taken.size(), " held by other containers)"));
   }
   std::sort(devices.begin(), devices.end(),
             [](const auto& a, const auto& b) { return a.pci < b.pci; });
   std::vector<std::string> efas;
   for (const auto& d : devices) efas.push_back(d.ibdev);
-  std::string spec = CdiSpecJson(claim.name, devices);
-  if (absl::Status written = WriteSpec(claim.name, claim.described, spec); !written.ok()) {
+  Binding binding;
+  binding.efas = efas;
+  binding.owner = claim.owner;
+  binding.spec = CdiSpecJson(claim.name, devices);
+  binding.kubelet_ids = claim.kubelet_ids;
+  binding.resource = claim.resource;
+  binding.exclusive = table.replicas == 1;
+  if (absl::Status written = WriteSpec(claim.name, claim.described, binding); !written.ok()) {
     return written;
   }
-  bindings_[claim.name] =
-      Binding{efas, claim.owner, std::move(spec), ++generation_, claim.kubelet_ids, {}};
+  binding.generation = ++generation_;
+  bindings_[claim.name] = std::move(binding);
   ++counts_.bound;
   return efas;
 }
@@ -425,7 +623,9 @@ void LateBinder::ReleaseTakenOver(const Claim& claim) {
   for (auto it = bindings_.begin(); it != bindings_.end();) {
     const auto current = it++;  // Release erases it
     const std::vector<std::string>& held = current->second.kubelet_ids;
-    if (current->first != claim.name &&
+    // IDs of one resource: the other name may advertise the same strings.
+    if (current->first != claim.name && !claim.resource.empty() &&
+        current->second.resource == claim.resource &&
         std::any_of(held.begin(), held.end(), [&](const auto& id) { return ids.count(id) > 0; })) {
       Release(current, "the kubelet gave its devices to another container");
     }

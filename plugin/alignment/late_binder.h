@@ -31,6 +31,22 @@
 // cannot be read, or with an EFA
 // entry it had to skip, decides nothing: it is logged once and counted
 // (`undecided`), and the bindings are kept.
+//
+// The daemon's own restart, upgrade or change of configuration changes no
+// running container's EFAs (ARCHITECTURE.md, "The daemon's lifecycle"), so
+// the binder runs in every alignment mode and knows every holder:
+// - claims under either EFA resource name (sharing's rename changes it);
+// - containers whose Allocate answer gave device nodes by ID (best effort,
+//   alignment off: the checkpoint keeps that answer) hold the EFAs their IDs
+//   name, and a binding never takes those;
+// - without late binding (`late_binding` false) nothing is bound, but the
+//   bindings an earlier configuration made are recovered and kept until
+//   their containers end, and their EFAs are reserved (Reserved()): the
+//   daemon advertises the IDs naming them Unhealthy, so the kubelet gives
+//   them to no new container;
+// - each binding's owner (its pod), kubelet IDs, resource and replicas are
+//   written beside its spec (ClaimRecord) and read back by Recover(), and
+//   adopted from the checkpoint for specs an older release wrote alone.
 #pragma once
 
 #include <chrono>
@@ -61,7 +77,12 @@ struct LateBinderOptions {
   std::filesystem::path cdi_dir = "/var/run/cdi";
   std::filesystem::path kubelet_dir = "/var/lib/kubelet";
   std::filesystem::path proc_root = "/proc";
-  std::string efa_resource = kResourceName;
+  // False: the daemon allocates by device ID (best effort, alignment off);
+  // PreStart is not called, and the bindings recovered are only kept.
+  bool late_binding = true;
+  // The resource name served now: EFAs held under the other, or by IDs of
+  // another replica count, are reserved when not binding.
+  std::string resource_name = kResourceName;
   // Sharing: how many claims may bind one EFA (the table's replicas).
   int replicas = 1;
   AcceleratorResources resources;
@@ -93,6 +114,8 @@ struct LateBindingCounts {
   int failed = 0;     // PreStartContainer failed
   int released = 0;   // bindings dropped (their pod is gone)
   int recovered = 0;  // bindings read back from the CDI dir at start
+  // Recover() passes that could not read the CDI dir whole (retried).
+  int recover_incomplete = 0;
   // Release passes the kubelet's records could not decide (checkpoint
   // unreadable, or an EFA entry in it skipped): every binding was kept.
   int undecided = 0;
@@ -102,13 +125,25 @@ class LateBinder {
  public:
   explicit LateBinder(LateBinderOptions options);
 
-  // Reads <cdi-dir>/vpc.amazonaws.com-efa_*.json back as bindings. A spec
-  // that cannot be parsed is logged and removed (the EFAs it bound are
-  // unknown; its container gets a fresh binding at its next start); two
-  // specs binding one EFA are logged as an error and both kept. Leftover
-  // temporary files are removed. Returns how many bindings were recovered.
-  // Call before serving.
-  int Recover();
+  // Reads <cdi-dir>/vpc.amazonaws.com-efa_*.json and their records back as
+  // bindings. A spec that was read but cannot be parsed is logged and
+  // removed with its record (the EFAs it bound are unknown; its container
+  // gets a fresh binding at its next start), unless a record of a newer
+  // version names its EFAs; two specs binding one EFA are logged as an error
+  // and both kept. Leftover temporary files and records without a spec are
+  // removed. A missing CDI dir holds no binding. When the dir cannot be
+  // listed or a file cannot be read, the error is returned (logged once,
+  // counted) and nothing of that file is decided: call again until it
+  // succeeds, and serve only then (recovered()).
+  absl::Status Recover();
+  // Whether a Recover() has read the CDI dir whole. Thread-safe.
+  bool recovered() const;
+
+  // Without late binding: the physical EFAs no new container may be given
+  // (ibdev -> why): those bound by an earlier late-binding configuration,
+  // and those held by ID under another resource name or replica count.
+  // Empty with late binding, which counts them at each binding. Thread-safe.
+  std::map<std::string, std::string> Reserved();
 
   // PreStartContainer for the kubelet's `kubelet_ids`: binds the physical
   // EFAs of `table` (healthy, bound to no other claim) nearest the
@@ -148,26 +183,45 @@ class LateBinder {
  private:
   struct Binding {
     std::vector<std::string> efas;  // physical, PCI order
-    // "<pod UID>/<container>" (or a pod-resources name); empty when
-    // unknown (recovered): then the next PreStartContainer binds afresh.
+    // The pod UID ("pod <namespace/name>" from pod-resources); empty when
+    // unknown (recovered without a record, not adopted from the checkpoint
+    // yet): then the next PreStartContainer binds afresh. A pod's init and
+    // app containers given the same IDs (the kubelet's devicesToReuse)
+    // share the binding.
     std::string owner;
     std::string spec;         // the spec file's content
     uint64_t generation = 0;  // bindings made after a release began are spared
-    // The kubelet's IDs it was bound for (empty when recovered).
+    // The kubelet's IDs it was bound for, and their resource (empty when
+    // unknown, as `owner`).
     std::vector<std::string> kubelet_ids;
+    std::string resource;
+    // Bound while sharing's replicas were 1 (or not known to be more): then
+    // no other claim may share its EFAs, whatever the replicas now.
+    bool exclusive = true;
     // When the kubelet's records were first seen without its container.
     std::optional<std::chrono::steady_clock::time_point> absent_since;
   };
-  // The claims of the checkpoint's containers and, when `claim` is one,
-  // that container. `problem` says why the claims may be incomplete (the
-  // checkpoint unreadable, or an entry that may be an EFA's skipped); empty
-  // when they are not.
+  // The claims of the checkpoint's containers, each with its pod's
+  // containers holding it merged (their accelerators together: an init and
+  // an app container may share one). `problem` says why the claims may be
+  // incomplete (the checkpoint unreadable, or an entry that may be an EFA's
+  // skipped); empty when they are not.
   struct Checkpointed {
-    std::set<std::string> claims;
-    std::optional<ContainerDevices> container;
+    std::map<std::string, ContainerDevices> claims;
     std::string problem;
+    std::set<std::string> ClaimNames() const;
   };
-  Checkpointed ReadCheckpointed(const std::string& claim) const;
+  Checkpointed ReadCheckpointed() const;
+  // Fills in the owner, IDs and resource of bindings recovered without them
+  // from the checkpoint's container holding their claim.
+  void Adopt(const Checkpointed& checkpointed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // EFA -> how many of its replicas are taken by bindings other than
+  // `except` and by containers holding EFAs by ID (exclusive holders take
+  // all `replicas`).
+  std::map<std::string, int> Taken(const Checkpointed& checkpointed, const std::string& except,
+                                   int replicas) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads one spec (and its record) into `out`; a read error is returned.
+  absl::Status RecoverSpec(const std::filesystem::path& path, std::map<std::string, Binding>& out);
   // The claims of the containers holding EFAs now: the checkpoint's and, when
   // `list` succeeded, List's; nullopt when the checkpoint cannot tell (then
   // logged once and counted).
@@ -187,9 +241,10 @@ class LateBinder {
     std::string name;       // ClaimName(kubelet_ids)
     std::string described;  // DescribeClaim(), how messages name it
     std::vector<std::string> kubelet_ids;
-    // "<pod UID>/<container>" from the checkpoint, "pod <name>" from
+    // The pod UID from the checkpoint, "pod <namespace/name>" from
     // pod-resources, or "" when neither has the container yet.
     std::string owner;
+    std::string resource;  // the IDs' EFA resource name, "" when not known
   };
   // PreStart's steps. Counts and logs a failure; returns `status`.
   absl::Status Fail(absl::Status status);
@@ -203,13 +258,15 @@ class LateBinder {
   // binds the claim and writes its spec; the EFAs bound, in PCI order.
   absl::StatusOr<std::vector<std::string>> Bind(const topology::DeviceTable& table,
                                                 const Claim& claim,
+                                                const Checkpointed& checkpointed,
                                                 const std::optional<std::set<std::string>>& live,
                                                 uint64_t generation, const Targets& targets);
   // Releases the bindings that hold one of the claim's kubelet IDs.
   void ReleaseTakenOver(const Claim& claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the claim's spec atomically; the error names the claim and path.
+  // Writes the claim's spec and its record atomically; the error names the
+  // claim and path.
   absl::Status WriteSpec(const std::string& claim, const std::string& described,
-                         const std::string& spec) const;
+                         const Binding& binding) const;
 
   const LateBinderOptions options_;
   PodResourcesClient pod_resources_;
@@ -222,6 +279,10 @@ class LateBinder {
   // Why the kubelet's records decided nothing at the latest pass ("": they
   // did), to log each cause once.
   std::string undecided_ ABSL_GUARDED_BY(mu_);
+  // Why the latest Recover() was incomplete ("": it was not), to log each
+  // cause once; whether one has been complete.
+  std::string recover_problem_ ABSL_GUARDED_BY(mu_);
+  bool recovered_ ABSL_GUARDED_BY(mu_) = false;
   // The bound claims the checkpoint held and List did not at the latest pass
   // that had both (the checkpoint is refreshed when this set changes).
   std::set<std::string> checkpoint_only_ ABSL_GUARDED_BY(mu_);

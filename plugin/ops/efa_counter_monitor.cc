@@ -262,17 +262,16 @@ std::vector<EfaCounterSnapshot::Container> EfaCounterMonitor::JudgeIdle(
 }
 
 EfaHoldersFn EfaCounterMonitor::PodResourcesHolders(
-    const std::filesystem::path& socket, const std::string& resource,
+    const std::filesystem::path& socket,
     std::function<std::optional<std::vector<std::string>>(const std::vector<std::string>&)>
         physical) {
   auto client = std::make_shared<PodResourcesClient>(socket, PodResourcesClient::Options{});
-  return [client, resource,
-          physical = std::move(physical)]() -> absl::StatusOr<std::vector<EfaHolder>> {
+  return [client, physical = std::move(physical)]() -> absl::StatusOr<std::vector<EfaHolder>> {
     auto list = client->List();
     if (!list.ok()) return list.status();
     std::vector<EfaHolder> out;
     const AcceleratorResources none{{}, {}, {}, 0};
-    for (const ContainerDevices& c : ContainersWithDevices(*list, none, resource)) {
+    for (const ContainerDevices& c : ContainersWithDevices(*list, none)) {
       std::optional<std::vector<std::string>> efas = physical(c.efas);
       if (!efas || efas->empty()) continue;
       out.push_back({c.pod_namespace, c.pod_name, c.container, *std::move(efas)});

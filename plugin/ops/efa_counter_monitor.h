@@ -114,10 +114,10 @@ class EfaCounterMonitor {
   std::map<std::string, std::string> HealthProblems() const;
 
   // Holders from the kubelet's pod-resources API at `socket` (List, rate
-  // limited): the containers holding `resource`, their device IDs mapped to
+  // limited): the containers holding EFAs (either resource name), their device IDs mapped to
   // physical EFAs by `physical` (nullopt: not bound yet, left out).
   static EfaHoldersFn PodResourcesHolders(
-      const std::filesystem::path& socket, const std::string& resource,
+      const std::filesystem::path& socket,
       std::function<std::optional<std::vector<std::string>>(const std::vector<std::string>&)>
           physical);
 

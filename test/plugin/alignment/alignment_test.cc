@@ -55,7 +55,7 @@ TEST_CASE("FindAdmittedContainer picks the container whose GPUs are not checkpoi
                     {"both", "main", {{"nvidia.com/gpu", {"GPU-c"}}, {kEfa, {"rdmap79s0"}}}},
                     {"admitting", "train", {{"nvidia.com/gpu", {"GPU-b"}}}},
                     {"cpu-only", "main", {}}});
-  auto containers = ContainersWithDevices(list, AcceleratorResources{}, kEfa);
+  auto containers = ContainersWithDevices(list, AcceleratorResources{});
   REQUIRE(containers.size() == 3);
 
   KubeletCheckpoint checkpoint;
@@ -64,9 +64,7 @@ TEST_CASE("FindAdmittedContainer picks the container whose GPUs are not checkpoi
   checkpoint.entries.push_back({"uid-1", "main", "example.com/fpga", {"fpga0"}, {}, {}});
   checkpoint.entries.push_back({"uid-2", "main", "nvidia.com/gpu", {"GPU-c"}, {}, {}});
   checkpoint.entries.push_back({"uid-2", "main", kEfa, {"rdmap79s0"}, {}, {}});
-  auto checkpointed = [&] {
-    return CheckpointedContainers(checkpoint, AcceleratorResources{}, kEfa);
-  };
+  auto checkpointed = [&] { return CheckpointedContainers(checkpoint, AcceleratorResources{}); };
   auto cp = checkpointed();
   REQUIRE(cp.size() == 2);
   CHECK(cp[0].pod_uid == "uid-1");
@@ -99,7 +97,7 @@ TEST_CASE("FindAdmittedContainer picks the container whose GPUs are not checkpoi
 
     // Learned while the old pod ran: pod-resources listed it alone with GPU-b.
     LearnPodNames(ContainersWithDevices(List({{"old", "train", {{"nvidia.com/gpu", {"GPU-b"}}}}}),
-                                        AcceleratorResources{}, kEfa),
+                                        AcceleratorResources{}),
                   cp, names);
     REQUIRE(names.size() == 1);
     CHECK(names.at("uid-old") == "default/old");
@@ -109,7 +107,7 @@ TEST_CASE("FindAdmittedContainer picks the container whose GPUs are not checkpoi
 
     // The pod it was learned as is the one listed: still a running pod.
     auto same = ContainersWithDevices(List({{"old", "train", {{"nvidia.com/gpu", {"GPU-b"}}}}}),
-                                      AcceleratorResources{}, kEfa);
+                                      AcceleratorResources{});
     CHECK_FALSE(FindAdmittedContainer(same, &cp, names, &candidates).has_value());
     CHECK(candidates == 0);
   }
@@ -119,7 +117,7 @@ TEST_CASE("FindAdmittedContainer picks the container whose GPUs are not checkpoi
     CHECK(names == PodNames{{"uid-1", "default/running"}, {"uid-2", "default/both"}});
     auto twice = ContainersWithDevices(List({{"x", "main", {{"nvidia.com/gpu", {"GPU-a"}}}},
                                              {"y", "main", {{"nvidia.com/gpu", {"GPU-a"}}}}}),
-                                       AcceleratorResources{}, kEfa);
+                                       AcceleratorResources{});
     LearnPodNames(twice, cp, names);  // ambiguous or absent: keeps what it knew
     CHECK(names.at("uid-1") == "default/running");
     CHECK(names.at("uid-2") == "default/both");  // no match: a deleted pod still checkpointed

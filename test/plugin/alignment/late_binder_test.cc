@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "plugin/alignment/cdi_spec.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/plugin/guard_fakes.h"
@@ -143,9 +144,11 @@ TEST_CASE("Concurrent PreStartContainer calls bind each container beside its GPU
     for (const auto& efa : node.Group(i)) CHECK(seen.insert(efa).second);
   }
   CHECK(binder.counts().bound == 8);
-  int files = 0;
-  for ([[maybe_unused]] const auto& e : fs::directory_iterator(node.cdi_dir())) ++files;
-  CHECK(files == 8);
+  int specs = 0;
+  for (const auto& e : fs::directory_iterator(node.cdi_dir())) {
+    specs += !ClaimOfSpecFile(e.path().filename().string()).empty();
+  }
+  CHECK(specs == 8);
 }
 
 TEST_CASE("IDs the kubelet gives a new pod are bound afresh, the old pod's spec replaced",
@@ -205,7 +208,7 @@ TEST_CASE("PreStartContainer fails naming the claim when too few EFAs are free",
   CHECK(status.message() ==
         absl::StrCat("cannot bind ", ClaimName(small), " (kubelet devices \"", small[0], "\", \"",
                      small[1], "\", \"", small[2], "\", \"", small[3],
-                     "\"): 4 EFAs wanted, 2 healthy and free (30 bound to other containers)"));
+                     "\"): 4 EFAs wanted, 2 healthy and free (30 held by other containers)"));
   CHECK(binder.counts().failed == 1);
   CHECK_FALSE(fs::exists(binder.SpecPath(ClaimName(small))));
 }
@@ -219,7 +222,8 @@ TEST_CASE("Recovery keeps two specs that bind one EFA, and reports it",
   std::ofstream(node.cdi_dir() / CdiSpecFileName("claim-a")) << CdiSpecJson("claim-a", a);
   std::ofstream(node.cdi_dir() / CdiSpecFileName("claim-b")) << CdiSpecJson("claim-b", b);
   LateBinder binder(node.Options());
-  CHECK(binder.Recover() == 2);
+  REQUIRE(binder.Recover().ok());
+  CHECK(binder.counts().recovered == 2);
   auto bindings = binder.Bindings();
   CHECK(bindings.at("claim-a") == std::vector<std::string>{a[0].ibdev, a[1].ibdev});
   CHECK(bindings.at("claim-b") == std::vector<std::string>{b[0].ibdev, b[1].ibdev});
@@ -246,7 +250,8 @@ TEST_CASE("Recovery refuses a spec over its size bound, naming it, and keeps the
   std::ofstream(big) << CdiSpecJson("claim-b", a) << std::string(64 << 10, ' ');
   efa::testing::LogCapture log;
   LateBinder binder(node.Options());
-  CHECK(binder.Recover() == 1);
+  REQUIRE(binder.Recover().ok());
+  CHECK(binder.counts().recovered == 1);
   CHECK(binder.Bindings().count("claim-a") == 1);
   CHECK(binder.Bindings().count("claim-b") == 0);
   const std::vector<std::string> lines = log.Take();
@@ -543,4 +548,266 @@ TEST_CASE("Sharing: EFA-only claims fill every EFA once before any twice, and ne
                      "containers)"));
   CHECK(binder.counts().bound == 64);
   CHECK(binder.counts().failed == 1);
+}
+
+namespace {
+
+// An entry whose Allocate answer gave device nodes by ID (best effort).
+FakeCheckpointEntry ByIdEntry(const std::string& uid, const std::string& resource,
+                              const std::vector<std::string>& ids) {
+  FakeCheckpointEntry e = Entry(uid, resource, ids);
+  e.null_alloc_resp = false;
+  for (const std::string& id : ids) {
+    const auto replica = efa::topology::ParseReplicaId(id);
+    auto* spec = e.alloc_resp.add_devices();
+    spec->set_host_path("/dev/infiniband/uverbs-" + (replica ? replica->ibdev : id));
+    spec->set_container_path(spec->host_path());
+  }
+  return e;
+}
+
+bool Disjoint(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  return std::none_of(a.begin(), a.end(),
+                      [&](const auto& x) { return std::find(b.begin(), b.end(), x) != b.end(); });
+}
+
+}  // namespace
+
+TEST_CASE("A binding made under one EFA resource name is kept while served under the other",
+          "[late-binding][lifecycle]") {
+  Node node;
+  node.WriteCheckpoint(
+      {Entry("uid-0", kGpu, {Uuid(kGpus[0])}), Entry("uid-0", kEfa, node.Group(0))});
+  {
+    LateBinder before(node.Options());
+    REQUIRE(before.PreStart(node.table(), node.Group(0)).ok());
+  }
+  // helm upgrade --set sharing.replicas=2,sharing.renameByDefault=true: the
+  // kubelet keeps the running container under the old name.
+  LateBinderOptions options = node.Options();
+  options.resource_name = kSharedResourceName;
+  options.replicas = 2;
+  LateBinder after(options);
+  REQUIRE(after.Recover().ok());
+  for (int look = 0; look < 3; ++look) {
+    after.ReleaseGone();
+    node.Advance(LateBinderOptions().release_after);
+  }
+  CHECK(after.Bindings().size() == 1);
+  CHECK(after.counts().released == 0);
+  CHECK(fs::exists(after.SpecPath(ClaimName(node.Group(0)))));
+}
+
+TEST_CASE("Late binding never binds the EFAs a best-effort container holds by ID",
+          "[late-binding][lifecycle]") {
+  Node node;
+  // Admitted best effort before the switch: it holds group 2 by ID.
+  const auto tokens = node.Group(0);
+  node.WriteCheckpoint({ByIdEntry("old", kEfa, node.Group(2)), Entry("new", kGpu, {Uuid(kGpus[2])}),
+                        Entry("new", kEfa, tokens)});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.Recover().ok());
+  REQUIRE(binder.PreStart(node.table(), tokens).ok());
+  const auto got = binder.BoundEfas(tokens);
+  REQUIRE(got.has_value());
+  CHECK(Disjoint(*got, node.Group(2)));
+  // The old container's own restart binds nothing: its Allocate answer
+  // gives it group 2 again.
+  REQUIRE(binder.PreStart(node.table(), node.Group(2)).ok());
+  CHECK_FALSE(binder.BoundEfas(node.Group(2)).has_value());
+  CHECK(binder.counts().bound == 1);
+}
+
+TEST_CASE("A held-by-ID EFA of an exclusive allocation is never shared by late binding",
+          "[late-binding][lifecycle]") {
+  Node node(/*replicas=*/2);
+  // Admitted best effort while replicas was 1: "rdmap..." IDs, exclusive.
+  std::vector<FakeCheckpointEntry> entries = {ByIdEntry("old", kEfa, node.Group(0))};
+  std::vector<std::string> tokens;
+  for (int g = 0; g < 8; ++g) {
+    for (const auto& efa : node.Group(g)) tokens.push_back(efa + "::0");
+  }
+  tokens.resize(28);  // the 28 EFAs beside group 0 have room for this claim's 28
+  entries.push_back(Entry("new", kSharedResourceName, tokens));
+  node.WriteCheckpoint(entries);
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), tokens).ok());
+  CHECK(Disjoint(*binder.BoundEfas(tokens), node.Group(0)));
+}
+
+TEST_CASE("Without late binding, bindings of an earlier configuration are kept and reserved",
+          "[late-binding][lifecycle]") {
+  Node node;
+  node.WriteCheckpoint(
+      {Entry("uid-0", kGpu, {Uuid(kGpus[3])}), Entry("uid-0", kEfa, node.Group(0))});
+  {
+    LateBinder before(node.Options());
+    REQUIRE(before.PreStart(node.table(), node.Group(0)).ok());
+    REQUIRE(before.BoundEfas(node.Group(0)) == node.Group(3));
+  }
+  LateBinderOptions options = node.Options();
+  options.late_binding = false;  // helm upgrade --set alignment.mode=best-effort
+  LateBinder after(options);
+  REQUIRE(after.Recover().ok());
+  const auto reserved = after.Reserved();
+  REQUIRE(reserved.size() == 4);
+  for (const auto& efa : node.Group(3)) {
+    CHECK(reserved.at(efa) == absl::StrCat("bound by late binding to ", ClaimName(node.Group(0)),
+                                           " of pod uid-0 (an earlier configuration) until its "
+                                           "containers end"));
+  }
+  // Its container ends: released, and nothing is reserved any more.
+  node.WriteCheckpoint({});
+  after.ReleaseGone();
+  node.Advance(LateBinderOptions().release_after);
+  after.ReleaseGone();
+  CHECK(after.Bindings().empty());
+  CHECK(after.Reserved().empty());
+  CHECK(fs::is_empty(node.cdi_dir()));
+}
+
+TEST_CASE("Without late binding, EFAs held by ID under another name or replica count are reserved",
+          "[late-binding][lifecycle]") {
+  Node node;
+  std::vector<std::string> shared = {node.Group(1)[0] + "::1", node.Group(1)[1] + "::0"};
+  node.WriteCheckpoint(
+      {ByIdEntry("same", kEfa, node.Group(0)), ByIdEntry("renamed", kSharedResourceName, shared)});
+  LateBinderOptions options = node.Options();
+  options.late_binding = false;
+  LateBinder binder(options);
+  const auto reserved = binder.Reserved();
+  // Group 0 is held under the IDs advertised now: the kubelet counts it.
+  CHECK(reserved.size() == 2);
+  CHECK(reserved.count(node.Group(1)[0]) == 1);
+  CHECK(reserved.count(node.Group(1)[1]) == 1);
+}
+
+TEST_CASE("A binding recovered after a restart keeps its owner: its container's restart keeps it",
+          "[late-binding][lifecycle]") {
+  Node node;
+  node.WriteCheckpoint(
+      {Entry("uid-0", kGpu, {Uuid(kGpus[4])}), Entry("uid-0", kEfa, node.Group(0))});
+  {
+    LateBinder before(node.Options());
+    REQUIRE(before.PreStart(node.table(), node.Group(0)).ok());
+  }
+  SECTION("from the record written beside the spec") {}
+  SECTION("from the checkpoint, for a spec an older release wrote alone") {
+    fs::remove(node.cdi_dir() / ClaimRecordFileName(ClaimName(node.Group(0))));
+  }
+  LateBinder after(node.Options());
+  REQUIRE(after.Recover().ok());
+  // The container restarts after the daemon did: same EFAs.
+  REQUIRE(after.PreStart(node.table(), node.Group(0)).ok());
+  CHECK(after.BoundEfas(node.Group(0)) == node.Group(4));
+  CHECK(after.counts().kept == 1);
+  CHECK(after.counts().bound == 0);
+  // The pod is deleted and the kubelet gives its IDs to a new pod: taken
+  // over at once, bound beside the new pod's GPU.
+  node.WriteCheckpoint({Entry("uid-1", kGpu, {Uuid(kGpus[6])}),
+                        Entry("uid-1", kEfa, {node.Group(0)[0], node.Group(0)[1]})});
+  REQUIRE(after.PreStart(node.table(), {node.Group(0)[0], node.Group(0)[1]}).ok());
+  CHECK_FALSE(after.BoundEfas(node.Group(0)).has_value());
+  CHECK(after.counts().released == 1);
+}
+
+TEST_CASE("An init and an app container given the same IDs share one binding placed for both",
+          "[late-binding][lifecycle]") {
+  Node node;
+  // The app container reuses the init container's EFAs and GPU 0
+  // (devicesToReuse) and has GPU 5 besides; "download" sorts first.
+  FakeCheckpointEntry init_gpu = Entry("uid-0", kGpu, {Uuid(kGpus[0])});
+  FakeCheckpointEntry init_efa = Entry("uid-0", kEfa, node.Group(0));
+  init_gpu.container = init_efa.container = "download";
+  FakeCheckpointEntry app_gpu = Entry("uid-0", kGpu, {Uuid(kGpus[0]), Uuid(kGpus[5])});
+  FakeCheckpointEntry app_efa = Entry("uid-0", kEfa, node.Group(0));
+  app_gpu.container = app_efa.container = "train";
+  node.WriteCheckpoint({init_gpu, init_efa, app_gpu, app_efa});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), node.Group(0)).ok());  // the init container
+  const auto bound = binder.BoundEfas(node.Group(0));
+  REQUIRE(bound.has_value());
+  CHECK_FALSE(Disjoint(*bound, node.Group(5)));                // placed for the app's GPU too
+  REQUIRE(binder.PreStart(node.table(), node.Group(0)).ok());  // the app container
+  CHECK(binder.BoundEfas(node.Group(0)) == bound);
+  CHECK(binder.counts().kept == 1);
+}
+
+TEST_CASE("Recovery keeps a spec it cannot read and reports the CDI dir not read whole",
+          "[late-binding][lifecycle]") {
+  Node node;
+  fs::create_directories(node.cdi_dir());
+  std::ofstream(node.cdi_dir() / CdiSpecFileName("claim-a"))
+      << CdiSpecJson("claim-a", {node.table().devices[0]});
+  // A read error (EISDIR here; EIO or EMFILE on a node) is no proof the
+  // binding is gone.
+  const fs::path unreadable = node.cdi_dir() / CdiSpecFileName("claim-b");
+  fs::create_directories(unreadable);
+  LateBinder binder(node.Options());
+  const absl::Status status = binder.Recover();
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_FALSE(binder.recovered());
+  CHECK(fs::exists(unreadable));
+  CHECK(binder.counts().recover_incomplete == 1);
+  CHECK(binder.Bindings().count("claim-a") == 1);
+  fs::remove(unreadable);
+  REQUIRE(binder.Recover().ok());
+  CHECK(binder.recovered());
+  CHECK(binder.counts().recovered == 1);
+}
+
+TEST_CASE("Recovery of a CDI dir it cannot list decides nothing", "[late-binding][lifecycle]") {
+  Node node;
+  std::ofstream(node.cdi_dir()) << "not a directory";
+  LateBinder binder(node.Options());
+  const absl::Status status = binder.Recover();
+  CHECK(status.message() ==
+        absl::StrCat("cannot list ", node.cdi_dir().string(), ": Not a directory"));
+  CHECK_FALSE(binder.recovered());
+}
+
+TEST_CASE("A binding a newer release wrote is kept and its EFAs counted as held",
+          "[late-binding][lifecycle]") {
+  Node node;
+  fs::create_directories(node.cdi_dir());
+  // A later spec format this release cannot parse, and a record of a later
+  // version naming its EFAs.
+  std::ofstream(node.cdi_dir() / CdiSpecFileName("claim-next")) << R"({"cdiVersion":"9.0.0"})";
+  const nlohmann::json record = {{"version", kClaimRecordVersion + 1},
+                                 {"claim", "claim-next"},
+                                 {"efas", node.Group(7)},
+                                 {"somethingNew", true}};
+  std::ofstream(node.cdi_dir() / ClaimRecordFileName("claim-next")) << record.dump();
+  node.WriteCheckpoint({Entry("uid-n", kEfa, {"next-0"}), Entry("uid-0", kGpu, {Uuid(kGpus[7])}),
+                        Entry("uid-0", kEfa, node.Group(0))});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.Recover().ok());
+  CHECK(binder.Bindings().at("claim-next") == node.Group(7));
+  REQUIRE(binder.PreStart(node.table(), node.Group(0)).ok());
+  CHECK(Disjoint(*binder.BoundEfas(node.Group(0)), node.Group(7)));
+  CHECK(fs::exists(node.cdi_dir() / CdiSpecFileName("claim-next")));
+  const nlohmann::json kept =
+      nlohmann::json::parse(std::ifstream(node.cdi_dir() / ClaimRecordFileName("claim-next")));
+  CHECK(kept == record);
+}
+
+TEST_CASE("A claim's record holds what recovering it needs", "[late-binding][lifecycle]") {
+  const ClaimRecord record{.owner = "uid-0",
+                           .kubelet_ids = {"efa_1", "efa_0"},
+                           .resource = kResourceName,
+                           .replicas = 1,
+                           .efas = {"rdmap16s27"}};
+  const std::string json = ClaimRecordJson("claim-x", record);
+  CHECK(json == R"({"version":1,"claim":"claim-x","mode":"late-binding","owner":"uid-0",)"
+                R"("kubeletIds":["efa_1","efa_0"],"resource":"vpc.amazonaws.com/efa","replicas":1,)"
+                R"("efas":["rdmap16s27"]})"
+                "\n");
+  auto parsed = ParseClaimRecord(json, "claim-x", "r.state");
+  REQUIRE(parsed.ok());
+  CHECK(parsed->owner == "uid-0");
+  CHECK(parsed->kubelet_ids == record.kubelet_ids);
+  CHECK(ParseClaimRecord(json, "claim-y", "r.state").status().message() ==
+        "r.state: claim: expected \"claim-y\"");
+  CHECK(ParseClaimRecord("[]", "claim-x", "r.state").status().message() ==
+        "r.state: expected a JSON object");
 }
