@@ -410,16 +410,19 @@ struct Pod {
   std::vector<Container> containers;
 };
 
-// A deleted pod's late-bound container: its EFAs may stay bound until the
-// daemon sees it gone, or until one of its IDs goes to another container.
+// A deleted pod's container: its EFAs may stay bound (late binding) until
+// the daemon sees it gone, or until one of its IDs goes to another
+// container; held by ID (its Allocate answer) until the kubelet's next
+// checkpoint write. Meanwhile the daemon may withhold them.
 struct Gone {
+  bool bound = false;  // late-bound (its CDI spec's EFAs)
   std::string who;
   std::string resource;
   std::vector<std::string> ids;
   std::vector<std::string> nodes;
   int replicas = 1;
   Clock::time_point when;
-  bool taken_over = false;
+  std::string taken_over;  // "<ID> to <pod>/<container>" when one of its IDs went to another
 };
 
 // What the runtime would give a container now: its Allocate answer's device
@@ -724,11 +727,12 @@ std::optional<Violation> Node::Apply(const Step& step, size_t number) {
       const std::string uid = pods_[*chosen].uid;
       action_ += " " + uid;
       for (const Container& c : pods_[*chosen].containers) {
-        if (!c.claim.empty() && !c.held.empty()) {
-          gone_.push_back(Gone{absl::StrCat(uid, "/", c.name), c.resource, c.ids, c.held,
-                               c.held_replicas, Clock::now()});
-        }
+        if (c.holds().empty()) continue;
+        gone_.push_back(Gone{
+            !c.claim.empty() && !c.held.empty(), absl::StrCat(uid, "/", c.name), c.resource, c.ids,
+            c.holds(), c.held.empty() ? c.alloc_replicas : c.held_replicas, Clock::now(), ""});
       }
+      std::erase_if(gone_, [](const Gone& g) { return Clock::now() - g.when > kReleaseWindow; });
       pods_.erase(pods_.begin() + static_cast<std::ptrdiff_t>(*chosen));
       if (absl::Status s = kubelet_.RemovePod(uid, FakeKubelet::CheckpointWrite::kAsKubelet);
           !s.ok()) {
@@ -863,14 +867,6 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
         c.alloc_nodes.push_back(spec.host_path());
       std::sort(c.alloc_nodes.begin(), c.alloc_nodes.end());
       c.alloc_replicas = daemon_config_.replicas;
-      // A deleted pod's kubelet ID given to this container: the daemon
-      // may release what it had bound for it (LateBinder::ReleaseTakenOver).
-      for (Gone& g : gone_) {
-        for (const std::string& id : c.ids) {
-          if (g.resource == efa && std::count(g.ids.begin(), g.ids.end(), id) > 0)
-            g.taken_over = true;
-        }
-      }
     }
     pod.containers.push_back(c);
     Container& added = pod.containers.back();
@@ -957,6 +953,17 @@ std::optional<Violation> Node::Started(const Pod& pod, Container& c) {
         absl::StrCat(Describe(pod, c), " started at ", Now(),
                      " (the kubelet let it through): ", now.problem, "; ", LastRestart())};
   }
+  // A deleted pod's kubelet ID given to this container: its start let the
+  // daemon release what it had bound for that pod (LateBinder::
+  // ReleaseTakenOver; a start that failed may have changed nothing).
+  for (Gone& g : gone_) {
+    for (const std::string& id : c.ids) {
+      if (g.taken_over.empty() && g.resource == c.resource &&
+          std::count(g.ids.begin(), g.ids.end(), id) > 0) {
+        g.taken_over = absl::StrCat(id, " to ", pod.uid, "/", c.name);
+      }
+    }
+  }
   if (now.nodes != c.held) {
     c.held = now.nodes;
     c.held_when = Now();
@@ -986,8 +993,19 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
       }
     }
   }
+  std::vector<std::string> deleted;  // what became of deleted pods' bindings
   for (const Gone& g : gone_) {
-    if (g.taken_over || Clock::now() - g.when > kReleaseWindow) continue;
+    if (!g.bound) continue;
+    if (!g.taken_over.empty()) {
+      deleted.push_back(
+          absl::StrCat(g.who, "'s ", Nodes(g.nodes), " free (its ID ", g.taken_over, ")"));
+      continue;
+    }
+    if (Clock::now() - g.when > kReleaseWindow) continue;
+    deleted.push_back(absl::StrCat(
+        g.who, "'s ", Nodes(g.nodes), " held (deleted ",
+        std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - g.when).count(),
+        " s ago)"));
     for (const std::string& n : g.nodes) holders[n].push_back(g.replicas);
   }
   std::vector<std::string> free;
@@ -1004,10 +1022,12 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
   }
   const size_t wanted = daemon_config_.replicas > 1 ? 1 : static_cast<size_t>(c.efas);
   if (free.size() < wanted) return std::nullopt;
-  return Violation{"a start is refused for want of EFAs only when none is free",
-                   absl::StrCat(Describe(pod, c), " was refused at ", Now(), ": ", status.message(),
-                                "; but ", free.size(), " EFAs are held by no live container (",
-                                Nodes(free), "); ", LastRestart())};
+  return Violation{
+      "a start is refused for want of EFAs only when none is free",
+      absl::StrCat(Describe(pod, c), " was refused at ", Now(), ": ", status.message(), "; but ",
+                   free.size(), " EFAs are held by no live container (", Nodes(free), ")",
+                   deleted.empty() ? "" : "; deleted pods: " + absl::StrJoin(deleted, ", "), "; ",
+                   LastRestart())};
 }
 
 std::optional<Violation> Node::RestartKubelet() {
@@ -1394,7 +1414,7 @@ Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigne
       out.failed_at = i;
       const std::string log = efa::testing::ReadFile(node->log());
       std::vector<std::string> lines = absl::StrSplit(log, '\n', absl::SkipEmpty());
-      if (lines.size() > 12) lines.erase(lines.begin(), lines.end() - 12);
+      if (lines.size() > 40) lines.erase(lines.begin(), lines.end() - 40);
       out.log_tail = absl::StrJoin(lines, "\n");
       break;
     }
