@@ -838,8 +838,21 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
         }
         return std::nullopt;
       }
-      return Violation{"admits",
-                       absl::StrCat(pod.uid, "/", container, ": ", admitted.status().message())};
+      // What the kubelet was told of a device the answer names: it gives
+      // only devices it last heard of as Healthy.
+      std::string told;
+      const std::string message(admitted.status().message());
+      if (const size_t at = message.find("device \""); at != std::string::npos) {
+        const std::string id = message.substr(at + 8, message.find('"', at + 8) - at - 8);
+        for (const auto& d : kubelet_.devices(efa)) {
+          if (d.id() == id) {
+            told = absl::StrCat(" (its latest list, as the kubelet had it, said ", id, " is ",
+                                d.health(), ")");
+          }
+        }
+      }
+      return Violation{"admits", absl::StrCat(pod.uid, "/", container, " at ", Now(), ": ", message,
+                                              told, "; ", LastRestart())};
     }
     Container c;
     c.name = container;
@@ -1031,7 +1044,8 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
 }
 
 std::optional<Violation> Node::RestartKubelet() {
-  const int before = kubelet_.registrations(kEfa);
+  const std::string resource = daemon_config_.resource();
+  const int before = kubelet_.registrations(resource);
   // A plugin registers again when kubelet.sock is created anew; the GPU
   // plugin is made to, the daemon must notice by itself.
   gpus_.Stop();
@@ -1042,8 +1056,8 @@ std::optional<Violation> Node::RestartKubelet() {
   if (absl::Status s = gpus_.Start(); !s.ok())
     return Violation{"harness", std::string(s.message())};
   if (!daemon_) return std::nullopt;
-  if (!kubelet_.WaitForRegistrations(kEfa, before + 1, kDeadline) ||
-      !kubelet_.WaitForStreaming(kEfa, true, kDeadline)) {
+  if (!kubelet_.WaitForRegistrations(resource, before + 1, kDeadline) ||
+      !kubelet_.WaitForStreaming(resource, true, kDeadline)) {
     return Violation{"re-registers",
                      "the daemon did not register within 10 s of a kubelet restart"};
   }
