@@ -1,6 +1,7 @@
 #include "plugin/daemon.h"
 
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,23 +34,30 @@ void CloseFd(int& fd) {
 }  // namespace
 
 struct Daemon::Fds {
-  // The device-plugins dir, the device directories and the guards' ones.
-  int inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   int uevent = -1;
-  ~Fds() {
-    CloseFd(inotify);
-    CloseFd(uevent);
-  }
+  ~Fds() { CloseFd(uevent); }
 };
+
+std::optional<Daemon::FileIdentity> Daemon::Identify(const fs::path& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    return FileIdentity{.present = true,
+                        .dev = st.st_dev,
+                        .ino = st.st_ino,
+                        .ctime_sec = st.st_ctim.tv_sec,
+                        .ctime_nsec = st.st_ctim.tv_nsec};
+  }
+  if (errno == ENOENT || errno == ENOTDIR) return FileIdentity{};
+  return std::nullopt;  // errors are not absence
+}
 
 Daemon::Daemon(DaemonOptions options)
     : options_(std::move(options)),
-      loop_({.now = [clock = options_.clock] {
-  return clock->Now(); },
+      loop_({.now = [clock = options_.clock] { return clock->Now(); },
              .take_signals = options_.handle_signals,
-             .on_hangup = [this] {
-  Hangup(); }}),
+             .on_hangup = [this] { Hangup(); }}),
       fds_(std::make_unique<Fds>()),
+      watches_({.rescan_interval = options_.rescan_interval}),
       service_(DevicePluginService::Options{options_.report_numa, options_.replicas}),
       registrar_({.kubelet_dir = options_.kubelet_dir,
                   .resource_name = options_.resource_name,
@@ -65,19 +73,18 @@ Daemon::Daemon(DaemonOptions options)
                .rescan_interval = options_.rescan_interval,
                .resource_name = options_.resource_name,
                .clock = options_.clock,
-               .inotify_fd = fds_->inotify}),
+               .watches = &watches_}),
       counters_(std::make_unique<EfaCounterMonitor>(CounterOptions())),
-      tracker_({.roots = options_.roots,
-                .topology_xml = options_.topology_xml,
-                .instance_type = options_.instance_type,
-                .full_rescan_interval = options_.full_rescan_interval,
-                .on_inventory = options_.on_inventory,
-                .clock = options_.clock,
-                .inotify_fd = fds_->inotify,
-                .reserved = [this]() -> const auto& { return reserved_;
-}  // namespace efa::plugin
-},
-               &service_, &guards_, counters_.get()) {
+      tracker_(
+          {.roots = options_.roots,
+           .topology_xml = options_.topology_xml,
+           .instance_type = options_.instance_type,
+           .full_rescan_interval = options_.full_rescan_interval,
+           .on_inventory = options_.on_inventory,
+           .clock = options_.clock,
+           .watches = &watches_,
+           .reserved = [this]() -> const std::map<std::string, std::string>& { return reserved_; }},
+          &service_, &guards_, counters_.get()) {
   SetUpAlignment();
   service_.SetRpcObserver(options_.rpc_observer);
   service_.SetStreamEndCallback([this] {
@@ -208,8 +215,9 @@ std::optional<Clock::time_point> Daemon::heartbeat() const {
 
 void Daemon::TryRegister() {
   // Take in the events already queued (a kubelet.sock created before this
-  // check is not a restart after this registration).
+  // check is not a restart after this registration); on timers, look.
   HandleInotify();
+  if (kubelet_watch_ < 0) LookForKubeletSocket();
   if (registrar_.registered() || guards_.withdrawn() || !registrar_.KubeletSocketPresent()) {
     return;  // inotify reports kubelet.sock
   }
@@ -233,8 +241,8 @@ void Daemon::HandleInotify() {
   bool guards = false;
   bool report = false;
   bool overflow = false;
-  while (true) {
-    ssize_t n = ::read(fds_->inotify, buf, sizeof buf);
+  while (watches_.fd() >= 0) {
+    ssize_t n = ::read(watches_.fd(), buf, sizeof buf);
     if (n <= 0) break;
     for (char* p = buf; p < buf + n;) {
       auto* ev = reinterpret_cast<inotify_event*>(p);
@@ -243,7 +251,9 @@ void Daemon::HandleInotify() {
       if (ev->mask & IN_Q_OVERFLOW) {
         overflow = true;
       } else if (ev->wd == kubelet_watch_) {
-        if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
+        if (ev->mask & IN_IGNORED) {
+          kubelet_watch_ = -1;  // the directory went: on timers until watched again
+        } else if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
           registrar_.RegisterAgainNow(Registrar::Reason::kKubeletSocketCreated);
         } else if (name == kPluginSocket && (ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
           registrar_.RegisterAgainNow(Registrar::Reason::kPluginSocketDeleted);
@@ -286,6 +296,13 @@ void Daemon::PeriodicCheck() {
   // One wake-up per interval for all periodic work, not one per kind.
   next_periodic_ = options_.clock->Now() + options_.rescan_interval;
   if (!late_binder_->recovered()) RecoverBindings();
+  // Without inotify (or a watch), what its events would have said: the
+  // watch asked for again first, so that a change after this look is
+  // reported; the look also when it was given now (a change before it was).
+  const bool on_timers = kubelet_watch_ < 0;
+  WatchKubeletDir();
+  if (on_timers) LookAtKubeletDir();
+  // The guards and the device tracker ask for their own watches again.
   tracker_.PeriodicLook(/*force=*/CheckGuards());
   ReportAlignment(/*periodic=*/true);
 }
@@ -340,6 +357,16 @@ bool Daemon::CheckGuards() {
 
 void Daemon::ReleaseGone() {
   next_release_ = late_binder_->ReleaseGone().value_or(Clock::time_point::max());
+  const int renamed = late_binder_->BoundUnderOtherName();
+  if (renamed > 0 && renamed != bound_under_other_name_.load()) {
+    spdlog::warn(
+        "{} running container(s) hold EFAs late-bound under {}, which this daemon no longer "
+        "serves: they keep them while they run, but the kubelet cannot restart them (it has no "
+        "plugin of that name to call PreStartContainer on); recreate their pods, or serve that "
+        "name again (sharing.renameByDefault)",
+        renamed, options_.resource_name == kResourceName ? kSharedResourceName : kResourceName);
+  }
+  bound_under_other_name_ = renamed;
   std::map<std::string, std::string> reserved = late_binder_->Reserved();
   if (reserved == reserved_) return;
   if (reserved.empty()) {
@@ -369,26 +396,49 @@ bool Daemon::OpenEventSources() {
     spdlog::error("{}", std::string(opened.message()));
     return false;
   }
-  if (fds_->inotify < 0) {
-    spdlog::error("cannot create inotify: {}", std::strerror(errno));
-    return false;
-  }
-  loop_.Watch(fds_->inotify, [this] { HandleInotify(); });
   fds_->uevent = topology::OpenUeventSocket();
   loop_.Watch(fds_->uevent, [this] {
     if (topology::DrainUevents(fds_->uevent)) tracker_.Rescan();
   });
-  const fs::path plugin_dir = options_.kubelet_dir / "device-plugins";
+  // inotify only makes the daemon react sooner: without it (logged,
+  // counted) the periodic pass looks, and asks for it again.
   std::error_code ec;
-  fs::create_directories(plugin_dir, ec);
-  kubelet_watch_ =
-      ::inotify_add_watch(fds_->inotify, plugin_dir.c_str(),
-                          IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM | IN_CLOSE_WRITE);
-  if (kubelet_watch_ < 0) {
-    spdlog::error("cannot watch {}: {}", plugin_dir.string(), std::strerror(errno));
-    return false;
-  }
+  fs::create_directories(options_.kubelet_dir / "device-plugins", ec);
+  WatchKubeletDir();
   return true;
+}
+
+void Daemon::WatchKubeletDir() {
+  if (watches_.Open()) loop_.Watch(watches_.fd(), [this] { HandleInotify(); });
+  if (kubelet_watch_ >= 0) return;
+  kubelet_watch_ = watches_
+                       .Add(options_.kubelet_dir / "device-plugins",
+                            IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM | IN_CLOSE_WRITE)
+                       .wd;
+}
+
+void Daemon::LookForKubeletSocket() {
+  // Compared by inode and change time: a new socket may reuse the old
+  // inode number, not at the same instant. Absent to present counts as
+  // created; present to absent does not (a kubelet stopping).
+  const std::optional<FileIdentity> now = Identify(registrar_.kubelet_socket());
+  if (!now) return;  // cannot tell: the next look tells
+  if (kubelet_socket_seen_ && now->present && *now != *kubelet_socket_seen_) {
+    registrar_.RegisterAgainNow(Registrar::Reason::kKubeletSocketCreated);
+  }
+  kubelet_socket_seen_ = now;
+}
+
+void Daemon::LookAtKubeletDir() {
+  LookForKubeletSocket();
+  // Our socket deleted (the kubelet does so on start): serve and register
+  // again. An error other than absence tells nothing.
+  const std::optional<FileIdentity> ours = Identify(registrar_.plugin_socket());
+  if (registrar_.registered() && ours && !ours->present) {
+    registrar_.RegisterAgainNow(Registrar::Reason::kPluginSocketDeleted);
+  }
+  // The checkpoint: the guards' check and the alignment report of this
+  // pass read it (the report when it changed).
 }
 
 void Daemon::Start() {

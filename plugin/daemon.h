@@ -1,6 +1,8 @@
 // The daemon's owner loop: discover, serve, register, watch, re-register.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -21,6 +23,7 @@
 #include "plugin/device_plugin_service.h"
 #include "plugin/device_tracker.h"
 #include "plugin/guard_runner.h"
+#include "plugin/inotify_watches.h"
 #include "plugin/ops/efa_counter_monitor.h"
 #include "plugin/ops/event_loop.h"
 #include "plugin/registrar.h"
@@ -112,9 +115,10 @@ class Daemon {
   Daemon& operator=(const Daemon&) = delete;
 
   // Blocks until Stop() or a stop signal. Returns the process exit code:
-  // 0 after a clean stop (streams closed, socket removed), 1 when the
-  // daemon cannot watch its directories (no inotify, eventfd). A plugin
-  // socket that cannot be served is retried with the registration.
+  // 0 after a clean stop (streams closed, socket removed), 1 when its
+  // event loop cannot be opened (eventfd). A plugin socket that cannot be
+  // served is retried with the registration; without inotify (or a watch)
+  // the daemon runs on its timers (InotifyWatches).
   int Run();
   // Asks Run() to return. Thread-safe, async-signal-unsafe.
   void Stop();
@@ -145,6 +149,10 @@ class Daemon {
   // memory: topology::DiscoveryError). Thread-safe.
   using DiscoveryErrorCounts = DeviceTracker::DiscoveryErrorCounts;
   DiscoveryErrorCounts discovery_errors() const { return tracker_.discovery_errors(); }
+  // The directories the daemon cannot watch with inotify now (the kernel
+  // refused, or gave no instance): the periodic pass looks at them instead.
+  // Thread-safe.
+  int watches_unavailable() const { return watches_.unavailable(); }
   // Entries of the kubelet checkpoint skipped at its latest read because
   // they could not be parsed. Thread-safe.
   int checkpoint_entries_skipped() const { return checkpoint_entries_skipped_.load(); }
@@ -157,6 +165,9 @@ class Daemon {
   const LateBinder* late_binder() const { return late_binder_.get(); }
   // The EFAs held under an earlier configuration and so given to no new
   // container (LateBinder::Reserved). Thread-safe.
+  // Late bindings held under the EFA resource name not served now
+  // (LateBinder::BoundUnderOtherName). Thread-safe.
+  int bound_under_other_name() const { return bound_under_other_name_.load(); }
   std::set<std::string> reserved_efas() const {
     absl::MutexLock lock(&reserved_mu_);
     return reserved_efas_;
@@ -176,6 +187,18 @@ class Daemon {
 
  private:
   struct Fds;
+  // A file as stat() tells it apart from another at the same path.
+  struct FileIdentity {
+    bool present = false;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    int64_t ctime_sec = 0;
+    int64_t ctime_nsec = 0;
+    bool operator==(const FileIdentity&) const = default;
+  };
+  // `path`'s identity; absent on ENOENT and ENOTDIR, nullopt on another
+  // error (which says nothing about the file).
+  static std::optional<FileIdentity> Identify(const std::filesystem::path& path);
   // The constructor's parts: the counters' options, and the aligner and
   // late binder the alignment mode asks for.
   EfaCounterMonitorOptions CounterOptions();
@@ -223,6 +246,14 @@ class Daemon {
   // kubelet, after taking in the queued events and probing the guards.
   void TryRegister();
   void HandleInotify();
+  // Creates the inotify instance and watches the device-plugins dir, when
+  // not done yet (at start, then on each periodic pass while they fail).
+  void WatchKubeletDir();
+  // On timers (the device-plugins dir not watched): what its events would
+  // have said. A kubelet.sock other than at the previous look (created
+  // again: the kubelet restarted), our socket deleted.
+  void LookAtKubeletDir();
+  void LookForKubeletSocket();
   // Publishes the heartbeat and the state read by other threads.
   void Heartbeat();
   // Runs the guards and applies their verdict: registers again when they
@@ -231,8 +262,9 @@ class Daemon {
   bool CheckGuards();
 
   const DaemonOptions options_;
-  EventLoop loop_;            // Wake() and Stop() come from any thread
-  std::unique_ptr<Fds> fds_;  // before guards_, which watches on its inotify
+  EventLoop loop_;  // Wake() and Stop() come from any thread
+  std::unique_ptr<Fds> fds_;
+  InotifyWatches watches_;  // before guards_ and tracker_, which watch on it
   DevicePluginService service_;
   Registrar registrar_;  // after service_, which it serves
   GuardRunner guards_;
@@ -247,6 +279,7 @@ class Daemon {
   std::atomic<bool> registered_now_{false};
   std::atomic<int> known_devices_{0};
   std::atomic<int> checkpoint_entries_skipped_{0};
+  std::atomic<int> bound_under_other_name_{0};
   mutable absl::Mutex reserved_mu_;
   std::set<std::string> reserved_efas_ ABSL_GUARDED_BY(reserved_mu_);
 
@@ -260,7 +293,9 @@ class Daemon {
       Clock::time_point::max();
   std::chrono::milliseconds report_backoff_{0};                // doubles while reports fail
   Clock::time_point next_release_ = Clock::time_point::max();  // late binding: confirm a release
-  int kubelet_watch_ = -1;
+  int kubelet_watch_ = -1;  // the device-plugins dir; -1: on timers
+  // kubelet.sock at the latest look on timers (none before the first).
+  std::optional<FileIdentity> kubelet_socket_seen_;
   std::map<std::string, std::string> reserved_;  // LateBinder::Reserved, advertised
 };
 

@@ -67,6 +67,12 @@ void CollectOwnerLoop(const Daemon& daemon, const std::set<std::string>& unhealt
       "new container, until that container ends; absent otherwise.",
       MetricType::Gauge);
   for (const std::string& efa : daemon.reserved_efas()) AddSample(reserved, 1, {{"efa", efa}});
+  AddSample(Family(out, "late_bound_unserved_name",
+                   "Running containers late-bound under the EFA resource name the daemon no "
+                   "longer serves (sharing's rename changed it): they keep their EFAs while they "
+                   "run, but the kubelet cannot restart them.",
+                   MetricType::Gauge),
+            daemon.bound_under_other_name());
   AddSample(
       Family(out, "registered", "1 while vpc.amazonaws.com/efa is registered.", MetricType::Gauge),
       daemon.registered() ? 1 : 0);
@@ -85,6 +91,12 @@ void CollectOwnerLoop(const Daemon& daemon, const std::set<std::string>& unhealt
              MetricType::Counter);
   AddSample(discovery_errors, static_cast<double>(discovery.list), {{"operation", "list"}});
   AddSample(discovery_errors, static_cast<double>(discovery.read), {{"operation", "read"}});
+  AddSample(Family(out, "watches_unavailable",
+                   "Directories the daemon cannot watch with inotify now: the kernel refused the "
+                   "watch or gave no inotify instance (fs.inotify limits). While above 0 it runs "
+                   "on its timers: the periodic pass looks for what their events would report.",
+                   MetricType::Gauge),
+            daemon.watches_unavailable());
   const auto beat = daemon.heartbeat();
   AddSample(Family(out, "heartbeat_age_seconds",
                    "Seconds since the owner loop's last pass (see /healthz).", MetricType::Gauge),

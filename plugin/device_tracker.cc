@@ -164,8 +164,11 @@ void DeviceTracker::PeriodicLook(bool force) {
   // the gate: a rescan at every look while the last one was incomplete (its
   // cause, such as a full descriptor table, sends no event when it ends),
   // and one every full_rescan_interval whatever the count says.
+  // Without a watch on the device directories (no inotify, or the kernel
+  // refused one: InotifyWatches), the count says nothing of the device
+  // nodes: the fingerprint, which covers them, is compared at every look.
   std::string seqnum = topology::UeventSeqnum(options_.roots.sysfs);
-  const bool no_uevent = !seqnum.empty() && seqnum == uevent_seqnum_;
+  const bool no_uevent = !dirs_unwatched_ && !seqnum.empty() && seqnum == uevent_seqnum_;
   uevent_seqnum_ = std::move(seqnum);
   const bool full_rescan_due =
       options_.clock->Now() - last_rescan_ >= options_.full_rescan_interval;
@@ -230,9 +233,12 @@ void DeviceTracker::UpdateModel() {
 void DeviceTracker::WatchDeviceDirs() {
   // inotify reports device nodes coming and going under devtmpfs and every
   // change of a simulated sysfs; real sysfs sends none (uevents cover it).
+  if (!options_.watches) return;
+  dirs_unwatched_ = false;
   for (const fs::path& dir : topology::DiscoveryDirs(options_.roots)) {
-    int wd = ::inotify_add_watch(options_.inotify_fd, dir.c_str(), topology::kDiscoveryDirEvents);
-    if (wd >= 0) device_watches_[wd] = dir.string();
+    const InotifyWatches::Watch watch = options_.watches->Add(dir, topology::kDiscoveryDirEvents);
+    if (watch.wd >= 0) device_watches_[watch.wd] = dir.string();
+    dirs_unwatched_ |= watch.refused;
   }
 }
 

@@ -15,6 +15,7 @@
 #include "plugin/clock.h"
 #include "plugin/device_plugin_service.h"
 #include "plugin/guard_runner.h"
+#include "plugin/inotify_watches.h"
 #include "plugin/ops/efa_counter_monitor.h"
 #include "topology/efa_discovery.h"
 #include "topology/host_model.h"
@@ -37,13 +38,13 @@ class DeviceTracker {
     // Told of every inventory a rescan finds (may be null; must be quick).
     std::function<void(const topology::Inventory&)> on_inventory;
     const Clock* clock = &Clock::Steady();
-    // The owner loop's inotify descriptor (not owned): the device
-    // directories are watched on it.
-    int inotify_fd = -1;
+    // The owner loop's inotify instance (not owned, may be null): the
+    // device directories are watched on it.
+    InotifyWatches* watches = nullptr;
     // The EFAs held by containers the kubelet does not count against them
     // (ibdev -> why; LateBinder::Reserved): advertised Unhealthy, so that
     // no new container is given them. Null: none.
-    std::function<const std::map<std::string, std::string>&()> reserved;
+    std::function<const std::map<std::string, std::string>&()> reserved = nullptr;
   };
   // Listings ("list") and device reads ("read") that failed for a reason
   // that says nothing about the devices (topology::DiscoveryError).
@@ -70,8 +71,9 @@ class DeviceTracker {
   // The periodic pass's look: a Rescan() when `force`, after an incomplete
   // discovery, every full_rescan_interval, or when the kernel counted a
   // uevent since the last look and the devices' fingerprint changed (or on
-  // every sixth such look); else only watches the device directories
-  // created since.
+  // every sixth such look), taking a device directory inotify could not
+  // watch as a uevent; else only watches the device directories created
+  // since (and those it could not watch before).
   void PeriodicLook(bool force);
   // Gives the service the known EFAs as the guards let them be advertised,
   // a present one held Unhealthy by its counters' health problem, with the
@@ -134,6 +136,7 @@ class DeviceTracker {
   std::string discovery_error_key_;  // its operation and errno: logged once while it lasts
   std::set<std::string> logged_skips_;
   std::map<int, std::string> device_watches_;  // inotify wd -> directory
+  bool dirs_unwatched_ = false;  // a device directory's watch was refused at the latest try
 };
 
 }  // namespace efa::plugin

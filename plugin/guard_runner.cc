@@ -208,14 +208,15 @@ void GuardRunner::WatchDirs() {
   if (options_.mofed_policy != MofedPolicy::kOff) {
     dirs.insert(dirs.end(), options_.cdi_spec_dirs.begin(), options_.cdi_spec_dirs.end());
   }
+  if (!options_.watches) return;
   for (const fs::path& dir : dirs) {
     bool watched = false;
     for (const auto& [wd, watched_dir] : watches_) watched |= watched_dir == dir.string();
     if (watched) continue;
-    int wd = ::inotify_add_watch(options_.inotify_fd, dir.c_str(),
-                                 IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM |
-                                     IN_CLOSE_WRITE | IN_DELETE_SELF | IN_ONLYDIR | IN_MASK_ADD);
-    if (wd >= 0) watches_[wd] = dir.string();
+    const InotifyWatches::Watch watch =
+        options_.watches->Add(dir, IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM |
+                                       IN_CLOSE_WRITE | IN_DELETE_SELF | IN_ONLYDIR | IN_MASK_ADD);
+    if (watch.wd >= 0) watches_[watch.wd] = dir.string();
   }
 }
 

@@ -17,6 +17,7 @@
 #include "plugin/clock.h"
 #include "plugin/guards/dra_guard.h"
 #include "plugin/guards/mofed_guard.h"
+#include "plugin/inotify_watches.h"
 #include "topology/efa_device.h"
 
 namespace efa::plugin {
@@ -67,9 +68,10 @@ class GuardRunner {
     std::chrono::milliseconds rescan_interval{10000};
     std::string resource_name;  // for the logs
     const Clock* clock = &Clock::Steady();
-    // The owner loop's inotify descriptor (not owned): the guards' directories
-    // are watched on it.
-    int inotify_fd = -1;
+    // The owner loop's inotify instance (not owned, may be null): the
+    // guards' directories are watched on it; those it cannot watch are
+    // looked at by the periodic check only.
+    InotifyWatches* watches = nullptr;
   };
 
   explicit GuardRunner(Options options);

@@ -150,7 +150,8 @@ absl::Status LateBinder::Recover() {
     }
   }
   absl::Status status;
-  if (ec && ec != std::errc::no_such_file_or_directory) {
+  // No directory there holds no spec either.
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
     status = absl::UnavailableError(
         absl::StrCat("cannot list ", options_.cdi_dir.string(), ": ", ec.message()));
   }
@@ -208,6 +209,13 @@ absl::Status LateBinder::Recover() {
   if (!status.ok()) ++counts_.recover_incomplete;
   recovered_ = recovered_ || status.ok();
   return status;
+}
+
+int LateBinder::BoundUnderOtherName() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(std::count_if(bindings_.begin(), bindings_.end(), [&](const auto& b) {
+    return !b.second.resource.empty() && b.second.resource != options_.resource_name;
+  }));
 }
 
 bool LateBinder::recovered() const {
@@ -445,17 +453,15 @@ absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& 
                            .replicas = binding.exclusive ? 1 : options_.replicas,
                            .efas = binding.efas};
   // The record first: a spec on disk always has what recovers it beside it.
-  for (const auto& [path, content] :
-       {std::pair{options_.cdi_dir / ClaimRecordFileName(claim), ClaimRecordJson(claim, record)},
-        std::pair{SpecPath(claim), binding.spec}}) {
-    absl::Status written = WriteFileAtomically(path, content, kSpecMode);
-    if (!written.ok()) {
-      return absl::Status(written.code(),
-                          absl::StrCat("cannot write the CDI spec of ", described, " to ",
-                                       path.string(), ": ", written.message()));
-    }
-  }
-  return absl::OkStatus();
+  const fs::path record_path = options_.cdi_dir / ClaimRecordFileName(claim);
+  absl::Status written =
+      WriteFileAtomically(record_path, ClaimRecordJson(claim, record), kSpecMode);
+  if (written.ok()) written = WriteFileAtomically(SpecPath(claim), binding.spec, kSpecMode);
+  if (written.ok()) return written;
+  fs::remove(record_path, ec);  // a record without its spec binds nothing
+  return absl::Status(written.code(),
+                      absl::StrCat("cannot write the CDI spec of ", described, " to ",
+                                   SpecPath(claim).string(), ": ", written.message()));
 }
 
 absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
@@ -624,8 +630,9 @@ void LateBinder::ReleaseTakenOver(const Claim& claim) {
     const auto current = it++;  // Release erases it
     const std::vector<std::string>& held = current->second.kubelet_ids;
     // IDs of one resource: the other name may advertise the same strings.
-    if (current->first != claim.name && !claim.resource.empty() &&
-        current->second.resource == claim.resource &&
+    const std::string& resource = current->second.resource;
+    if (current->first != claim.name &&
+        (claim.resource.empty() || resource.empty() || resource == claim.resource) &&
         std::any_of(held.begin(), held.end(), [&](const auto& id) { return ids.count(id) > 0; })) {
       Release(current, "the kubelet gave its devices to another container");
     }

@@ -144,6 +144,11 @@ class LateBinder {
   // and those held by ID under another resource name or replica count.
   // Empty with late binding, which counts them at each binding. Thread-safe.
   std::map<std::string, std::string> Reserved();
+  // The bindings held under the EFA resource name not served now (sharing's
+  // rename changed it): their containers keep their EFAs while they run,
+  // but the kubelet cannot restart them, having no plugin of that name to
+  // call PreStartContainer on. Thread-safe.
+  int BoundUnderOtherName() const;
 
   // PreStartContainer for the kubelet's `kubelet_ids`: binds the physical
   // EFAs of `table` (healthy, bound to no other claim) nearest the

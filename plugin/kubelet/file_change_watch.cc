@@ -19,7 +19,9 @@ FileChangeWatch::~FileChangeWatch() {
 bool FileChangeWatch::Changed() {
   absl::MutexLock lock(&mu_);
   // Created at the first call: an object never asked costs no descriptor.
-  if (fd_ < 0 && first_) fd_ = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  // While the kernel gives none (EMFILE: uid 0's max_user_instances),
+  // every call is true and asks again.
+  if (fd_ < 0) fd_ = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   if (fd_ < 0) return true;
   bool changed = std::exchange(first_, false);
   bool look = wd_ < 0 && ancestor_wd_ < 0;  // nothing watched yet

@@ -22,8 +22,9 @@ class FileChangeWatch {
 
   // True when the file may have changed since the previous call: it was
   // created, written, renamed or removed, its directory appeared, events
-  // were lost, or nothing on its path can be watched (then every call is
-  // true). The first call is true. Costs a non-blocking read of the inotify
+  // were lost, or nothing on its path can be watched (no inotify instance,
+  // a watch refused: then every call is true, and the next one asks for
+  // them again). The first call is true. Costs a non-blocking read of the inotify
   // descriptor, also while the directory is absent. Thread-safe.
   bool Changed();
 

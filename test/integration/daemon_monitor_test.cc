@@ -508,7 +508,7 @@ std::string EfaSeries(const std::string& counter) {
 // The names and HELP texts are pinned because dashboards and alerts read
 // them: those the daemon exported before it moved to prometheus-cpp, read
 // the same way from that exposition, and the families added since
-// (checkpoint_entries_skipped, efa_allocations and the EFAs' own counters:
+// (checkpoint_entries_skipped, watches_unavailable, efa_allocations and the EFAs' own counters:
 // the p4d's 4 EFAs, no container series since this kubelet serves no
 // pod-resources).
 const std::string kExposition =
@@ -637,6 +637,10 @@ const std::string kExposition =
     "efa_device_plugin_efa_reg_mr_err counter \"Memory registrations that failed. The efa "
     "driver's reg_mr_err counter.\"\n" +
     EfaSeries("reg_mr_err") +
+    "efa_device_plugin_efa_reserved gauge \"1 for each EFA a running container holds under an "
+    "earlier configuration (another alignment mode, resource name or replica count): "
+    "advertised Unhealthy, so given to no new container, until that container ends; absent "
+    "otherwise.\"\n"
     "efa_device_plugin_efa_retrans_timeout_events counter \"Retransmission timeouts. The efa "
     "driver's retrans_timeout_events counter.\"\n" +
     EfaSeries("retrans_timeout_events") +
@@ -696,8 +700,21 @@ const std::string kExposition =
     "  efa_device_plugin_kubelet_restarts_total{}\n"
     "efa_device_plugin_late_binding counter \"Late binding: EFAs bound at PreStartContainer "
     "(bound), kept for a restarted container (kept), PreStartContainer failures (failed), "
-    "bindings released (released), recovered from the CDI dir at start (recovered), and release "
-    "passes the kubelet's records could not decide (undecided).\"\n"
+    "bindings released (released), recovered from the CDI dir at start (recovered), release "
+    "passes the kubelet's records could not decide (undecided), and reads of the CDI dir that "
+    "were not whole (recover_incomplete; retried, the daemon registers only after a whole "
+    "one).\"\n"
+    "  efa_device_plugin_late_binding_total{event=\"bound\"}\n"
+    "  efa_device_plugin_late_binding_total{event=\"failed\"}\n"
+    "  efa_device_plugin_late_binding_total{event=\"kept\"}\n"
+    "  efa_device_plugin_late_binding_total{event=\"recover_incomplete\"}\n"
+    "  efa_device_plugin_late_binding_total{event=\"recovered\"}\n"
+    "  efa_device_plugin_late_binding_total{event=\"released\"}\n"
+    "  efa_device_plugin_late_binding_total{event=\"undecided\"}\n"
+    "efa_device_plugin_late_bound_unserved_name gauge \"Running containers late-bound under the "
+    "EFA resource name the daemon no longer serves (sharing's rename changed it): they keep "
+    "their EFAs while they run, but the kubelet cannot restart them.\"\n"
+    "  efa_device_plugin_late_bound_unserved_name{}\n"
     "efa_device_plugin_mofed_checks_incomplete counter \"MOFED guard checks that stopped at a "
     "bound (the time box, the cap on nvidia-device-plugin processes read, a file's size) or for "
     "want of descriptors or memory, and kept the previous verdict.\"\n"
@@ -732,25 +749,21 @@ const std::string kExposition =
     "epoch (kept across the hand-over between the daemon and the idle process: a change is a "
     "restart).\"\n"
     "  efa_device_plugin_start_time_seconds{}\n"
+    "efa_device_plugin_watches_unavailable gauge \"Directories the daemon cannot watch with "
+    "inotify now: the kernel refused the watch or gave no inotify instance (fs.inotify limits). "
+    "While above 0 it runs on its timers: the periodic pass looks for what their events would "
+    "report.\"\n"
+    "  efa_device_plugin_watches_unavailable{}\n"
     "efa_device_plugin_withdrawn gauge \"1 while vpc.amazonaws.com/efa is withdrawn for the "
     "DRA driver.\"\n"
     "  efa_device_plugin_withdrawn{}\n";
-// Late binding adds the series of its counter; its Allocate gives tokens,
-// not EFAs, so the per-EFA counter never has a series and prometheus-cpp
-// leaves its family out.
+// Late binding's Allocate gives tokens, not EFAs, so the per-EFA counter
+// never has a series and prometheus-cpp leaves its family out.
 const std::string kLateBindingExposition = absl::StrReplaceAll(
     kExposition, {{"efa_device_plugin_efa_allocations counter \"Containers given each physical EFA "
                    "by Allocate (with sharing, its replicas' containers).\"\n"
                    "  efa_device_plugin_efa_allocations_total{efa=\"rdmap16s27\"}\n",
-                   ""},
-                  {"could not decide (undecided).\"\n",
-                   "could not decide (undecided).\"\n"
-                   "  efa_device_plugin_late_binding_total{event=\"bound\"}\n"
-                   "  efa_device_plugin_late_binding_total{event=\"failed\"}\n"
-                   "  efa_device_plugin_late_binding_total{event=\"kept\"}\n"
-                   "  efa_device_plugin_late_binding_total{event=\"recovered\"}\n"
-                   "  efa_device_plugin_late_binding_total{event=\"released\"}\n"
-                   "  efa_device_plugin_late_binding_total{event=\"undecided\"}\n"}});
+                   ""}});
 
 TEST_CASE("Every metric keeps its name, type, labels and HELP text for a Prometheus parser",
           "[monitor][metrics]") {

@@ -1,6 +1,7 @@
 // The real daemon binary under what real nodes do to it: the kubelet
 // restarting over and over, many clients calling at once while devices come
-// and go, and SIGKILL in the middle of admissions. Each test prints its
+// and go, SIGKILL in the middle of admissions, and no inotify (its limits
+// reached: the daemon serves on its timers). Each test prints its
 // figures (file descriptors, threads, resident memory, calls).
 #include <grpcpp/create_channel.h>
 #include <sys/mount.h>
@@ -30,11 +31,13 @@
 #include "test/support/devices.h"
 #include "test/support/proc_stats.h"
 #include "test/support/sanitized.h"
+#include "test/support/scrape.h"
 #include "test/support/temp_dir.h"
 #include "test/support/test_node.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using efa::testing::ChildProcess;
 using efa::testing::DaemonRun;
 using efa::testing::DirEntries;
 using efa::testing::FakeKubelet;
@@ -485,4 +488,138 @@ TEST_CASE(
   const std::string text((std::istreambuf_iterator<char>(log)), {});
   CHECK(text.find("late binding: PreStartContainer failed: cannot write the CDI spec of") !=
         std::string::npos);
+}
+
+namespace {
+
+// The command the daemon binary runs under for an inotify limit of 0:
+// a user namespace of its own, whose limits (/proc/sys/user/max_inotify_*,
+// per user namespace since Linux 5.11) bound its processes as uid 0's
+// fs.inotify limits bound every root container of a node, and touch no
+// other process of this machine. `limit`: max_inotify_instances (no
+// instance: EMFILE) or max_inotify_watches (no watch: ENOSPC).
+std::vector<std::string> InotifyLimited(const std::string& limit) {
+  return {"/usr/bin/unshare",
+          "--user",
+          "--map-root-user",
+          "--",
+          "/bin/sh",
+          "-c",
+          "echo 0 >/proc/sys/user/" + limit + " && exec \"$0\" \"$@\""};
+}
+
+// Whether this machine lets the test do so (a container's seccomp profile
+// may forbid user namespaces).
+bool CanLimitInotify(const std::string& limit) {
+  efa::testing::TempDir dir;
+  std::vector<std::string> probe = InotifyLimited(limit);
+  probe.push_back("/bin/true");
+  ChildProcess child(probe, dir.path() / "probe.log");
+  return child.Wait(kDeadline) == 0;
+}
+
+constexpr char kMetrics[] = "/metrics, /healthz and /readyz";
+
+// A p4d whose daemon binary runs under InotifyLimited(limit), rescanning
+// every second, its metrics on a port of its own.
+efa::testing::TestNodeOptions InotifyLimitedNode(const std::string& limit) {
+  return {.machine = "p4d.24xlarge",
+          .run = DaemonRun::kBinary,
+          .wrapper = InotifyLimited(limit),
+          .flags = {"--log-level", "info", "--metrics-address", "127.0.0.1:0", "--probe-address",
+                    "", "--rescan-interval", "1s"}};
+}
+
+// Waits (kDeadline) until the daemon counts as unwatched at least the
+// device-plugins dir and the three device directories.
+bool WaitRunsOnTimers(int port) {
+  return efa::testing::WaitScrape(port, [](const efa::testing::Metrics& m) {
+    return m.count("efa_device_plugin_watches_unavailable") &&
+           m.at("efa_device_plugin_watches_unavailable") >= 4;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("Without inotify the daemon binary serves on its timers and notices what it missed",
+          "[fault][process][inotify]") {
+  const std::string limit = GENERATE("max_inotify_instances", "max_inotify_watches");
+  INFO("/proc/sys/user/" << limit << " = 0");
+  if (!CanLimitInotify(limit)) {
+    WARN("not run: no user namespace with its own inotify limits here");
+    return;
+  }
+  constexpr auto kRescan = 1s;
+  TestNode node(InotifyLimitedNode(limit));
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+  // It says so, once per cause, and counts what it cannot watch.
+  CHECK(node.WaitLog(limit == "max_inotify_instances"
+                         ? "cannot create an inotify instance: Too many open files"
+                         : "No space left on device (fs.inotify.max_user_watches"));
+  CHECK(node.LogLines("running on timers") == 1);
+  const int port = node.LoggedPort(kMetrics);
+  REQUIRE(port != 0);
+  CHECK(WaitRunsOnTimers(port));
+
+  // It serves.
+  v1beta1::AllocateRequest request;
+  request.add_container_requests()->add_devices_ids("rdmap32s27");
+  v1beta1::AllocateResponse response;
+  REQUIRE(node.kubelet().Allocate(kEfa, request, &response).ok());
+  REQUIRE(response.container_responses(0).devices_size() == 1);
+  CHECK(response.container_responses(0).devices(0).container_path() == "/dev/infiniband/uverbs1");
+
+  // A device node gone: no uevent, no inotify event; the next periodic
+  // pass sees it (its fingerprint), within the rescan interval.
+  const auto removed = std::chrono::steady_clock::now();
+  fs::remove(node.sim().path() / "dev/infiniband/uverbs1");
+  REQUIRE(node.WaitHealth("rdmap32s27", "Unhealthy"));
+  const auto noticed = std::chrono::steady_clock::now() - removed;
+  std::printf("  %s = 0: a removed EFA noticed after %lld ms (rescan interval %lld ms)\n",
+              limit.c_str(),
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(noticed).count()),
+              static_cast<long long>(std::chrono::milliseconds(kRescan).count()));
+  // The pass, then the rescan and the kubelet's copy of the list (a busy
+  // machine's margin); trusting the uevent count, the daemon would wait
+  // for its full rescan, 5 minutes.
+  CHECK(noticed < kRescan + (kSanitized ? 3s : 1s));
+
+  // The kubelet restarts (kubelet.sock created again, our socket deleted,
+  // the stream ended): registered again, the restart counted.
+  REQUIRE(node.kubelet().Restart().ok());
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  CHECK(node.WaitHealth("rdmap32s27", "Unhealthy"));
+  CHECK(node.WaitHealth("rdmap16s27", "Healthy"));
+  CHECK(efa::testing::WaitScrape(
+      port, efa::testing::Has({{"efa_device_plugin_kubelet_restarts_total", 1}})));
+  CHECK(node.process().Stop(kDeadline) == 0);
+}
+
+TEST_CASE("The daemon binary watches again once inotify frees up", "[fault][process][inotify]") {
+  const std::string limit = "max_inotify_instances";
+  if (!CanLimitInotify(limit)) {
+    WARN("not run: no user namespace with its own inotify limits here");
+    return;
+  }
+  TestNode node(InotifyLimitedNode(limit));
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitLog("cannot create an inotify instance"));
+  const int port = node.LoggedPort(kMetrics);
+  REQUIRE(port != 0);
+  REQUIRE(WaitRunsOnTimers(port));
+  // Instances free again in its user namespace (root containers ended).
+  ChildProcess raise({"/usr/bin/nsenter", "--target", std::to_string(node.pid()), "--user", "--",
+                      "/bin/sh", "-c", "echo 128 >/proc/sys/user/" + limit},
+                     node.sim().path() / "nsenter.log");
+  REQUIRE(raise.Wait(kDeadline) == 0);
+  CHECK(node.WaitLog("created an inotify instance (it failed before with: Too many open files)"));
+  CHECK(node.WaitLog("inotify watches every directory again"));
+  CHECK(efa::testing::WaitScrape(
+      port, efa::testing::Has({{"efa_device_plugin_watches_unavailable", 0}})));
+  // And reacts through it: its socket deleted, it serves and registers again.
+  fs::remove(node.device_plugin_dir() / "aws-efa-device-plugin.sock");
+  CHECK(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  CHECK(node.WaitLog("aws-efa-device-plugin.sock was deleted; serving and registering again"));
 }

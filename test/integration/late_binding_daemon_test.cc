@@ -276,8 +276,10 @@ TEST_CASE("Late binding writes the spec whole, once, and keeps it for a restarte
   CHECK(ReadFile(node.SpecOf("u1")) == spec);
   CHECK(spec.find("\"hostPath\":\"" + (node.sim().path() / "dev/infiniband/").string()) !=
         std::string::npos);
+  // The spec, and beside it what recovering the claim needs.
   CHECK(DirEntries(node.cdi_dir()) ==
-        std::vector<std::string>{efa::plugin::CdiSpecFileName(claim)});
+        std::vector<std::string>{efa::plugin::CdiSpecFileName(claim),
+                                 efa::plugin::ClaimRecordFileName(claim)});
   CHECK((fs::status(node.SpecOf("u1")).permissions() & fs::perms::all) ==
         (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
          fs::perms::others_read));
@@ -436,12 +438,108 @@ TEST_CASE("Late bindings survive a daemon restart and are never given twice",
     live.push_back(uid);
   }
   node.CheckDisjoint(live);
-  // A container bound before the restart starts again: bound afresh (its
-  // owner is not known from the spec), still aligned and apart.
+  // A container bound before the restart starts again: it keeps its EFAs
+  // (its owner is recovered with the binding).
   REQUIRE(node.kubelet().StartContainer("before-0", kMain).ok());
-  CHECK(node.Aligned("before-0"));
+  CHECK(node.PhysicalEfas("before-0") ==
+        bindings.at(efa::plugin::ClaimName(node.Tokens("before-0"))));
+  CHECK(node.binder().counts().kept == 1);
   node.CheckDisjoint(live);
   CHECK(node.binder().counts().failed == 0);
+}
+
+namespace {
+
+// Each running container's EFAs, as the runtime gave them at its start.
+using Holdings = std::map<std::string, std::vector<std::string>>;
+
+void CheckApart(const Holdings& held) {
+  std::map<std::string, std::string> holder;
+  for (const auto& [uid, efas] : held) {
+    for (const auto& efa : efas) {
+      INFO(efa << " is held by " << holder[efa] << " and " << uid);
+      CHECK(holder[efa].empty());
+      holder[efa] = uid;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("A switch from late binding to best effort keeps bound EFAs from new pods until they end",
+          "[late-binding][daemon][upgrade]") {
+  LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  Holdings held;
+  // Two: their tokens and their EFAs together leave at least 16 EFAs free.
+  for (int i = 0; i < 2; ++i) {
+    const std::string uid = absl::StrCat("late-", i);
+    REQUIRE(node.Admit(uid, 1, 4, i % 2 == 0).ok());
+    held[uid] = node.PhysicalEfas(uid);
+  }
+  node.StopDaemon();
+  node.options().alignment = AlignmentMode::kBestEffort;
+  node.StartServing();
+  // The bound EFAs are advertised Unhealthy: the kubelet gives them to no
+  // new pod.
+  std::set<std::string> bound;
+  for (const auto& [uid, efas] : held) bound.insert(efas.begin(), efas.end());
+  REQUIRE(bound.size() == 8);
+  for (const auto& d : node.kubelet().devices(kEfa)) {
+    CHECK(d.health() == (bound.count(d.id()) ? "Unhealthy" : "Healthy"));
+  }
+  CHECK(node.daemon().reserved_efas() == bound);
+  // Pods admitted best effort get others; the late containers restart with
+  // their specs.
+  for (int i = 0; i < 4; ++i) {
+    const std::string uid = absl::StrCat("best-", i);
+    auto admitted = node.Admit(uid, 1, 4, true);
+    REQUIRE(admitted.ok());
+    REQUIRE(admitted->start_status.ok());
+    held[uid] = node.Tokens(uid);  // best effort: the IDs are the EFAs
+  }
+  CheckApart(held);
+  REQUIRE(node.kubelet().StartContainer("late-0", kMain).ok());
+  for (int i = 0; i < 2; ++i) {
+    CHECK(fs::exists(node.cdi_dir() / efa::plugin::CdiSpecFileName(efa::plugin::ClaimName(
+                                          node.Tokens(absl::StrCat("late-", i))))));
+  }
+  // A late pod ends: its binding is released and its EFAs advertised again.
+  const int messages = node.kubelet().list_and_watch_messages(kEfa);
+  REQUIRE(node.kubelet().RemovePod("late-1").ok());
+  REQUIRE(node.kubelet().WaitForListAndWatchMessages(kEfa, messages + 1, kDeadline));
+  for (const auto& efa : held["late-1"]) bound.erase(efa);
+  CHECK(node.daemon().reserved_efas() == bound);
+  for (const auto& d : node.kubelet().devices(kEfa)) {
+    CHECK(d.health() == (bound.count(d.id()) ? "Unhealthy" : "Healthy"));
+  }
+  CHECK(node.binder().counts().released == 1);
+}
+
+TEST_CASE("A switch from best effort to late binding never binds the EFAs held by ID",
+          "[late-binding][daemon][upgrade]") {
+  LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, {}, AlignmentMode::kBestEffort);
+  Holdings held;
+  for (int i = 0; i < 4; ++i) {
+    const std::string uid = absl::StrCat("best-", i);
+    REQUIRE(node.Admit(uid, 1, 4, true).ok());
+    held[uid] = node.Tokens(uid);
+  }
+  node.StopDaemon();
+  node.options().alignment = AlignmentMode::kLateBinding;
+  node.StartServing();
+  CHECK(node.daemon().reserved_efas().empty());
+  for (int i = 0; i < 4; ++i) {
+    const std::string uid = absl::StrCat("late-", i);
+    auto admitted = node.Admit(uid, 1, 4, i % 2 == 0);
+    REQUIRE(admitted.ok());
+    REQUIRE(admitted->start_status.ok());
+    held[uid] = node.PhysicalEfas(uid);
+  }
+  CheckApart(held);
+  // A best-effort container's restart (PreStartContainer now) binds nothing.
+  REQUIRE(node.kubelet().StartContainer("best-0", kMain).ok());
+  CHECK_FALSE(node.binder().BoundEfas(node.Tokens("best-0")).has_value());
+  CHECK(node.binder().Bindings().size() == 4);
 }
 
 TEST_CASE("Late binding in an unwritable CDI dir fails PreStartContainer naming the path",

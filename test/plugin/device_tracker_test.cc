@@ -39,7 +39,11 @@ struct Tracked {
   DevicePluginService service{DevicePluginService::Options{}};
   GuardRunner guards{GuardRunner::Options{}};
   EfaCounterMonitor counters{Counters(sim)};
-  const int inotify = ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  // Without `open`, no instance: every directory's watch is refused.
+  explicit Tracked(bool open = true) {
+    if (open) watches.Open();
+  }
+  InotifyWatches watches{{}};
   int discoveries = 0;  // inventories the tracker reported
   DeviceTracker tracker{{.roots = sim.roots(),
                          .topology_xml = sim.xml().string(),
@@ -47,12 +51,10 @@ struct Tracked {
                          .full_rescan_interval = 5min,
                          .on_inventory = [this](const auto&) { ++discoveries; },
                          .clock = &clock,
-                         .inotify_fd = inotify},
+                         .watches = &watches},
                         &service,
                         &guards,
                         &counters};
-
-  ~Tracked() { ::close(inotify); }
 
   // The health problem the service lists for `ibdev` ("" when healthy), or
   // "absent".
@@ -155,6 +157,31 @@ TEST_CASE("The device tracker's periodic look rescans only when the host may hav
   }
 }
 
+TEST_CASE("Without a watch on the device directories the periodic look compares the fingerprint",
+          "[device-tracker]") {
+  // No uevent is counted when a device node goes: only inotify reports
+  // it. Without inotify the fingerprint, which covers device nodes, is
+  // compared at every look.
+  const bool watched = GENERATE(true, false);
+  INFO((watched ? "watched" : "no inotify instance"));
+  Tracked t(/*open=*/watched);
+  t.tracker.Rescan();
+  REQUIRE(t.discoveries == 1);
+  CHECK(t.watches.unavailable() == (watched ? 0 : 3));
+  fs::remove(t.sim.path() / "dev/infiniband/uverbs1");
+  t.tracker.PeriodicLook(/*force=*/false);
+  if (watched) {
+    CHECK(t.discoveries == 1);  // the inotify event's rescan is the daemon's
+    CHECK(t.Problem("rdmap32s27") == "");
+  } else {
+    CHECK(t.discoveries == 2);
+    CHECK(t.Problem("rdmap32s27") != "");
+    // Nothing changed since: the fingerprint says so, no rescan.
+    t.tracker.PeriodicLook(/*force=*/false);
+    CHECK(t.discoveries == 2);
+  }
+}
+
 TEST_CASE("The device tracker builds the host model once per set of EFAs", "[device-tracker]") {
   Tracked t;
   t.tracker.Rescan();
@@ -189,7 +216,7 @@ TEST_CASE("The device tracker owns the inotify watches of the device directories
   t.tracker.Rescan();
   fs::create_directory(t.sim.path() / "dev/infiniband/new");
   alignas(inotify_event) char buf[4096];
-  const ssize_t n = ::read(t.inotify, buf, sizeof buf);
+  const ssize_t n = ::read(t.watches.fd(), buf, sizeof buf);
   REQUIRE(n >= static_cast<ssize_t>(sizeof(inotify_event)));
   const auto* ev = reinterpret_cast<const inotify_event*>(buf);
   CHECK(t.tracker.TakeWatchEvent(ev->wd, ev->mask));

@@ -544,7 +544,7 @@ TEST_CASE("Sharing: EFA-only claims fill every EFA once before any twice, and ne
   CHECK(status.message() ==
         absl::StrCat("cannot bind ", ClaimName(extra),
                      " (kubelet devices \"rdmap79s0::lost\", \"rdmap80s0::lost\"): "
-                     "2 EFAs wanted, 0 healthy and free (32 bound to other "
+                     "2 EFAs wanted, 0 healthy and free (32 held by other "
                      "containers)"));
   CHECK(binder.counts().bound == 64);
   CHECK(binder.counts().failed == 1);
@@ -574,7 +574,7 @@ bool Disjoint(const std::vector<std::string>& a, const std::vector<std::string>&
 }  // namespace
 
 TEST_CASE("A binding made under one EFA resource name is kept while served under the other",
-          "[late-binding][lifecycle]") {
+          "[late-binding][upgrade]") {
   Node node;
   node.WriteCheckpoint(
       {Entry("uid-0", kGpu, {Uuid(kGpus[0])}), Entry("uid-0", kEfa, node.Group(0))});
@@ -596,10 +596,12 @@ TEST_CASE("A binding made under one EFA resource name is kept while served under
   CHECK(after.Bindings().size() == 1);
   CHECK(after.counts().released == 0);
   CHECK(fs::exists(after.SpecPath(ClaimName(node.Group(0)))));
+  // Said: the kubelet cannot restart it (no plugin of the old name).
+  CHECK(after.BoundUnderOtherName() == 1);
 }
 
 TEST_CASE("Late binding never binds the EFAs a best-effort container holds by ID",
-          "[late-binding][lifecycle]") {
+          "[late-binding][upgrade]") {
   Node node;
   // Admitted best effort before the switch: it holds group 2 by ID.
   const auto tokens = node.Group(0);
@@ -619,7 +621,7 @@ TEST_CASE("Late binding never binds the EFAs a best-effort container holds by ID
 }
 
 TEST_CASE("A held-by-ID EFA of an exclusive allocation is never shared by late binding",
-          "[late-binding][lifecycle]") {
+          "[late-binding][upgrade]") {
   Node node(/*replicas=*/2);
   // Admitted best effort while replicas was 1: "rdmap..." IDs, exclusive.
   std::vector<FakeCheckpointEntry> entries = {ByIdEntry("old", kEfa, node.Group(0))};
@@ -636,7 +638,7 @@ TEST_CASE("A held-by-ID EFA of an exclusive allocation is never shared by late b
 }
 
 TEST_CASE("Without late binding, bindings of an earlier configuration are kept and reserved",
-          "[late-binding][lifecycle]") {
+          "[late-binding][upgrade]") {
   Node node;
   node.WriteCheckpoint(
       {Entry("uid-0", kGpu, {Uuid(kGpus[3])}), Entry("uid-0", kEfa, node.Group(0))});
@@ -667,7 +669,7 @@ TEST_CASE("Without late binding, bindings of an earlier configuration are kept a
 }
 
 TEST_CASE("Without late binding, EFAs held by ID under another name or replica count are reserved",
-          "[late-binding][lifecycle]") {
+          "[late-binding][upgrade]") {
   Node node;
   std::vector<std::string> shared = {node.Group(1)[0] + "::1", node.Group(1)[1] + "::0"};
   node.WriteCheckpoint(
@@ -683,7 +685,7 @@ TEST_CASE("Without late binding, EFAs held by ID under another name or replica c
 }
 
 TEST_CASE("A binding recovered after a restart keeps its owner: its container's restart keeps it",
-          "[late-binding][lifecycle]") {
+          "[late-binding][upgrade]") {
   Node node;
   node.WriteCheckpoint(
       {Entry("uid-0", kGpu, {Uuid(kGpus[4])}), Entry("uid-0", kEfa, node.Group(0))});
@@ -712,7 +714,7 @@ TEST_CASE("A binding recovered after a restart keeps its owner: its container's 
 }
 
 TEST_CASE("An init and an app container given the same IDs share one binding placed for both",
-          "[late-binding][lifecycle]") {
+          "[late-binding][upgrade]") {
   Node node;
   // The app container reuses the init container's EFAs and GPU 0
   // (devicesToReuse) and has GPU 5 besides; "download" sorts first.
@@ -734,7 +736,7 @@ TEST_CASE("An init and an app container given the same IDs share one binding pla
 }
 
 TEST_CASE("Recovery keeps a spec it cannot read and reports the CDI dir not read whole",
-          "[late-binding][lifecycle]") {
+          "[late-binding][upgrade]") {
   Node node;
   fs::create_directories(node.cdi_dir());
   std::ofstream(node.cdi_dir() / CdiSpecFileName("claim-a"))
@@ -756,18 +758,23 @@ TEST_CASE("Recovery keeps a spec it cannot read and reports the CDI dir not read
   CHECK(binder.counts().recovered == 1);
 }
 
-TEST_CASE("Recovery of a CDI dir it cannot list decides nothing", "[late-binding][lifecycle]") {
+TEST_CASE("Recovery of a CDI dir it cannot list decides nothing", "[late-binding][upgrade]") {
   Node node;
-  std::ofstream(node.cdi_dir()) << "not a directory";
+  // A link to itself: opendir fails with ELOOP, as it may with EIO or EMFILE.
+  fs::create_directory_symlink(node.cdi_dir(), node.cdi_dir());
   LateBinder binder(node.Options());
   const absl::Status status = binder.Recover();
-  CHECK(status.message() ==
-        absl::StrCat("cannot list ", node.cdi_dir().string(), ": Not a directory"));
+  CHECK(status.message() == absl::StrCat("cannot list ", node.cdi_dir().string(),
+                                         ": Too many levels of symbolic links"));
   CHECK_FALSE(binder.recovered());
+  // No directory at all holds no binding: a whole answer.
+  fs::remove(node.cdi_dir());
+  CHECK(binder.Recover().ok());
+  CHECK(binder.recovered());
 }
 
 TEST_CASE("A binding a newer release wrote is kept and its EFAs counted as held",
-          "[late-binding][lifecycle]") {
+          "[late-binding][upgrade]") {
   Node node;
   fs::create_directories(node.cdi_dir());
   // A later spec format this release cannot parse, and a record of a later
@@ -791,7 +798,7 @@ TEST_CASE("A binding a newer release wrote is kept and its EFAs counted as held"
   CHECK(kept == record);
 }
 
-TEST_CASE("A claim's record holds what recovering it needs", "[late-binding][lifecycle]") {
+TEST_CASE("A claim's record holds what recovering it needs", "[late-binding][upgrade]") {
   const ClaimRecord record{.owner = "uid-0",
                            .kubelet_ids = {"efa_1", "efa_0"},
                            .resource = kResourceName,

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "test/support/descriptor_table_full.h"
+#include "test/support/sanitized.h"
 #include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -54,4 +56,26 @@ TEST_CASE(
   fs::create_directories(file.parent_path());
   std::ofstream(file) << "x";
   CHECK(watch.Changed());
+}
+
+TEST_CASE("Without an inotify instance every call is true, until one is given", "[kubelet]") {
+  if (efa::testing::kSanitized) {
+    WARN("not run: a sanitizer's runtime needs descriptors");
+    return;
+  }
+  efa::testing::TempDir tmp;
+  const fs::path file = tmp.path() / "dir/kubelet_internal_checkpoint";
+  fs::create_directories(file.parent_path());
+  FileChangeWatch watch(file);
+  {
+    // uid 0's max_user_instances reached: EMFILE, as with no descriptor.
+    efa::testing::DescriptorTableFull full;
+    CHECK(watch.Changed());
+    CHECK(watch.Changed());  // nothing watched: the caller looks every time
+  }
+  CHECK(watch.Changed());  // watched from now on; a change before is not missed
+  CHECK_FALSE(watch.Changed());
+  std::ofstream(file) << "x";
+  CHECK(watch.Changed());
+  CHECK_FALSE(watch.Changed());
 }
