@@ -24,7 +24,7 @@ commit="$(grep -v '^[[:space:]]*#' "$src/test/lifecycle/upgrade-from" | awk 'NF 
 
 unavailable() {
   echo "$1" >"$out/UNAVAILABLE"
-  rm -rf "$out/bin" "$out/COMMIT"
+  rm -rf "${out:?}/bin" "${out:?}/COMMIT"
   echo "build-upgrade-from: $1"
   exit 0
 }
@@ -43,7 +43,7 @@ start=$SECONDS
 
 # The commit's own tree, in a directory of its own (its presets build in
 # <tree>/build/release).
-rm -rf "$out/src" "$out/bin"
+rm -rf "${out:?}/src" "${out:?}/bin"
 mkdir -p "$out/src"
 git -C "$src" archive --format=tar "$full" | tar -x -C "$out/src"
 

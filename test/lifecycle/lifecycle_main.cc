@@ -693,6 +693,10 @@ std::optional<Violation> Node::Apply(const Step& step, size_t number) {
     return std::nullopt;
   };
 
+  if (on_base() && (step.event == Event::kRestartDaemon || step.event == Event::kKillDaemon ||
+                    step.event == Event::kReconfigure)) {
+    return skip("on the base binary, which is only upgraded");
+  }
   switch (step.event) {
     case Event::kAdmit:
     case Event::kAdmitWithInit:
@@ -1352,15 +1356,18 @@ Step Generate(std::mt19937& rng, const Node& node, const Config& config) {
   add(Event::kDeletePod, node.pods() > 0 ? 5 + 3 * node.pods() : 0);
   add(Event::kRestartKubelet, 4);
   add(Event::kSyncPods, synced ? 0 : 40);
-  add(Event::kRestartDaemon, 2);
-  add(Event::kKillDaemon, 2);
+  // On the base binary the daemon only runs: its restarts' and
+  // configuration changes' bugs are known (issue 42); the upgrade step is
+  // the first restart.
+  add(Event::kRestartDaemon, node.on_base() ? 0 : 2);
+  add(Event::kKillDaemon, node.on_base() ? 0 : 2);
   add(Event::kRemoveEfa, 4);
   add(Event::kReturnEfa, node.removed_efas() > 0 ? 6 : 0);
   add(Event::kReturnEfaRenamed, node.removed_efas() > 0 ? 3 : 0);
   add(Event::kFillFds, 2);
   add(Event::kCdiReadOnly, node.daemon_config().late() && !node.read_only() ? 2 : 0);
   add(Event::kCdiWritable, node.read_only() ? 25 : 0);
-  add(Event::kReconfigure, 3);
+  add(Event::kReconfigure, node.on_base() ? 0 : 3);
   add(Event::kUpgrade, node.on_base() ? 4 : 0);
   int total = 0;
   for (const auto& [event, weight] : weights) total += weight;
