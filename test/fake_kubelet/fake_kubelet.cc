@@ -31,12 +31,17 @@ FakeKubelet::Options FakeKubelet::ForKubeletDir(const fs::path& kubelet_dir) {
 }
 
 FakeKubelet::FakeKubelet(fs::path device_plugin_dir)
-    : FakeKubelet(Options{std::move(device_plugin_dir), {}, false}) {}
+    : FakeKubelet([&] {
+        Options options;
+        options.device_plugin_dir = std::move(device_plugin_dir);
+        return options;
+      }()) {}
 
 FakeKubelet::FakeKubelet(Options options)
     : dir_(std::move(options.device_plugin_dir)),
       pod_resources_socket_(std::move(options.pod_resources_socket)),
-      kubelet_1_20_(options.kubelet_1_20) {}
+      kubelet_1_20_(options.kubelet_1_20),
+      endpoint_stop_grace_period_(options.endpoint_stop_grace_period) {}
 
 FakeKubelet::~FakeKubelet() {
   absl::MutexLock admission_lock(&admission_mu_);
@@ -124,6 +129,16 @@ absl::Status FakeKubelet::Restart() {
     // podsProvider.GetPods()) and lists nothing until then.
     absl::MutexLock state_lock(&mu_);
     LoadCheckpointLocked();
+    // readCheckpoint gives every resource of RegisteredDevices a stopped
+    // endpoint (newStoppedEndpointImpl, stopped from now on, no options);
+    // one GetCapacity had dropped before is not there.
+    for (auto& [name, resource] : resources_) {
+      if (EndpointRemovedLocked(resource)) {
+        resource.removed = true;
+      } else {
+        resource.stopped_since = std::chrono::steady_clock::now();
+      }
+    }
     for (Pod& pod : pods_) unsynced_.push_back(std::move(pod));
     pods_.clear();
     pods_synced_ = false;

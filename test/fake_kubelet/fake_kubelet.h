@@ -111,6 +111,19 @@ class FakeKubelet {
     // (UNIMPLEMENTED); Restart deletes every file of the directory that is
     // not a directory, not the sockets only.
     bool kubelet_1_20 = false;
+    // How long the device manager keeps a stopped endpoint (its plugin's
+    // stream ended and no plugin registered the resource again) before its
+    // GetCapacity drops it: endpointStopGracePeriod, 5 minutes in every
+    // kubelet (pkg/kubelet/cm/devicemanager/types.go). Until then the
+    // resource has no free device and a container start that needs its
+    // PreStartContainer fails ("endpoint ... has been stopped", endpoint.go
+    // preStartContainer); after it the resource is unregistered: a start of
+    // a container holding its devices fails ("endpoint not found in cache
+    // for a registered resource", manager.go callPreStartContainerIfNeeded),
+    // an admission asking for it too ("can't allocate unregistered device"),
+    // and the checkpoint's RegisteredDevices leave it out. Its containers'
+    // allocations stay (podDevices and the checkpoint) while they live.
+    std::chrono::milliseconds endpoint_stop_grace_period = std::chrono::minutes(5);
   };
 
   // Options for a kubelet directory: <kubelet_dir>/device-plugins and
@@ -423,6 +436,14 @@ class FakeKubelet {
     std::optional<grpc::Status> last_stream_status;
     // The stream of the latest registration (possibly ended).
     std::shared_ptr<Stream> stream;
+    // Since when the endpoint is stopped: the stream of the latest
+    // registration ended, or the kubelet restarted (readCheckpoint makes a
+    // stopped endpoint of every registered resource, stopped from then on);
+    // nullopt while it runs. Reset by Register.
+    std::optional<std::chrono::steady_clock::time_point> stopped_since;
+    // GetCapacity dropped the endpoint (stopped longer than the grace
+    // period before the kubelet's latest restart); Register brings it back.
+    bool removed = false;
   };
 
   // One admitted container of a pod.
@@ -495,6 +516,9 @@ class FakeKubelet {
   std::shared_ptr<v1beta1::DevicePlugin::Stub> StubFor(const std::string& resource) const;
   // The record of `resource`, or null.
   const Resource* FindLocked(const std::string& resource) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the device manager has dropped the endpoint of `resource`
+  // (Options::endpoint_stop_grace_period).
+  bool EndpointRemovedLocked(const Resource& resource) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status StartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
   // Stops both servers and every stream.
@@ -505,6 +529,7 @@ class FakeKubelet {
   const std::filesystem::path dir_;
   const std::filesystem::path pod_resources_socket_;
   const bool kubelet_1_20_;
+  const std::chrono::milliseconds endpoint_stop_grace_period_;
 
   // Serializes admissions (AdmitContainer, StartContainer, RemovePod) and
   // keeps Start/Restart/Stop/destructor out while one runs. Held across calls

@@ -226,7 +226,9 @@ absl::StatusOr<FakeKubelet::ResourceAllocation> FakeKubelet::AllocateResource(
   {
     absl::MutexLock lock(&mu_);
     const Resource* r = FindLocked(resource);
-    if (r == nullptr) {
+    // devicesToAllocate: no healthyDevices entry (never registered, or
+    // GetCapacity dropped the stopped endpoint).
+    if (r == nullptr || EndpointRemovedLocked(*r)) {
       return absl::FailedPreconditionError(
           absl::StrCat("can't allocate unregistered device ", resource));
     }
@@ -420,7 +422,10 @@ absl::Status FakeKubelet::StartContainerLocked(const std::string& pod_uid,
       const std::string& resource = request.first;
       if (request.second == 0) continue;
       const Resource* r = FindLocked(resource);
-      if (r == nullptr) {
+      // callPreStartContainerIfNeeded: no endpoint (never registered, or
+      // GetCapacity dropped it after the grace period) while the container
+      // holds the resource's devices (isDevicePluginResource: allocated).
+      if (r == nullptr || EndpointRemovedLocked(*r)) {
         return absl::FailedPreconditionError(
             absl::StrCat("endpoint not found in cache for a registered resource: ", resource));
       }
@@ -429,6 +434,15 @@ absl::Status FakeKubelet::StartContainerLocked(const std::string& pod_uid,
       // did not ask for it.
       const bool pre_start =
           r->stub != nullptr && r->options.has_value() && r->options->pre_start_required();
+      // A stopped endpoint with the options of its registration refuses
+      // the call (endpoint.go preStartContainer: errEndpointStopped): a
+      // plugin that registered another resource name since, or is down.
+      if (pre_start && r->stopped_since) {
+        return absl::UnavailableError(absl::StrFormat(
+            "device plugin PreStartContainer rpc failed with err: endpoint &{%s %s} has been "
+            "stopped",
+            (dir_ / r->last_request->endpoint()).string(), resource));
+      }
       auto entry = std::find_if(entries_.begin(), entries_.end(), [&](const DeviceEntry& e) {
         return e.pod_uid == pod_uid && e.container == container && e.resource == resource;
       });

@@ -122,7 +122,8 @@ class EfaLikePlugin final : public v1beta1::DevicePlugin::Service {
  public:
   using Hook = std::function<void(const std::vector<std::string>& ids)>;
 
-  EfaLikePlugin(fs::path socket, bool pre_start_required) : socket_(std::move(socket)) {
+  EfaLikePlugin(fs::path socket, bool pre_start_required, std::string resource = kEfa)
+      : socket_(std::move(socket)), resource_(std::move(resource)) {
     options_.set_get_preferred_allocation_available(true);
     options_.set_pre_start_required(pre_start_required);
     for (int i = 0; i < 8; ++i) devices_.push_back(Device("efa" + std::to_string(i), i / 4));
@@ -146,7 +147,7 @@ class EfaLikePlugin final : public v1beta1::DevicePlugin::Service {
     v1beta1::RegisterRequest request;
     request.set_version("v1beta1");
     request.set_endpoint(socket_.filename().string());
-    request.set_resource_name(kEfa);
+    request.set_resource_name(resource_);
     *request.mutable_options() = options_;
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + kWait);
@@ -279,6 +280,7 @@ class EfaLikePlugin final : public v1beta1::DevicePlugin::Service {
 
  private:
   const fs::path socket_;
+  const std::string resource_;
   v1beta1::DevicePluginOptions options_;
   std::vector<v1beta1::Device> devices_;
   std::unique_ptr<grpc::Server> server_;
@@ -299,8 +301,9 @@ class EfaLikePlugin final : public v1beta1::DevicePlugin::Service {
 // registered and streaming.
 class Node {
  public:
-  explicit Node(bool efa_pre_start = false, bool kubelet_1_20 = false)
-      : kubelet_(Options(dir_.path() / "kubelet", kubelet_1_20)),
+  explicit Node(bool efa_pre_start = false, bool kubelet_1_20 = false,
+                std::chrono::milliseconds endpoint_grace = std::chrono::minutes(5))
+      : kubelet_(Options(dir_.path() / "kubelet", kubelet_1_20, endpoint_grace)),
         gpus_(*efa::sim::FindMachine("p5.48xlarge"), AcceleratorKind::kNvidiaGpu,
               dir_.path() / "kubelet/device-plugins") {
     REQUIRE(kubelet_.Start().ok());
@@ -316,12 +319,13 @@ class Node {
   EfaLikePlugin& efa() { return *efa_; }
   std::vector<std::string> gpu_ids() const { return gpus_.ids(); }
 
-  // Replaces the EFA plugin (after a kubelet restart) and waits for its list.
-  void ReRegisterEfa(bool pre_start) {
+  // Replaces the EFA plugin (after a kubelet restart, or a plugin restart
+  // that serves `resource` now) and waits for its list.
+  void ReRegisterEfa(bool pre_start, const std::string& resource = kEfa) {
     efa_.reset();
-    efa_ = std::make_unique<EfaLikePlugin>(kubelet_.dir() / "efa.sock", pre_start);
+    efa_ = std::make_unique<EfaLikePlugin>(kubelet_.dir() / "efa.sock", pre_start, resource);
     REQUIRE(efa_->Register(kubelet_.socket_path()).ok());
-    REQUIRE(kubelet_.WaitForStreaming(kEfa, true, kWait));
+    REQUIRE(kubelet_.WaitForStreaming(resource, true, kWait));
   }
 
   grpc::Status List(v1::ListPodResourcesResponse* response) {
@@ -329,9 +333,11 @@ class Node {
   }
 
  private:
-  static FakeKubelet::Options Options(const fs::path& kubelet_dir, bool kubelet_1_20) {
+  static FakeKubelet::Options Options(const fs::path& kubelet_dir, bool kubelet_1_20,
+                                      std::chrono::milliseconds endpoint_grace) {
     FakeKubelet::Options options = FakeKubelet::ForKubeletDir(kubelet_dir);
     options.kubelet_1_20 = kubelet_1_20;
+    options.endpoint_stop_grace_period = endpoint_grace;
     return options;
   }
 
@@ -961,6 +967,52 @@ TEST_CASE("A container whose devices the checkpoint lost is allocated again when
         absl::FailedPreconditionError(
             "no devices found allocated in local cache for pod uid-1, container efa, resource "
             "vpc.amazonaws.com/efa"));
+}
+
+TEST_CASE(
+    "A plugin that registers another resource name leaves the old one's containers their "
+    "devices; their starts fail as the kubelet's",
+    "[fake_kubelet][concurrency]") {
+  constexpr char kShared[] = "vpc.amazonaws.com/efa.shared";
+  const bool grace_over = GENERATE(false, true);
+  CAPTURE(grace_over);
+  Node node(/*efa_pre_start=*/true, /*kubelet_1_20=*/false,
+            grace_over ? std::chrono::milliseconds(0) : std::chrono::minutes(5));
+  REQUIRE(node.kubelet().AdmitContainer("pod", "ns", "uid-1", "main", {{kEfa, 2}}).ok());
+  // The plugin restarts serving the shared name, on the same socket.
+  node.ReRegisterEfa(/*pre_start=*/true, kShared);
+  CHECK_FALSE(node.kubelet().streaming(kEfa));
+  REQUIRE(node.kubelet().AdmitContainer("pod2", "ns", "uid-2", "main", {{kShared, 1}}).ok());
+  const auto pre_starts = node.efa().pre_starts().size();
+
+  // The old name's allocation stays in podDevices and the checkpoint.
+  CHECK(node.kubelet().container_devices("uid-1", "main", kEfa).size() == 2);
+  CHECK(CheckpointEntries(node.kubelet().checkpoint_path()) ==
+        std::vector<std::string>{"uid-1/main/" + std::string(kEfa),
+                                 "uid-2/main/" + std::string(kShared)});
+  const Json registered = ReadJson(node.kubelet().checkpoint_path())["Data"]["RegisteredDevices"];
+  CHECK(registered.contains(kShared));
+  const absl::Status start = node.kubelet().StartContainer("uid-1", "main");
+  const auto admit = node.kubelet().AdmitContainer("pod3", "ns", "uid-3", "main", {{kEfa, 1}});
+  if (grace_over) {
+    // GetCapacity dropped the stopped endpoint and its devices.
+    CHECK_FALSE(registered.contains(kEfa));
+    CHECK(start ==
+          absl::FailedPreconditionError("endpoint not found in cache for a registered resource: "
+                                        "vpc.amazonaws.com/efa"));
+    CHECK(admit.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_THAT(std::string(admit.status().message()),
+               Catch::Contains("can't allocate unregistered device vpc.amazonaws.com/efa"));
+  } else {
+    // A stopped endpoint: no healthy device, and PreStartContainer refused
+    // without reaching the plugin now on its socket.
+    CHECK(registered[kEfa] == Json::array());
+    CHECK_THAT(std::string(start.message()),
+               Catch::Contains("device plugin PreStartContainer rpc failed with err: endpoint") &&
+                   Catch::Contains("has been stopped"));
+    CHECK(admit.status().code() == absl::StatusCode::kResourceExhausted);
+  }
+  CHECK(node.efa().pre_starts().size() == pre_starts);
 }
 
 TEST_CASE("A deleted pod leaves List at once and the checkpoint at the kubelet's next write",

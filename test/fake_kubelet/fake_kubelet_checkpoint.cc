@@ -68,6 +68,8 @@ absl::Status FakeKubelet::WriteCheckpointLocked() {
   // The kubelet's healthyDevices: emptied while a plugin's stream is down.
   Json registered = Json::object();
   for (const auto& [name, resource] : resources_) {
+    // GetCapacity deleted its healthyDevices with the endpoint.
+    if (EndpointRemovedLocked(resource)) continue;
     Json ids = Json::array();
     if (resource.streaming) {
       for (const auto& device : resource.devices) {

@@ -110,6 +110,8 @@ grpc::Status FakeKubelet::Register(const v1beta1::RegisterRequest& request) {
   resource.last_request = request;
   resource.options = options;
   resource.stub = stub;
+  resource.stopped_since.reset();
+  resource.removed = false;
   // Open once the first message arrives: only then is the plugin's handler
   // surely running, so that ending the stream is something it can notice.
   resource.streaming = false;
@@ -149,12 +151,23 @@ void FakeKubelet::Watch(Stream* stream) {
   if (resource.stream.get() == stream) {
     resource.streaming = false;
     resource.last_stream_status = status;
+    // runEndpoint: e.stop() sets the endpoint's stopTime (and
+    // markResourceUnhealthy empties its healthy devices).
+    if (!resource.stopped_since) resource.stopped_since = std::chrono::steady_clock::now();
   }
 }
 
 const FakeKubelet::Resource* FakeKubelet::FindLocked(const std::string& resource) const {
   auto it = resources_.find(resource);
   return it == resources_.end() ? nullptr : &it->second;
+}
+
+bool FakeKubelet::EndpointRemovedLocked(const Resource& resource) const {
+  // GetCapacity (every node status update) deletes an endpoint whose
+  // stopGracePeriodExpired(); here it is found so when asked.
+  return resource.removed ||
+         (resource.stopped_since &&
+          std::chrono::steady_clock::now() - *resource.stopped_since > endpoint_stop_grace_period_);
 }
 
 int FakeKubelet::registrations(const std::string& resource) const {

@@ -4,18 +4,36 @@
 // through long random sequences of what happens to a node: pods admitted GPU
 // first or EFA first, init containers holding EFAs, container restarts, pod
 // deletions, kubelet restarts whose pod-resources List stays empty until the
-// pods are synced, daemon restarts (SIGTERM) and kills (SIGKILL), EFAs
-// removed and returned (udev renaming some), a full descriptor table, a
-// read-only CDI directory. After every step, once the node is quiet, it
-// checks the invariants:
+// pods are synced, daemon restarts (SIGTERM) and kills (SIGKILL), daemon
+// restarts under a configuration drawn at random (a helm upgrade with changed
+// values: alignment best-effort / late-binding / off, sharing replicas 1 or
+// N, renameByDefault, cdiHandover), an upgrade from the daemon binary of the
+// commit test/lifecycle/upgrade-from names (built by CMake, see
+// test/lifecycle/build-upgrade-from.sh) to this tree's, EFAs removed and
+// returned (udev renaming some), a full descriptor table, a read-only CDI
+// directory. The fake kubelet does what the kubelet does when the daemon
+// comes back with another resource name, other device IDs or other options
+// (test/fake_kubelet/fake_kubelet.h). After every step, once the node is
+// quiet, it checks the invariants:
 //
-//   - no EFA is given to two running containers (late binding: no two
-//     running claims' CDI specs share a device node; best effort: no two
-//     running containers' Allocate answers share one);
+//   - every running container keeps the device nodes the runtime gave it at
+//     its start (its Allocate answer's device specs, or the device nodes of
+//     the CDI spec its answer names, read when it started): they are the same
+//     before and after each daemon restart, and its CDI spec on disk names
+//     them as long as it runs;
+//   - no device node is in more running containers than it was given for:
+//     an EFA given while sharing's replicas were N is in at most N running
+//     containers, one given exclusively (replicas 1) in no other;
+//   - a container's start is refused for want of EFAs (late binding) only
+//     when the node has no EFA that no live container holds (counting a
+//     deleted pod's EFAs as held until the kubelet gives one of its IDs to
+//     another container, or kReleaseWindow passes);
 //   - late binding: every running container's CDI device resolves to a spec
-//     on disk naming exactly its count of EFAs;
-//   - every EFA's advertised health is the simulated node's truth, and the
-//     kubelet's list has each PCI function once;
+//     on disk naming its count of EFAs (with sharing, 1 to that many);
+//   - every EFA's advertised health is the simulated node's truth (an EFA a
+//     live container holds may be advertised Unhealthy: withheld), under the
+//     resource name and replica IDs of the daemon's configuration, each
+//     (EFA, replica) once;
 //   - the daemon never exits, never leaves /healthz unanswered for more than
 //     one probe period, and registers again after every kubelet restart.
 //
@@ -53,6 +71,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -65,6 +84,7 @@
 #include "test/support/child_process.h"
 #include "test/support/devices.h"
 #include "test/support/temp_dir.h"
+#include "topology/replica_id.h"
 
 namespace {
 
@@ -86,6 +106,13 @@ constexpr auto kQuiet = 5s;
 constexpr auto kProbePeriod = 10s;
 // How long the descriptor table stays full.
 constexpr auto kFdWindow = 300ms;
+// How long a deleted pod's late-bound EFAs may stay bound when no other
+// container took over one of its kubelet IDs: the daemon's release_after
+// (10 s) and recheck_every (15 s) (plugin/alignment/late_binder.h), and
+// slack.
+constexpr auto kReleaseWindow = 40s;
+// The resource name with sharing's renameByDefault.
+constexpr char kEfaShared[] = "vpc.amazonaws.com/efa.shared";
 
 // ---------------------------------------------------------------------------
 // Events
@@ -106,6 +133,8 @@ enum class Event {
   kFillFds,           // the daemon's descriptor table is full for a moment
   kCdiReadOnly,       // the CDI directory turns read-only (late binding)
   kCdiWritable,       // it is writable again; failed starts are retried
+  kReconfigure,       // SIGTERM, then the daemon starts under another configuration
+  kUpgrade,           // SIGTERM of the base binary, then this tree's starts
 };
 
 struct EventInfo {
@@ -130,6 +159,8 @@ constexpr EventInfo kEvents[] = {
     {Event::kFillFds, "fill-fds", "fd-full"},
     {Event::kCdiReadOnly, "cdi-read-only", "cdi-read-only"},
     {Event::kCdiWritable, "cdi-writable", "cdi-read-only"},
+    {Event::kReconfigure, "reconfigure-daemon", "daemon-config"},
+    {Event::kUpgrade, "upgrade-daemon", "upgrade"},
 };
 
 const EventInfo& Info(Event event) {
@@ -186,13 +217,64 @@ constexpr Shape kShapes[] = {{1, 4}, {2, 8}, {0, 1}, {0, 2}, {1, 1}, {0, 4}, {1,
 
 struct Config {
   std::string machine = "p5.48xlarge";
-  bool late_binding = true;
+  bool late_binding = true;        // the daemon's first alignment mode (else best effort)
   std::set<std::string> excluded;  // event groups
   // The fake kubelet imitates kubelet 1.20 (the e2e's) where later ones
   // differ (FakeKubelet::Options::kubelet_1_20): odd seeds do.
   bool kubelet_1_20 = false;
   bool verbose = false;
+  // The base commit's daemon binary (empty: none); a run whose steps
+  // include an upgrade starts on it.
+  std::string base_binary;
+  std::string base_commit;
 };
+
+// The daemon's configuration, as the chart's values set it.
+struct DaemonConfig {
+  std::string alignment = "late-binding";  // best-effort, late-binding or off
+  int replicas = 1;                        // sharing.replicas
+  bool rename = false;                     // sharing.renameByDefault
+  std::string handover = "both";           // cdiHandover
+
+  bool late() const { return alignment == "late-binding"; }
+  // The resource name it serves (plugin/config.cc).
+  std::string resource() const { return replicas > 1 && rename ? kEfaShared : kEfa; }
+  std::string Describe() const {
+    return absl::StrCat(alignment, replicas > 1 ? absl::StrCat(", replicas ", replicas) : "",
+                        resource() == kEfaShared ? ", renamed" : "",
+                        late() && handover != "both" ? ", handover " + handover : "");
+  }
+  std::vector<std::string> Flags() const {
+    return {"--alignment",
+            alignment,
+            "--sharing-replicas",
+            absl::StrCat(replicas),
+            "--sharing-rename-by-default",
+            rename ? "true" : "false",
+            "--cdi-handover",
+            handover};
+  }
+  bool operator==(const DaemonConfig&) const = default;
+};
+
+// A configuration drawn from `bits` (a step's shape): any alignment mode,
+// replicas 1, 2 or 4, renamed or not, any CDI handover that the kubelet
+// passes on (kubelet 1.20 has no cdi_devices field: it drops it, so there
+// only the annotation reaches the runtime).
+DaemonConfig DrawConfig(uint32_t bits, bool kubelet_1_20) {
+  static constexpr const char* kAlignments[] = {"best-effort", "late-binding", "off"};
+  static constexpr int kReplicas[] = {1, 1, 2, 4};
+  static constexpr const char* kHandovers[] = {"both", "annotation", "cdi-devices"};
+  DaemonConfig c;
+  c.alignment = kAlignments[bits % 3];
+  bits /= 3;
+  c.replicas = kReplicas[bits % 4];
+  bits /= 4;
+  c.rename = bits % 2 == 1;
+  bits /= 2;
+  c.handover = kHandovers[bits % (kubelet_1_20 ? 2 : 3)];
+  return c;
+}
 
 FakeKubelet::Options KubeletOptions(const fs::path& kubelet_dir, bool kubelet_1_20) {
   FakeKubelet::Options options = FakeKubelet::ForKubeletDir(kubelet_dir);
@@ -303,16 +385,59 @@ struct Container {
   bool init = false;
   int efas = 0;
   enum class State { kWaitingForInit, kStartFailed, kRunning, kDone } state;
-  // Late binding: the claim its EFA Allocate answer named. Best effort: the
-  // device nodes the answer gave it.
+  // The EFA resource it asked for and the kubelet's IDs of it.
+  std::string resource;
+  std::vector<std::string> ids;
+  // Its Allocate answer: the claim of the CDI device it names as the
+  // kubelet passes it on (late binding), and its device specs' host paths.
   std::string claim;
-  std::vector<std::string> device_nodes;
+  std::vector<std::string> alloc_nodes;
+  int alloc_replicas = 1;  // sharing's replicas when it was allocated
+  // What the runtime gave it at its latest start (sorted): the answer's
+  // device nodes and its CDI spec's; sharing's replicas when they were
+  // given; the step and configuration.
+  std::vector<std::string> held;
+  int held_replicas = 1;
+  std::string held_when;
+  std::string admitted_when;
+  // What it holds now: what it was given at its latest start, else (never
+  // started) what its Allocate answer gives it.
+  const std::vector<std::string>& holds() const { return held.empty() ? alloc_nodes : held; }
 };
 
 struct Pod {
   std::string uid;
   std::vector<Container> containers;
 };
+
+// A deleted pod's container: its EFAs may stay bound (late binding) until
+// the daemon sees it gone, or until one of its IDs goes to another
+// container; held by ID (its Allocate answer) until the kubelet's next
+// checkpoint write. Meanwhile the daemon may withhold them.
+struct Gone {
+  bool bound = false;  // late-bound (its CDI spec's EFAs)
+  std::string who;
+  std::string resource;
+  std::vector<std::string> ids;
+  std::vector<std::string> nodes;
+  int replicas = 1;
+  Clock::time_point when;
+  std::string taken_over;  // "<ID> to <pod>/<container>" when one of its IDs went to another
+};
+
+// What the runtime would give a container now: its Allocate answer's device
+// nodes and its CDI spec's (sorted), or why the spec does not resolve.
+struct Resolved {
+  std::vector<std::string> nodes;
+  std::string problem;
+};
+
+// "uverbs3,uverbs7" for a list of device nodes.
+std::string Nodes(const std::vector<std::string>& nodes) {
+  std::vector<std::string> names;
+  for (const std::string& n : nodes) names.push_back(fs::path(n).filename().string());
+  return names.empty() ? "none" : absl::StrJoin(names, ",");
+}
 
 // One simulated EFA: its PCI function's names and whether it is there.
 struct Efa {
@@ -325,8 +450,10 @@ struct Efa {
 
 class Node {
  public:
-  explicit Node(const Config& config)
+  // Starts the daemon of `binary` (this tree's, or the base commit's).
+  Node(const Config& config, const std::string& binary)
       : config_(config),
+        binary_(binary),
         sim_(config.machine),
         kubelet_(KubeletOptions(sim_.path() / "kubelet", config.kubelet_1_20)),
         gpus_(*efa::sim::FindMachine(config.machine), AcceleratorKind::kNvidiaGpu,
@@ -334,6 +461,7 @@ class Node {
         cdi_dir_(sim_.path() / "var/run/cdi"),
         port_(FreePort()),
         probes_(port_) {
+    daemon_config_.alignment = config.late_binding ? "late-binding" : "best-effort";
     fs::create_directories(cdi_dir_);
     FindEfas();
     if (!kubelet_.Start().ok()) throw std::runtime_error("the fake kubelet cannot start");
@@ -346,15 +474,17 @@ class Node {
     if (daemon_) daemon_->Signal(SIGKILL);
   }
 
-  // Applies one step; a violation when something the step waits for (a
-  // registration, a clean exit) does not come.
-  std::optional<Violation> Apply(const Step& step);
+  // Applies step `number` (from 1); a violation when something the step
+  // waits for (a registration, a clean exit) does not come.
+  std::optional<Violation> Apply(const Step& step, size_t number);
   // Waits for the node to be quiet and checks the invariants.
   std::optional<Violation> Check();
   // What the last Apply did, for the report.
   const std::string& last_action() const { return action_; }
 
   bool synced() const { return synced_; }
+  bool on_base() const { return binary_ != EFA_PLUGIN_BINARY; }
+  const DaemonConfig& daemon_config() const { return daemon_config_; }
   bool read_only() const { return read_only_; }
   int pods() const { return static_cast<int>(pods_.size()); }
   int removed_efas() const {
@@ -376,6 +506,10 @@ class Node {
   void FindEfas();
   std::optional<Violation> StartDaemon();
   std::optional<Violation> StopDaemon(int signal);
+  // Stops the daemon (SIGTERM, or SIGKILL), notes what every running
+  // container holds, and starts `binary` under `next`.
+  std::optional<Violation> RestartDaemon(int signal, const std::string& binary,
+                                         const DaemonConfig& next);
   std::optional<Violation> Admit(const Step& step, bool with_init);
   std::optional<Violation> Start(Pod& pod, Container& c);
   std::optional<Violation> RestartKubelet();
@@ -385,10 +519,38 @@ class Node {
   void SetCdiReadOnly(bool read_only);
   std::optional<Violation> CheckAdvertised();
   std::optional<Violation> CheckEfasApart();
+  std::optional<Violation> CheckSnapshot();
+  std::optional<Violation> CheckHeld();
+  // After a start the daemon refused: a violation when it refused for want
+  // of EFAs while the node has EFAs no live container holds.
+  std::optional<Violation> CheckRefusal(const Pod& pod, const Container& c,
+                                        const absl::Status& status);
+  // After a start the kubelet let through: what the runtime gives the
+  // container, recorded; a violation when its CDI device does not resolve.
+  std::optional<Violation> Started(const Pod& pod, Container& c);
+  Resolved Resolve(const Container& c) const;
+  // "uid-3/main (4 EFA of vpc.amazonaws.com/efa, admitted at step 3 under
+  // ...)" for messages.
+  std::string Describe(const Pod& pod, const Container& c) const;
+  // The device node of the EFA with uverbs index `n`, as the daemon names it.
+  std::string DeviceNode(const Efa& efa) const;
+  // "step 7 (late-binding)" for what is being recorded now.
+  std::string Now() const;
+  // The latest daemon restart, for messages ("" before the first).
+  std::string LastRestart() const;
   // The running containers that hold EFAs.
   std::vector<std::pair<const Pod*, const Container*>> Running() const;
 
   const Config config_;
+  std::string binary_;
+  DaemonConfig daemon_config_;
+  size_t step_ = 0;
+  // Every daemon restart so far: "step 7: reconfigure-daemon: ... -> ...".
+  std::vector<std::string> restarts_;
+  // Running containers' device nodes before the latest daemon restart,
+  // checked (and dropped) at the next Check.
+  std::optional<std::map<std::string, Resolved>> snapshot_;
+  std::vector<Gone> gone_;
   SimRoot sim_;
   FakeKubelet kubelet_;
   FakeAcceleratorPlugin gpus_;
@@ -429,25 +591,49 @@ void Node::FindEfas() {
 }
 
 std::optional<Violation> Node::StartDaemon() {
-  std::vector<std::string> args = {EFA_PLUGIN_BINARY};
+  std::vector<std::string> args = {binary_};
   for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
   for (const std::string& flag :
        {std::string("--log-level"), std::string("info"), std::string("--metrics-address"),
         std::string(""), std::string("--probe-address"), absl::StrCat("127.0.0.1:", port_),
-        std::string("--alignment"),
-        std::string(config_.late_binding ? "late-binding" : "best-effort"),
         std::string("--cdi-dir"), cdi_dir_.string()}) {
     args.push_back(flag);
   }
+  for (const std::string& flag : daemon_config_.Flags()) args.push_back(flag);
   log_path_ = (sim_.path() / "daemon.log").string();
-  const int before = kubelet_.registrations(kEfa);
+  {
+    std::ofstream log(log_path_, std::ios::app);
+    log << "=== efa-lifecycle, step " << step_ << ": " << absl::StrJoin(args, " ") << "\n";
+  }
+  const std::string resource = daemon_config_.resource();
+  const int before = kubelet_.registrations(resource);
   daemon_ = std::make_unique<ChildProcess>(args, log_path_);
-  if (!kubelet_.WaitForRegistrations(kEfa, before + 1, kDeadline) ||
-      !kubelet_.WaitForStreaming(kEfa, true, kDeadline)) {
-    return Violation{"registers", "the daemon did not register within 10 s of its start"};
+  if (!kubelet_.WaitForRegistrations(resource, before + 1, kDeadline) ||
+      !kubelet_.WaitForStreaming(resource, true, kDeadline)) {
+    return Violation{"registers", absl::StrCat("the daemon (", on_base() ? "base binary, " : "",
+                                               daemon_config_.Describe(), ") did not register ",
+                                               resource, " within 10 s of its start")};
   }
   probes_.Expect(true);
   return std::nullopt;
+}
+
+std::optional<Violation> Node::RestartDaemon(int signal, const std::string& binary,
+                                             const DaemonConfig& next) {
+  std::map<std::string, Resolved> before;
+  for (const auto& [pod, c] : Running()) before[absl::StrCat(pod->uid, "/", c->name)] = Resolve(*c);
+  // action_ is the step's event so far.
+  const std::string change = absl::StrCat(
+      binary != binary_ ? absl::StrCat("base ", config_.base_commit, " -> this tree, ")
+                        : (on_base() ? "base binary, " : ""),
+      daemon_config_.Describe(), next == daemon_config_ ? "" : " -> " + next.Describe());
+  action_ += absl::StrCat(" (", change, ")");
+  if (auto v = StopDaemon(signal)) return v;
+  restarts_.push_back(absl::StrCat("step ", step_, ": ", action_));
+  binary_ = binary;
+  daemon_config_ = next;
+  snapshot_ = std::move(before);
+  return StartDaemon();
 }
 
 std::optional<Violation> Node::StopDaemon(int signal) {
@@ -472,7 +658,8 @@ std::vector<std::pair<const Pod*, const Container*>> Node::Running() const {
   return running;
 }
 
-std::optional<Violation> Node::Apply(const Step& step) {
+std::optional<Violation> Node::Apply(const Step& step, size_t number) {
+  step_ = number;
   action_ = Info(step.event).name;
   ++counts[action_];
   // Picks one of `n` things (nullopt when there is none).
@@ -506,6 +693,10 @@ std::optional<Violation> Node::Apply(const Step& step) {
     return std::nullopt;
   };
 
+  if (on_base() && (step.event == Event::kRestartDaemon || step.event == Event::kKillDaemon ||
+                    step.event == Event::kReconfigure)) {
+    return skip("on the base binary, which is only upgraded");
+  }
   switch (step.event) {
     case Event::kAdmit:
     case Event::kAdmitWithInit:
@@ -539,6 +730,13 @@ std::optional<Violation> Node::Apply(const Step& step) {
       if (!chosen) return skip("no pod");
       const std::string uid = pods_[*chosen].uid;
       action_ += " " + uid;
+      for (const Container& c : pods_[*chosen].containers) {
+        if (c.holds().empty()) continue;
+        gone_.push_back(Gone{
+            !c.claim.empty() && !c.held.empty(), absl::StrCat(uid, "/", c.name), c.resource, c.ids,
+            c.holds(), c.held.empty() ? c.alloc_replicas : c.held_replicas, Clock::now(), ""});
+      }
+      std::erase_if(gone_, [](const Gone& g) { return Clock::now() - g.when > kReleaseWindow; });
       pods_.erase(pods_.begin() + static_cast<std::ptrdiff_t>(*chosen));
       if (absl::Status s = kubelet_.RemovePod(uid, FakeKubelet::CheckpointWrite::kAsKubelet);
           !s.ok()) {
@@ -555,8 +753,18 @@ std::optional<Violation> Node::Apply(const Step& step) {
       return std::nullopt;
     case Event::kRestartDaemon:
     case Event::kKillDaemon:
-      if (auto v = StopDaemon(step.event == Event::kRestartDaemon ? SIGTERM : SIGKILL)) return v;
-      return StartDaemon();
+      return RestartDaemon(step.event == Event::kRestartDaemon ? SIGTERM : SIGKILL, binary_,
+                           daemon_config_);
+    case Event::kReconfigure:
+      // A helm upgrade with changed values: the chart's config checksum
+      // restarts the daemon (SIGTERM) under the new flags.
+      return RestartDaemon(SIGTERM, binary_, DrawConfig(step.shape, config_.kubelet_1_20));
+    case Event::kUpgrade:
+      // A helm upgrade to this tree's version, with changed values or not.
+      if (!on_base()) return skip("upgraded already");
+      return RestartDaemon(
+          SIGTERM, EFA_PLUGIN_BINARY,
+          step.pick % 2 == 0 ? daemon_config_ : DrawConfig(step.shape, config_.kubelet_1_20));
     case Event::kRemoveEfa: {
       auto present = efas(true);
       auto chosen = pick(present.size());
@@ -575,7 +783,7 @@ std::optional<Violation> Node::Apply(const Step& step) {
     case Event::kFillFds:
       return FillFds();
     case Event::kCdiReadOnly:
-      if (!config_.late_binding || read_only_by == ReadOnlyBy::kNone)
+      if (!daemon_config_.late() || read_only_by == ReadOnlyBy::kNone)
         return skip("no late binding");
       if (read_only_) return skip("read-only already");
       SetCdiReadOnly(true);
@@ -607,13 +815,16 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
   std::vector<std::tuple<std::string, std::vector<std::pair<std::string, int>>,
                          FakeKubelet::ContainerOptions>>
       wanted;
+  // Pods ask for the name the daemon serves now (after a rename, new pods
+  // are written for it); the running ones keep theirs.
+  const std::string efa = daemon_config_.resource();
   if (with_init) {
     wanted.emplace_back(
         "init",
-        std::vector<std::pair<std::string, int>>{{kEfa, static_cast<int>(1 + step.pick % 4)}},
+        std::vector<std::pair<std::string, int>>{{efa, static_cast<int>(1 + step.pick % 4)}},
         FakeKubelet::ContainerOptions{.init = true, .start = true});
   }
-  std::vector<std::pair<std::string, int>> requests = {{kGpu, shape.gpus}, {kEfa, shape.efas}};
+  std::vector<std::pair<std::string, int>> requests = {{kGpu, shape.gpus}, {efa, shape.efas}};
   if (!gpu_first) std::swap(requests[0], requests[1]);
   wanted.emplace_back("main", requests,
                       FakeKubelet::ContainerOptions{.init = false, .start = !with_init});
@@ -631,33 +842,62 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
         }
         return std::nullopt;
       }
-      return Violation{"admits",
-                       absl::StrCat(pod.uid, "/", container, ": ", admitted.status().message())};
+      // What the kubelet was told of a device the answer names: it gives
+      // only devices it last heard of as Healthy.
+      std::string told;
+      const std::string message(admitted.status().message());
+      if (const size_t at = message.find("device \""); at != std::string::npos) {
+        const std::string id = message.substr(at + 8, message.find('"', at + 8) - at - 8);
+        for (const auto& d : kubelet_.devices(efa)) {
+          if (d.id() == id) {
+            told = absl::StrCat(" (its latest list, as the kubelet had it, said ", id, " is ",
+                                d.health(), ")");
+          }
+        }
+      }
+      return Violation{"admits", absl::StrCat(pod.uid, "/", container, " at ", Now(), ": ", message,
+                                              told, "; ", LastRestart())};
     }
     Container c;
     c.name = container;
     c.init = options.init;
+    c.resource = efa;
+    c.admitted_when = Now();
     for (const auto& allocation : admitted->allocations) {
-      if (allocation.resource != kEfa) continue;
+      if (allocation.resource != efa) continue;
       c.efas = static_cast<int>(allocation.device_ids.size());
-      if (allocation.response.cdi_devices_size() > 0) {
-        const std::string& device = allocation.response.cdi_devices(0).name();
-        c.claim = device.substr(device.find('=') + 1);
+      c.ids = allocation.device_ids;
+      // What the kubelet passes to the runtime: the CDI devices field
+      // (kubelet 1.28+; 1.20's API has no such field and drops it) and the
+      // annotations (every kubelet; the runtime injects the CDI devices of
+      // cdi.k8s.io/ keys).
+      auto claim_of = [](const std::string& device) { return device.substr(device.find('=') + 1); };
+      if (!config_.kubelet_1_20 && allocation.response.cdi_devices_size() > 0) {
+        c.claim = claim_of(allocation.response.cdi_devices(0).name());
+      }
+      for (const auto& [key, value] : allocation.response.annotations()) {
+        if (c.claim.empty() && absl::StartsWith(key, efa::plugin::kCdiAnnotationPrefix)) {
+          c.claim = claim_of(value);
+        }
       }
       for (const auto& spec : allocation.response.devices())
-        c.device_nodes.push_back(spec.host_path());
+        c.alloc_nodes.push_back(spec.host_path());
+      std::sort(c.alloc_nodes.begin(), c.alloc_nodes.end());
+      c.alloc_replicas = daemon_config_.replicas;
     }
+    pod.containers.push_back(c);
+    Container& added = pod.containers.back();
     if (!options.start) {
-      c.state = Container::State::kWaitingForInit;
+      added.state = Container::State::kWaitingForInit;
     } else if (admitted->start_status.ok()) {
-      c.state = Container::State::kRunning;
+      if (auto v = Started(pod, added)) return v;
     } else {
-      c.state = Container::State::kStartFailed;
+      added.state = Container::State::kStartFailed;
       ++counts["starts failed"];
       action_ +=
           absl::StrCat(" (", container, " not started: ", admitted->start_status.message(), ")");
+      if (auto v = CheckRefusal(pod, added, admitted->start_status)) return v;
     }
-    pod.containers.push_back(c);
   }
   pods_.push_back(std::move(pod));
   return std::nullopt;
@@ -665,20 +905,151 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
 
 std::optional<Violation> Node::Start(Pod& pod, Container& c) {
   const absl::Status status = kubelet_.StartContainer(pod.uid, c.name);
-  if (status.ok()) {
-    c.state = Container::State::kRunning;
-    return std::nullopt;
-  }
+  if (status.ok()) return Started(pod, c);
   // A start the plugin refuses leaves the container waiting: the kubelet
   // retries it, with back-off.
   c.state = Container::State::kStartFailed;
   ++counts["starts failed"];
   action_ += absl::StrCat(" (", pod.uid, "/", c.name, " not started: ", status.message(), ")");
+  return CheckRefusal(pod, c, status);
+}
+
+std::string Node::Now() const {
+  return absl::StrCat("step ", step_, " (", on_base() ? "base binary, " : "",
+                      daemon_config_.Describe(), ")");
+}
+
+std::string Node::LastRestart() const {
+  return restarts_.empty() ? std::string("the daemon has not restarted")
+                           : absl::StrCat("the daemon's latest restart: ", restarts_.back());
+}
+
+std::string Node::Describe(const Pod& pod, const Container& c) const {
+  return absl::StrCat(
+      pod.uid, "/", c.name, " (", c.efas, " ", c.resource, ", admitted at ", c.admitted_when,
+      c.held.empty()
+          ? ""
+          : absl::StrCat(
+                ", given ", Nodes(c.held), " at ", c.held_when,
+                c.held_replicas > 1 ? absl::StrCat(" to share ", c.held_replicas) : " exclusively"),
+      ")");
+}
+
+std::string Node::DeviceNode(const Efa& efa) const {
+  return (sim_.path() / "dev/infiniband" / absl::StrCat("uverbs", efa.uverbs)).string();
+}
+
+Resolved Node::Resolve(const Container& c) const {
+  Resolved r{c.alloc_nodes, ""};
+  if (!c.claim.empty()) {
+    const fs::path spec = cdi_dir_ / efa::plugin::CdiSpecFileName(c.claim);
+    const std::string text = efa::testing::ReadFile(spec);
+    const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (text.empty() || json.is_discarded()) {
+      r.problem = absl::StrCat(spec.string(), text.empty() ? " is missing" : " does not parse");
+      return r;
+    }
+    for (const auto& device : json.value("devices", nlohmann::json::array())) {
+      for (const auto& node :
+           device["containerEdits"].value("deviceNodes", nlohmann::json::array())) {
+        r.nodes.push_back(node.value("hostPath", node.value("path", "")));
+      }
+    }
+  }
+  std::sort(r.nodes.begin(), r.nodes.end());
+  return r;
+}
+
+std::optional<Violation> Node::Started(const Pod& pod, Container& c) {
+  c.state = Container::State::kRunning;
+  const Resolved now = Resolve(c);
+  if (!now.problem.empty()) {
+    // The runtime cannot create it ("unresolvable CDI devices").
+    return Violation{
+        "a container's CDI device resolves when it starts",
+        absl::StrCat(Describe(pod, c), " started at ", Now(),
+                     " (the kubelet let it through): ", now.problem, "; ", LastRestart())};
+  }
+  // A deleted pod's kubelet ID given to this container: its start let the
+  // daemon release what it had bound for that pod (LateBinder::
+  // ReleaseTakenOver; a start that failed may have changed nothing).
+  for (Gone& g : gone_) {
+    for (const std::string& id : c.ids) {
+      if (g.taken_over.empty() && g.resource == c.resource &&
+          std::count(g.ids.begin(), g.ids.end(), id) > 0) {
+        g.taken_over = absl::StrCat(id, " to ", pod.uid, "/", c.name);
+      }
+    }
+  }
+  if (now.nodes != c.held) {
+    c.held = now.nodes;
+    c.held_when = Now();
+    c.held_replicas = c.claim.empty() ? c.alloc_replicas : daemon_config_.replicas;
+  }
   return std::nullopt;
 }
 
+std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
+                                            const absl::Status& status) {
+  // Late binding's refusal for want of EFAs (LateBinder::Bind).
+  if (!absl::StrContains(status.message(), "cannot bind")) return std::nullopt;
+  // Holders of each device node: every container of a live pod (its start's
+  // nodes, else its answer's), but c and its own claim; deleted pods' bound
+  // containers until taken over or released.
+  std::map<std::string, std::vector<int>> holders;  // node -> holders' replicas
+  std::vector<const Pod*> live;
+  for (const Pod& p : pods_) live.push_back(&p);
+  // A pod being admitted is not in pods_ yet.
+  if (std::none_of(pods_.begin(), pods_.end(), [&](const Pod& p) { return &p == &pod; }))
+    live.push_back(&pod);
+  for (const Pod* p : live) {
+    for (const Container& o : p->containers) {
+      if (&o == &c || (!c.claim.empty() && o.claim == c.claim)) continue;
+      for (const std::string& n : o.holds()) {
+        holders[n].push_back(o.held.empty() ? o.alloc_replicas : o.held_replicas);
+      }
+    }
+  }
+  std::vector<std::string> deleted;  // what became of deleted pods' bindings
+  for (const Gone& g : gone_) {
+    if (!g.bound) continue;
+    if (!g.taken_over.empty()) {
+      deleted.push_back(
+          absl::StrCat(g.who, "'s ", Nodes(g.nodes), " free (its ID ", g.taken_over, ")"));
+      continue;
+    }
+    if (Clock::now() - g.when > kReleaseWindow) continue;
+    deleted.push_back(absl::StrCat(
+        g.who, "'s ", Nodes(g.nodes), " held (deleted ",
+        std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - g.when).count(),
+        " s ago)"));
+    for (const std::string& n : g.nodes) holders[n].push_back(g.replicas);
+  }
+  std::vector<std::string> free;
+  for (const Efa& e : efas_) {
+    if (!e.present) continue;
+    const auto it = holders.find(DeviceNode(e));
+    int limit = daemon_config_.replicas;
+    size_t held_by = 0;
+    if (it != holders.end()) {
+      held_by = it->second.size();
+      for (int r : it->second) limit = std::min(limit, r);
+    }
+    if (static_cast<int>(held_by) < limit) free.push_back(DeviceNode(e));
+  }
+  const size_t wanted = daemon_config_.replicas > 1 ? 1 : static_cast<size_t>(c.efas);
+  if (free.size() < wanted) return std::nullopt;
+  return Violation{
+      "a start is refused for want of EFAs only when none is free",
+      absl::StrCat(Describe(pod, c), " was refused at ", Now(), ": ", status.message(), "; but ",
+                   free.size(), " EFAs are held by no live container (", Nodes(free), ")",
+                   deleted.empty() ? "" : "; deleted pods: " + absl::StrJoin(deleted, ", "), "; ",
+                   LastRestart())};
+}
+
 std::optional<Violation> Node::RestartKubelet() {
-  const int before = kubelet_.registrations(kEfa);
+  const std::string resource = daemon_config_.resource();
+  const int before = kubelet_.registrations(resource);
   // A plugin registers again when kubelet.sock is created anew; the GPU
   // plugin is made to, the daemon must notice by itself.
   gpus_.Stop();
@@ -689,8 +1060,8 @@ std::optional<Violation> Node::RestartKubelet() {
   if (absl::Status s = gpus_.Start(); !s.ok())
     return Violation{"harness", std::string(s.message())};
   if (!daemon_) return std::nullopt;
-  if (!kubelet_.WaitForRegistrations(kEfa, before + 1, kDeadline) ||
-      !kubelet_.WaitForStreaming(kEfa, true, kDeadline)) {
+  if (!kubelet_.WaitForRegistrations(resource, before + 1, kDeadline) ||
+      !kubelet_.WaitForStreaming(resource, true, kDeadline)) {
     return Violation{"re-registers",
                      "the daemon did not register within 10 s of a kubelet restart"};
   }
@@ -821,7 +1192,55 @@ std::optional<Violation> Node::Check() {
                      " ms (the probe period is 10 s)")};
   }
   if (auto v = CheckAdvertised()) return v;
+  if (auto v = CheckSnapshot()) return v;
+  if (auto v = CheckHeld()) return v;
   return CheckEfasApart();
+}
+
+std::optional<Violation> Node::CheckSnapshot() {
+  if (!snapshot_) return std::nullopt;
+  const std::map<std::string, Resolved> before = *std::exchange(snapshot_, std::nullopt);
+  for (const auto& [pod, c] : Running()) {
+    const std::string who = absl::StrCat(pod->uid, "/", c->name);
+    auto it = before.find(who);
+    if (it == before.end()) continue;
+    ++counts["device nodes compared across daemon restarts"];
+    const Resolved now = Resolve(*c);
+    if (now.nodes == it->second.nodes && now.problem == it->second.problem) continue;
+    auto what = [](const Resolved& r) {
+      return r.problem.empty() ? Nodes(r.nodes)
+                               : absl::StrCat(Nodes(r.nodes), " (", r.problem, ")");
+    };
+    return Violation{
+        "a running container's device nodes are the same before and after a daemon "
+        "restart",
+        absl::StrCat(Describe(*pod, *c), ": before ", restarts_.back(), " ", what(it->second),
+                     ", after it ", what(now))};
+  }
+  return std::nullopt;
+}
+
+std::optional<Violation> Node::CheckHeld() {
+  for (const auto& [pod, c] : Running()) {
+    if (c->claim.empty()) continue;
+    const Resolved now = Resolve(*c);
+    if (!now.problem.empty()) {
+      return Violation{"a running container's CDI device resolves",
+                       absl::StrCat(Describe(*pod, *c), ": ", now.problem, "; ", LastRestart())};
+    }
+    if (now.nodes != c->held) {
+      return Violation{"a running container keeps its device nodes",
+                       absl::StrCat(Describe(*pod, *c), ": its CDI spec names ", Nodes(now.nodes),
+                                    " now; ", LastRestart())};
+    }
+    const int n = static_cast<int>(now.nodes.size());
+    if (c->held_replicas == 1 ? n != c->efas : (n < 1 || n > c->efas)) {
+      return Violation{"a running container's CDI device resolves",
+                       absl::StrCat(Describe(*pod, *c), ": its spec names ", n,
+                                    " device nodes for ", c->efas, " EFA")};
+    }
+  }
+  return std::nullopt;
 }
 
 std::optional<Violation> Node::CheckAdvertised() {
@@ -831,19 +1250,42 @@ std::optional<Violation> Node::CheckAdvertised() {
     index[efas_[i].udev_name] = i;
     index[efas_[i].kernel_name] = i;
   }
+  // EFAs a live container holds (or a deleted pod's, not released yet): the
+  // daemon may withhold them (advertise them Unhealthy).
+  std::set<std::string> held;
+  for (const Pod& pod : pods_) {
+    for (const Container& c : pod.containers) held.insert(c.holds().begin(), c.holds().end());
+  }
+  for (const Gone& g : gone_) {
+    if (Clock::now() - g.when <= kReleaseWindow) held.insert(g.nodes.begin(), g.nodes.end());
+  }
+  const int replicas = daemon_config_.replicas;
+  const std::string resource = daemon_config_.resource();
   std::string wrong;
   auto matches = [&](const std::vector<v1beta1::Device>& devices) {
     std::vector<std::string> problems;
-    std::vector<int> seen(efas_.size(), 0);
+    std::vector<std::set<int>> seen(efas_.size());
     for (const auto& d : devices) {
-      auto it = index.find(d.id());
-      if (it == index.end()) {
+      std::string name = d.id();
+      int replica = 0;
+      if (replicas > 1) {
+        const auto ref = efa::topology::ParseReplicaId(d.id());
+        if (!ref) {
+          problems.push_back(absl::StrCat(d.id(), " is no replica ID (replicas ", replicas, ")"));
+          continue;
+        }
+        name = ref->ibdev;
+        replica = ref->replica;
+      }
+      auto it = index.find(name);
+      if (it == index.end() || replica >= replicas) {
         problems.push_back(d.id() + " is no EFA of the node");
         continue;
       }
       const Efa& efa = efas_[it->second];
-      if (++seen[it->second] == 2) problems.push_back(efa.udev_name + " is listed twice");
-      if (efa.present && (d.id() != efa.udev_name || d.health() != "Healthy")) {
+      if (!seen[it->second].insert(replica).second) problems.push_back(d.id() + " is listed twice");
+      const bool withheld = held.count(DeviceNode(efa)) > 0 && d.health() == "Unhealthy";
+      if (efa.present && (name != efa.udev_name || (d.health() != "Healthy" && !withheld))) {
         problems.push_back(
             absl::StrCat(d.id(), " is ", d.health(), ", but ", efa.udev_name, " is there"));
       }
@@ -851,8 +1293,10 @@ std::optional<Violation> Node::CheckAdvertised() {
         problems.push_back(d.id() + " is Healthy, but gone");
     }
     for (size_t i = 0; i < efas_.size(); ++i) {
-      if (efas_[i].present && seen[i] == 0)
-        problems.push_back(efas_[i].udev_name + " is not listed");
+      if (efas_[i].present && static_cast<int>(seen[i].size()) != replicas) {
+        problems.push_back(absl::StrCat(efas_[i].udev_name, " is listed as ", seen[i].size(),
+                                        " of its ", replicas, " replicas"));
+      }
     }
     const size_t all = problems.size();
     if (all > 4) problems.resize(4);
@@ -860,51 +1304,37 @@ std::optional<Violation> Node::CheckAdvertised() {
                          all > 4 ? absl::StrCat("; and ", all - 4, " more") : "");
     return problems.empty();
   };
-  if (!kubelet_.WaitForStreaming(kEfa, true, kQuiet)) {
-    return Violation{"registered", "the daemon's ListAndWatch stream is not open"};
+  if (!kubelet_.WaitForStreaming(resource, true, kQuiet)) {
+    return Violation{"registered", absl::StrCat("the daemon's ListAndWatch stream of ", resource,
+                                                " is not open")};
   }
-  if (!kubelet_.WaitForDevices(kEfa, matches, kQuiet)) {
-    return Violation{"advertises the node's truth", wrong};
+  if (!kubelet_.WaitForDevices(resource, matches, kQuiet)) {
+    return Violation{"advertises the node's truth",
+                     absl::StrCat(resource, " under ", daemon_config_.Describe(), ": ", wrong)};
   }
   return std::nullopt;
 }
 
 std::optional<Violation> Node::CheckEfasApart() {
-  std::map<std::string, std::string> holder;  // device node -> its container
+  // Device node -> the running containers holding it.
+  std::map<std::string, std::vector<std::pair<const Pod*, const Container*>>> holders;
   for (const auto& [pod, c] : Running()) {
-    const std::string who = absl::StrCat(pod->uid, "/", c->name);
-    std::vector<std::string> nodes = c->device_nodes;
-    if (config_.late_binding) {
-      const fs::path spec = cdi_dir_ / efa::plugin::CdiSpecFileName(c->claim);
-      const std::string text = efa::testing::ReadFile(spec);
-      const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (text.empty() || json.is_discarded()) {
-        return Violation{"a running container's CDI device resolves",
-                         absl::StrCat(who, " (", c->efas, " EFA): ", spec.string(),
-                                      text.empty() ? " is missing" : " does not parse")};
-      }
-      nodes.clear();
-      for (const auto& device : json.value("devices", nlohmann::json::array())) {
-        for (const auto& node :
-             device["containerEdits"].value("deviceNodes", nlohmann::json::array())) {
-          nodes.push_back(node.value("hostPath", node.value("path", "")));
-        }
-      }
-      if (static_cast<int>(nodes.size()) != c->efas) {
-        return Violation{"a running container's CDI device resolves",
-                         absl::StrCat(who, " holds ", c->efas, " EFA, but ", spec.string(),
-                                      " names ", nodes.size(), " device nodes")};
-      }
-    }
     ++counts["running containers checked"];
-    for (const std::string& node : nodes) {
+    for (const std::string& node : c->held) {
       ++counts["device nodes checked"];
-      auto [it, inserted] = holder.emplace(node, who);
-      if (!inserted) {
-        return Violation{"no EFA in two running containers",
-                         absl::StrCat(node, " is given to ", it->second, " and to ", who)};
-      }
+      holders[node].emplace_back(pod, c);
     }
+  }
+  for (const auto& [node, who] : holders) {
+    int limit = who.front().second->held_replicas;
+    for (const auto& [pod, c] : who) limit = std::min(limit, c->held_replicas);
+    if (static_cast<int>(who.size()) <= limit) continue;
+    std::vector<std::string> names;
+    for (const auto& [pod, c] : who) names.push_back(Describe(*pod, *c));
+    return Violation{
+        "no EFA in more running containers than it was given for",
+        absl::StrCat(fs::path(node).filename().string(), " is in ", who.size(),
+                     " running containers: ", absl::StrJoin(names, "; "), "; ", LastRestart())};
   }
   return std::nullopt;
 }
@@ -926,14 +1356,19 @@ Step Generate(std::mt19937& rng, const Node& node, const Config& config) {
   add(Event::kDeletePod, node.pods() > 0 ? 5 + 3 * node.pods() : 0);
   add(Event::kRestartKubelet, 4);
   add(Event::kSyncPods, synced ? 0 : 40);
-  add(Event::kRestartDaemon, 2);
-  add(Event::kKillDaemon, 2);
+  // On the base binary the daemon only runs: its restarts' and
+  // configuration changes' bugs are known (issue 42); the upgrade step is
+  // the first restart.
+  add(Event::kRestartDaemon, node.on_base() ? 0 : 2);
+  add(Event::kKillDaemon, node.on_base() ? 0 : 2);
   add(Event::kRemoveEfa, 4);
   add(Event::kReturnEfa, node.removed_efas() > 0 ? 6 : 0);
   add(Event::kReturnEfaRenamed, node.removed_efas() > 0 ? 3 : 0);
   add(Event::kFillFds, 2);
-  add(Event::kCdiReadOnly, config.late_binding && !node.read_only() ? 2 : 0);
+  add(Event::kCdiReadOnly, node.daemon_config().late() && !node.read_only() ? 2 : 0);
   add(Event::kCdiWritable, node.read_only() ? 25 : 0);
+  add(Event::kReconfigure, node.on_base() ? 0 : 3);
+  add(Event::kUpgrade, node.on_base() ? 4 : 0);
   int total = 0;
   for (const auto& [event, weight] : weights) total += weight;
   int r = static_cast<int>(rng() % static_cast<uint32_t>(total));
@@ -960,6 +1395,15 @@ struct Outcome {
   std::map<std::string, int> counts;
 };
 
+// Whether a run starts on the base commit's binary: when there is one, and
+// the steps upgrade (generated steps may, unless upgrades are excluded).
+bool StartsOnBase(const Config& config, const std::vector<Step>& steps, bool generated) {
+  if (config.base_binary.empty()) return false;
+  if (generated) return config.excluded.count(Info(Event::kUpgrade).group) == 0;
+  return std::any_of(steps.begin(), steps.end(),
+                     [](const Step& s) { return s.event == Event::kUpgrade; });
+}
+
 // Runs `steps` (or, when `generate` is set, that many generated ones) on a
 // fresh node, checking after each; stops at the first violation.
 Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigned> generate_seed,
@@ -968,7 +1412,9 @@ Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigne
   const auto start = Clock::now();
   std::optional<Node> node;
   try {
-    node.emplace(config);
+    node.emplace(config, StartsOnBase(config, steps, generate_seed.has_value())
+                             ? config.base_binary
+                             : std::string(EFA_PLUGIN_BINARY));
   } catch (const std::exception& e) {
     out.violation = Violation{"harness", e.what()};
     return out;
@@ -978,7 +1424,7 @@ Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigne
   for (size_t i = 0; i < n; ++i) {
     const Step step = generate_seed ? Generate(rng, *node, config) : steps[i];
     out.steps.push_back(step);
-    std::optional<Violation> v = node->Apply(step);
+    std::optional<Violation> v = node->Apply(step, i + 1);
     out.actions.push_back(node->last_action());
     if (print) {
       std::printf("  %4zu. %s\n", i + 1, node->last_action().c_str());
@@ -989,7 +1435,7 @@ Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigne
       out.failed_at = i;
       const std::string log = efa::testing::ReadFile(node->log());
       std::vector<std::string> lines = absl::StrSplit(log, '\n', absl::SkipEmpty());
-      if (lines.size() > 12) lines.erase(lines.begin(), lines.end() - 12);
+      if (lines.size() > 40) lines.erase(lines.begin(), lines.end() - 40);
       out.log_tail = absl::StrJoin(lines, "\n");
       break;
     }
@@ -1027,19 +1473,21 @@ std::vector<Step> Shrink(const Config& config, std::vector<Step> steps,
   return steps;
 }
 
-std::string ModeName(const Config& config) {
+std::string ModeName(const Config& config, bool on_base) {
   return absl::StrCat(config.late_binding ? "late-binding" : "best-effort",
-                      config.kubelet_1_20 ? ", kubelet 1.20" : "");
+                      config.kubelet_1_20 ? ", kubelet 1.20" : "",
+                      on_base ? ", upgrading from " + config.base_commit : "");
 }
 
 // One seed (or one replayed sequence): runs, reports, shrinks. Returns
 // whether every invariant held.
 bool RunAndReport(const Config& config, std::optional<unsigned> seed,
                   const std::vector<Step>& replay, int steps, std::chrono::seconds shrink_budget) {
-  const std::string what = seed ? absl::StrCat("seed ", *seed, " (", ModeName(config), ", ",
-                                               config.machine, ", ", steps, " steps)")
-                                : absl::StrCat("replay (", ModeName(config), ", ", config.machine,
-                                               ", ", replay.size(), " steps)");
+  const bool on_base = StartsOnBase(config, replay, seed.has_value());
+  const std::string what = seed ? absl::StrCat("seed ", *seed, " (", ModeName(config, on_base),
+                                               ", ", config.machine, ", ", steps, " steps)")
+                                : absl::StrCat("replay (", ModeName(config, on_base), ", ",
+                                               config.machine, ", ", replay.size(), " steps)");
   Outcome o = Run(config, replay, seed, steps, config.verbose);
   if (!o.violation) {
     std::vector<std::string> counts;
@@ -1093,6 +1541,8 @@ int main(int argc, char** argv) {
   std::string exclude;
   std::string replay;
   int shrink_seconds = 120;
+  std::string upgrade = "auto";
+  std::string upgrade_from = EFA_UPGRADE_FROM_DIR;
   Config config;
   app.add_option("--seeds", seeds, "Seeds to run, one run per seed and mode")->delimiter(',');
   app.add_option("--steps", steps, "Steps per run")->check(CLI::PositiveNumber);
@@ -1101,8 +1551,15 @@ int main(int argc, char** argv) {
   app.add_option("--machine", config.machine, "The simulated machine");
   app.add_option("--exclude", exclude,
                  "Event groups to leave out, comma-separated: pods, init, container-restart, "
-                 "kubelet-restart, daemon-restart, daemon-kill, hotplug, udev-rename, fd-full, "
-                 "cdi-read-only (also EFA_LIFECYCLE_EXCLUDE)");
+                 "kubelet-restart, daemon-restart, daemon-kill, daemon-config, upgrade, hotplug, "
+                 "udev-rename, fd-full, cdi-read-only (also EFA_LIFECYCLE_EXCLUDE)");
+  app.add_option("--upgrade", upgrade,
+                 "Runs start on the base commit's binary and upgrade at a random step: auto "
+                 "(when it was built), require (exit 77, a skip, when it was not) or off")
+      ->check(CLI::IsMember({"auto", "require", "off"}));
+  app.add_option(
+      "--upgrade-from", upgrade_from,
+      "Where CMake built the base commit's binary (test/lifecycle/build-upgrade-from.sh)");
   app.add_option("--replay", replay,
                  "Replay this sequence (as a failure prints it) instead of seeds");
   app.add_option("--shrink-seconds", shrink_seconds, "Time given to shrinking a failing sequence");
@@ -1122,6 +1579,29 @@ int main(int argc, char** argv) {
       return 2;
     }
     config.excluded.insert(g);
+  }
+  if (upgrade == "off") {
+    config.excluded.insert(Info(Event::kUpgrade).group);
+  } else if (config.excluded.count(Info(Event::kUpgrade).group) == 0) {
+    // The build script leaves the binary, or a file saying why there is none.
+    const fs::path dir(upgrade_from);
+    const fs::path binary = dir / "bin/efa-k8s-device-plugin";
+    std::string why = efa::testing::ReadFile(dir / "UNAVAILABLE");
+    why.erase(why.find_last_not_of('\n') + 1);
+    std::error_code ec;
+    if (why.empty() && !fs::exists(binary, ec)) {
+      why = absl::StrCat(binary.string(), " was not built (the target efa-lifecycle-upgrade-from)");
+    }
+    if (why.empty()) {
+      config.base_binary = binary.string();
+      config.base_commit = efa::testing::ReadFile(dir / "COMMIT");
+      config.base_commit.erase(config.base_commit.find_last_not_of('\n') + 1);
+      config.base_commit = config.base_commit.substr(0, 7);
+    } else {
+      std::printf("lifecycle: SKIPPED the upgrade from the base commit: %s\n", why.c_str());
+      if (upgrade == "require") return 77;
+      config.excluded.insert(Info(Event::kUpgrade).group);
+    }
   }
   std::optional<std::vector<Step>> replayed;
   if (!replay.empty()) {
