@@ -1,0 +1,8 @@
+#include "test/support/build_paths.h"
+
+namespace efa::testing {
+
+const char* const kPluginBinary = EFA_PLUGIN_BINARY;
+const char* const kExpositionSummary = EFA_EXPOSITION_SUMMARY;
+
+}  // namespace efa::testing

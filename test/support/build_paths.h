@@ -1,0 +1,16 @@
+// Paths of this build tree and source tree that the tests need at run time:
+// the daemon's binary and the exposition parser script. They are compiled
+// into one small file (build_paths.cc): as -D flags of every test file they
+// made each clone's and worktree's objects of those files differ, so the
+// compiler cache every tree on a machine shares (CMakeLists.txt) missed on
+// the heaviest files of the build.
+#pragma once
+
+namespace efa::testing {
+
+// The efa-k8s-device-plugin binary of this build tree.
+extern const char* const kPluginBinary;
+// test/support/exposition_summary.py in the source tree.
+extern const char* const kExpositionSummary;
+
+}  // namespace efa::testing
