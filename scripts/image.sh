@@ -22,6 +22,9 @@
 #   EFA_TEST_BIN      directory with this machine's efa-simnode and fake-kubelet
 #                     (default build/release/test, built when missing)
 #   EFA_WERROR        ON: the build stage compiles with -Werror (CI)
+#   EFA_CCACHE_DIR    the compiler cache the build stage compiles through,
+#                     mounted into it (default /var/cache/efa-ccache, the one
+#                     every build on this machine shares; "" for none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tag="${1:-efa-k8s-device-plugin:dev}"
@@ -222,12 +225,23 @@ check_image() {
   [ "$size" -le $((30 * 1024 * 1024)) ] || die "the $arch image is $size bytes, over 30 MiB"
 }
 
+# The host's compiler cache, mounted where the build stage's CMake looks
+# (CMakeLists.txt): the amd64 build reuses the objects of the host's release
+# builds (the demo's, with the same flags), and each architecture those of
+# the last image build.
+ccache_dir="${EFA_CCACHE_DIR-/var/cache/efa-ccache}"
+cache_mount=()
+if [ -n "$ccache_dir" ]; then
+  mkdir -p "$ccache_dir"
+  cache_mount=(--volume "$ccache_dir:/var/cache/efa-ccache")
+fi
+
 podman manifest exists "$tag" 2>/dev/null && podman manifest rm "$tag" >/dev/null
 podman image exists "$tag" && podman rmi "$tag" >/dev/null
 images=()
 for arch in "${arches[@]}"; do
   say "building $tag-$arch from the Dockerfile (revision $revision, version $version)"
-  podman build --pull=never --network host --platform "linux/$arch" \
+  podman build --pull=never --network host --platform "linux/$arch" "${cache_mount[@]}" \
     --build-arg BUILDPLATFORM="linux/$host_arch" --build-arg VERSION="$version" \
     --build-arg REVISION="$revision" --build-arg EFA_WERROR="${EFA_WERROR:-OFF}" \
     -t "$tag-$arch" . || die "podman build for $arch failed (its output is above)"
