@@ -12,6 +12,9 @@
 # podman keeps the images as TAG-amd64 and TAG-arm64.
 #
 #   scripts/image.sh [TAG]     (default efa-k8s-device-plugin:dev)
+#   scripts/image.sh --prepare only what waits on the network: the packages,
+#                              the emulator and the base image (.ci/run
+#                              starts it first, in the background)
 #
 # No registry is needed: when podman has no debian:12 image, one is
 # bootstrapped from Debian's packages (mmdebstrap, minbase). The build
@@ -27,6 +30,8 @@
 #                     every build on this machine shares; "" for none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prepare=0
+[ "${1:-}" = --prepare ] && { prepare=1; shift; }
 tag="${1:-efa-k8s-device-plugin:dev}"
 tar="${EFA_IMAGE_TAR:-$PWD/build/image/efa-k8s-device-plugin.tar}"
 read -r -a arches <<< "${EFA_IMAGE_ARCHES:-amd64 arm64}"
@@ -81,11 +86,20 @@ trap cleanup EXIT
 printf '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n' > "$conf"
 export CONTAINERS_CONF="$conf"
 
+# One bootstrap at a time (a --prepare in the background, then the build):
+# the second waits for the first and finds the image.
+exec 8>/run/lock/efa-image-base.lock
+flock 8
 if ! podman image exists docker.io/library/debian:12; then
   say "no debian:12 image: bootstrapping one from Debian's packages (mmdebstrap, minbase)"
   mmdebstrap --quiet --variant=minbase bookworm "$work/deb12.tar" || die "mmdebstrap failed"
   podman import -q "$work/deb12.tar" docker.io/library/debian:12 >/dev/null
   rm -f "$work/deb12.tar"
+fi
+exec 8>&-
+if [ "$prepare" = 1 ]; then
+  say "prepared: packages, emulation of ${arches[*]}, the debian:12 image; $((SECONDS - started)) s"
+  exit 0
 fi
 
 bin="${EFA_TEST_BIN:-build/release/test}"
