@@ -10,6 +10,12 @@
 #   stage_note NAME S    a row of information under the current stage (or
 #                        the last): S seconds of something that ran inside it
 #                        or beside it (not added to the total)
+#   stage_background NAME LOG COMMAND...
+#                        COMMAND in the background, its output in LOG, at the
+#                        lowest CPU priority (what it computes takes only
+#                        what the stages leave); its row comes when it ends.
+#                        Stopped (its whole process group) if still running
+#                        when the script that started it exits.
 # A stage begun and not ended when the script exits is recorded as FAILED.
 
 stages_init() {
@@ -18,6 +24,8 @@ stages_init() {
   stage_name=""
   stage_notes=""
   stages_owner=0
+  stages_background=()
+  stages_background_names=()
   if [ -z "${EFA_STAGE_TIMES:-}" ]; then
     EFA_STAGE_TIMES="$(mktemp)"
     export EFA_STAGE_TIMES
@@ -54,12 +62,32 @@ stage_note() {
   fi
 }
 
+stage_background() {
+  local name=$1 log=$2
+  shift 2
+  # setsid: its own process group, to stop it with its children.
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  setsid nice -n 19 bash -c 'started=$SECONDS; status=0; "${@:3}" >"$2" 2>&1 || status=$?
+    result="background"; [ "$status" = 0 ] || result="background: FAILED, exit $status, log $2"
+    printf "%s\t%s\t%s\n" "$1" "$((SECONDS - started))" "$result" >> "$EFA_STAGE_TIMES"' \
+    _ "$name" "$log" "$@" &
+  stages_background+=("$!")
+  stages_background_names+=("$name")
+  echo "$stages_prefix: $name: started in the background (log: $log)" >&2
+}
+
 stages_exit() {
-  local status=$?
+  local status=$? i
   if [ -n "$stage_name" ]; then
     stage_record "$stage_name" "$((SECONDS - stage_started))" FAILED
     stage_name=""
   fi
+  for i in "${!stages_background[@]}"; do
+    kill -0 "${stages_background[$i]}" 2>/dev/null || continue
+    kill -- -"${stages_background[$i]}" 2>/dev/null || true
+    stage_record "${stages_background_names[$i]}" "$((SECONDS - stages_started))" \
+      "background: stopped unfinished"
+  done
   if [ "$stages_owner" = 1 ]; then
     local total=$((SECONDS - stages_started))
     {
@@ -67,6 +95,8 @@ stages_exit() {
       echo "$stages_prefix: stage times (wall clock)"
       awk -F'\t' '{
           if ($3 == "note") printf "  %-46s %6s s  (part of or beside the stage above)\n", "  " $1, $2
+          else if ($3 == "background") printf "  %-46s %6s s  (in the background)\n", "  " $1, $2
+          else if ($3 ~ /^background/) printf "  %-46s %6s s  (in the %s)\n", "  " $1, $2, $3
           else printf "  %-46s %6s s%s\n", $1, $2, ($3 == "ok" ? "" : "  " $3)
         }' "$EFA_STAGE_TIMES"
       printf '  %-46s %6s s  (%d min)%s\n' total "$total" "$((total / 60))" \

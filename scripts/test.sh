@@ -48,6 +48,14 @@ if [ "$all" = 1 ]; then
   EFA_TEST_BIN=build/ci/test EFA_WERROR=ON scripts/image.sh
   export EFA_E2E_IMAGE_TAR="$PWD/build/image/efa-k8s-device-plugin.tar"
 fi
+# The e2e's Kubernetes build (test/e2e/build-kubernetes.sh), before CTest: on
+# a fresh machine ten minutes of the e2e test, which runs alone. Under
+# .ci/run it started in the background at the beginning, and this waits
+# for it (its lock) and finds everything built. It needs root, as the e2e.
+if [ "$(id -u)" -eq 0 ]; then
+  stage_begin "kubernetes build for the e2e (or waiting for it)"
+  test/e2e/build-kubernetes.sh --with-helm >/dev/null
+fi
 stage_begin "ctest (ci preset)"
 status=0
 ctest --preset ci || status=$?
