@@ -4,5 +4,6 @@ namespace efa::testing {
 
 const char* const kPluginBinary = EFA_PLUGIN_BINARY;
 const char* const kExpositionSummary = EFA_EXPOSITION_SUMMARY;
+const char* const kTopologyTestdata = EFA_TOPOLOGY_TESTDATA;
 
 }  // namespace efa::testing

@@ -1,5 +1,5 @@
 // Paths of this build tree and source tree that the tests need at run time:
-// the daemon's binary and the exposition parser script. They are compiled
+// the daemon's binary, the exposition parser script, expected outputs. They are compiled
 // into one small file (build_paths.cc): as -D flags of every test file they
 // made each clone's and worktree's objects of those files differ, so the
 // compiler cache every tree on a machine shares (CMakeLists.txt) missed on
@@ -12,5 +12,8 @@ namespace efa::testing {
 extern const char* const kPluginBinary;
 // test/support/exposition_summary.py in the source tree.
 extern const char* const kExpositionSummary;
+// test/plugin/ops/testdata/topology: the topology report's expected outputs
+// (by absolute path: __FILE__ is relative under the compiler cache).
+extern const char* const kTopologyTestdata;
 
 }  // namespace efa::testing

@@ -24,7 +24,7 @@ using efa::testing::ReadFile;
 
 namespace {
 
-const fs::path kTestdata = EFA_TOPOLOGY_TESTDATA;
+const fs::path kTestdata = efa::testing::kTopologyTestdata;
 
 // Compares `actual` with the expected file, or writes it when asked to.
 void CheckExpected(const std::string& name, const std::string& actual) {
