@@ -62,6 +62,7 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
+#include "test/support/build_paths.h"
 #include "test/support/child_process.h"
 #include "test/support/devices.h"
 #include "test/support/temp_dir.h"
@@ -429,7 +430,7 @@ void Node::FindEfas() {
 }
 
 std::optional<Violation> Node::StartDaemon() {
-  std::vector<std::string> args = {EFA_PLUGIN_BINARY};
+  std::vector<std::string> args = {efa::testing::kPluginBinary};
   for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
   for (const std::string& flag :
        {std::string("--log-level"), std::string("info"), std::string("--metrics-address"),

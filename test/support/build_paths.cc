@@ -3,6 +3,7 @@
 namespace efa::testing {
 
 const char* const kPluginBinary = EFA_PLUGIN_BINARY;
+const char* const kEchoBinary = EFA_ECHO_BINARY;
 const char* const kExpositionSummary = EFA_EXPOSITION_SUMMARY;
 const char* const kTopologyTestdata = EFA_TOPOLOGY_TESTDATA;
 

@@ -1,5 +1,6 @@
 // Paths of this build tree and source tree that the tests need at run time:
-// the daemon's binary, the exposition parser script, expected outputs. They are compiled
+// the daemon's binary and the benchmark's echo server, the exposition
+// parser script, expected outputs. They are compiled
 // into one small file (build_paths.cc): as -D flags of every test file they
 // made each clone's and worktree's objects of those files differ, so the
 // compiler cache every tree on a machine shares (CMakeLists.txt) missed on
@@ -10,6 +11,8 @@ namespace efa::testing {
 
 // The efa-k8s-device-plugin binary of this build tree.
 extern const char* const kPluginBinary;
+// The benchmark's baseline server, efa-bench-echo, of this build tree.
+extern const char* const kEchoBinary;
 // test/support/exposition_summary.py in the source tree.
 extern const char* const kExpositionSummary;
 // test/plugin/ops/testdata/topology: the topology report's expected outputs
