@@ -54,7 +54,7 @@ fi
 # .ci/run it started in the background at the beginning, and this waits
 # for it (its lock) and finds everything built. It needs root, as the e2e.
 if [ "$(id -u)" -eq 0 ]; then
-  stage_begin "kubernetes build for the e2e (or waiting for it)"
+  stage_begin "kubernetes build (or waiting for it)"
   test/e2e/build-kubernetes.sh --with-helm >/dev/null
 fi
 stage_begin "ctest (ci preset)"
