@@ -101,6 +101,12 @@ stages_exit() {
         }' "$EFA_STAGE_TIMES"
       printf '  %-46s %6s s  (%d min)%s\n' total "$total" "$((total / 60))" \
         "$([ "$status" = 0 ] || echo "  FAILED, exit $status")"
+      # The compiler cache's hits in this run's builds on the host (the
+      # image's build stages print their own): few hits, a slow run.
+      if [ -n "${CCACHE_STATSLOG:-}" ] && [ -f "$CCACHE_STATSLOG" ]; then
+        echo "  ccache, this run's builds on the host:" \
+          "$(ccache --show-log-stats 2>/dev/null | sed -n 's/^ *Hits: *//p' | head -1)"
+      fi
     } >&2
     rm -f "$EFA_STAGE_TIMES"
   fi
