@@ -61,7 +61,7 @@ stage_begin "ctest (ci preset)"
 status=0
 ctest --preset ci || status=$?
 echo "test.sh: the ten slowest tests (s):" >&2
-ctest_times | head -10 | sed 's/^/  /' >&2
+ctest_times | awk 'NR <= 10 {print "  " $0}' >&2
 e2e="$(ctest_times | awk '$2 == "e2e_real_kubelet" && NF == 2 {print int($1)}')"
 [ -z "$e2e" ] || stage_note "of which e2e_real_kubelet" "$e2e"
 [ "$status" -eq 0 ] || exit "$status"
