@@ -12,7 +12,12 @@
 # emulation would take an hour). For another target it cross-compiles with
 # Debian's cross compiler and the target's multiarch -dev packages
 # (scripts/install-deps.sh --arch, cmake/debian-cross.cmake); then it gathers
-# the runtime file system in /rootfs (scripts/image-rootfs.sh).
+# the runtime file system in /rootfs (scripts/image-rootfs.sh). It compiles
+# through ccache, into /var/cache/efa-ccache (CMakeLists.txt): a build that
+# mounts the host's cache there (scripts/image.sh: `podman build --volume
+# /var/cache/efa-ccache:/var/cache/efa-ccache`) reuses what the host's builds
+# and earlier image builds compiled and prints its hits; without the mount the
+# cache stays in this stage, which the image does not keep.
 FROM --platform=$BUILDPLATFORM debian:12 AS build
 ARG TARGETARCH
 WORKDIR /src
@@ -31,8 +36,12 @@ RUN set -e; \
     fi; \
     cmake --preset release ${cross} -DEFA_BUILD_TESTS=OFF -DEFA_WERROR="${EFA_WERROR}" \
       -DEFA_REVISION="${REVISION}"; \
+    export CCACHE_STATSLOG=/tmp/ccache-stats.log; \
     cmake --build --preset release -j"$(nproc)" \
       --target efa-k8s-device-plugin efa-k8s-device-plugin-idle; \
+    if [ -f /tmp/ccache-stats.log ]; then \
+      echo "ccache, this build:"; ccache --show-log-stats | grep -E '^ *(Hits|Misses):' || true; \
+    fi; \
     scripts/image-rootfs.sh "${triplet}" /rootfs \
       build/release/plugin/efa-k8s-device-plugin build/release/plugin/efa-k8s-device-plugin-idle
 

@@ -12,6 +12,9 @@
 # podman keeps the images as TAG-amd64 and TAG-arm64.
 #
 #   scripts/image.sh [TAG]     (default efa-k8s-device-plugin:dev)
+#   scripts/image.sh --prepare only what waits on the network: the packages,
+#                              the emulator and the base image (.ci/run
+#                              starts it first, in the background)
 #
 # No registry is needed: when podman has no debian:12 image, one is
 # bootstrapped from Debian's packages (mmdebstrap, minbase). The build
@@ -22,8 +25,13 @@
 #   EFA_TEST_BIN      directory with this machine's efa-simnode and fake-kubelet
 #                     (default build/release/test, built when missing)
 #   EFA_WERROR        ON: the build stage compiles with -Werror (CI)
+#   EFA_CCACHE_DIR    the compiler cache the build stage compiles through,
+#                     mounted into it (default /var/cache/efa-ccache, the one
+#                     every build on this machine shares; "" for none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prepare=0
+[ "${1:-}" = --prepare ] && { prepare=1; shift; }
 tag="${1:-efa-k8s-device-plugin:dev}"
 tar="${EFA_IMAGE_TAR:-$PWD/build/image/efa-k8s-device-plugin.tar}"
 read -r -a arches <<< "${EFA_IMAGE_ARCHES:-amd64 arm64}"
@@ -78,11 +86,20 @@ trap cleanup EXIT
 printf '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n' > "$conf"
 export CONTAINERS_CONF="$conf"
 
+# One bootstrap at a time (a --prepare in the background, then the build):
+# the second waits for the first and finds the image.
+exec 8>/run/lock/efa-image-base.lock
+flock 8
 if ! podman image exists docker.io/library/debian:12; then
   say "no debian:12 image: bootstrapping one from Debian's packages (mmdebstrap, minbase)"
   mmdebstrap --quiet --variant=minbase bookworm "$work/deb12.tar" || die "mmdebstrap failed"
   podman import -q "$work/deb12.tar" docker.io/library/debian:12 >/dev/null
   rm -f "$work/deb12.tar"
+fi
+exec 8>&-
+if [ "$prepare" = 1 ]; then
+  say "prepared: packages, emulation of ${arches[*]}, the debian:12 image; $((SECONDS - started)) s"
+  exit 0
 fi
 
 bin="${EFA_TEST_BIN:-build/release/test}"
@@ -222,12 +239,23 @@ check_image() {
   [ "$size" -le $((30 * 1024 * 1024)) ] || die "the $arch image is $size bytes, over 30 MiB"
 }
 
+# The host's compiler cache, mounted where the build stage's CMake looks
+# (CMakeLists.txt): the amd64 build reuses the objects of the host's release
+# builds (the demo's, with the same flags), and each architecture those of
+# the last image build.
+ccache_dir="${EFA_CCACHE_DIR-/var/cache/efa-ccache}"
+cache_mount=()
+if [ -n "$ccache_dir" ]; then
+  mkdir -p "$ccache_dir"
+  cache_mount=(--volume "$ccache_dir:/var/cache/efa-ccache")
+fi
+
 podman manifest exists "$tag" 2>/dev/null && podman manifest rm "$tag" >/dev/null
 podman image exists "$tag" && podman rmi "$tag" >/dev/null
 images=()
 for arch in "${arches[@]}"; do
   say "building $tag-$arch from the Dockerfile (revision $revision, version $version)"
-  podman build --pull=never --network host --platform "linux/$arch" \
+  podman build --pull=never --network host --platform "linux/$arch" "${cache_mount[@]}" \
     --build-arg BUILDPLATFORM="linux/$host_arch" --build-arg VERSION="$version" \
     --build-arg REVISION="$revision" --build-arg EFA_WERROR="${EFA_WERROR:-OFF}" \
     -t "$tag-$arch" . || die "podman build for $arch failed (its output is above)"

@@ -15,7 +15,9 @@
 #                                     suite's tools)
 set -euo pipefail
 
-tools=(build-essential cmake ninja-build pkg-config protobuf-compiler-grpc protobuf-compiler)
+# ccache: every build compiles through it (CMakeLists.txt), the image's
+# build stage too.
+tools=(build-essential ccache cmake ninja-build pkg-config protobuf-compiler-grpc protobuf-compiler)
 # Built for the target architecture (a cross build takes them as NAME:ARCH).
 libraries=(
   libgrpc++-dev libprotobuf-dev libabsl-dev

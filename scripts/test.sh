@@ -14,40 +14,66 @@
 #                           the sanitizer stages (scripts/sanitizers.sh: the
 #                           suite under ASan+UBSan, the concurrency tests under
 #                           TSan, 10 s of each fuzzer). CI runs this.
-# Installs the Debian packages it needs. Each stage prints its time; any
-# failure stops the run with a non-zero exit.
+# Installs the Debian packages it needs. Each stage prints its time, and the
+# run ends with a table of them all (scripts/stages.sh; under .ci/run, in
+# its table); any failure stops the run with a non-zero exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 all=0
 for arg in "$@"; do
   case "$arg" in
     --all) all=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg' (--all or nothing)" >&2; exit 2 ;;
   esac
 done
 
-started=$SECONDS
-stage_started=$SECONDS
-stage() { echo "test.sh: $1: $((SECONDS - stage_started)) s" >&2; stage_started=$SECONDS; }
+# shellcheck source=scripts/stages.sh
+source scripts/stages.sh
+stages_init test.sh
 
+# ctest_times: each test's time in the last run, slowest first ("SECONDS NAME").
+ctest_times() {
+  awk '/^[0-9]+\/[0-9]+ Test: / {name = $0; sub(/^[0-9]+\/[0-9]+ Test: /, "", name)}
+       /^Test time =/ {print $4, name}' \
+    build/ci/Testing/Temporary/LastTest.log 2>/dev/null | sort -rn
+}
+
+stage_begin "packages"
 scripts/install-deps.sh
+stage_begin "ci build"
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j2
-stage "ci build"
 if [ "$all" = 1 ]; then
+  stage_begin "image (amd64, arm64)"
   EFA_TEST_BIN=build/ci/test EFA_WERROR=ON scripts/image.sh
   export EFA_E2E_IMAGE_TAR="$PWD/build/image/efa-k8s-device-plugin.tar"
-  stage "image"
 fi
-ctest --preset ci
-stage "ctest (ci preset)"
+# The e2e's Kubernetes build (test/e2e/build-kubernetes.sh), before CTest: on
+# a fresh machine ten minutes of the e2e test, which runs alone. Under
+# .ci/run it started in the background at the beginning, and this waits
+# for it (its lock) and finds everything built. It needs root, as the e2e.
+if [ "$(id -u)" -eq 0 ]; then
+  stage_begin "kubernetes build (or waiting for it)"
+  test/e2e/build-kubernetes.sh --with-helm >/dev/null
+fi
+stage_begin "ctest (ci preset)"
+status=0
+ctest --preset ci || status=$?
+echo "test.sh: the ten slowest tests (s):" >&2
+ctest_times | awk 'NR <= 10 {print "  " $0}' >&2
+e2e="$(ctest_times | awk '$2 == "e2e_real_kubelet" && NF == 2 {print int($1)}')"
+[ -z "$e2e" ] || stage_note "of which e2e_real_kubelet" "$e2e"
+[ "$status" -eq 0 ] || exit "$status"
 if [ "$all" = 1 ]; then
   # 1 seed x 2 alignment modes x 2,500 steps (CTest's lifecycle_* entries
   # run 3 seeds x 150 steps per mode).
+  stage_begin "lifecycle soak"
   build/ci/test/efa-lifecycle --mode both --seeds 1001 --steps 2500 --shrink-seconds 180
-  stage "lifecycle soak"
-  scripts/sanitizers.sh
-  stage "sanitizers"
+  for sanitizer in asan tsan fuzz; do
+    stage_begin "$sanitizer"
+    scripts/sanitizers.sh "$sanitizer"
+  done
 fi
-echo "test.sh: all stages passed in $((SECONDS - started)) s" >&2
+stage_end
+echo "test.sh: all stages passed in $((SECONDS - stages_started)) s" >&2

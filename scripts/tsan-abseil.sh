@@ -32,7 +32,14 @@ get=(apt-get source -qq -o APT::Sandbox::User=root "abseil=$version")
 src=$(find "$out/src" -mindepth 1 -maxdepth 1 -type d -name 'abseil-*' | head -1)
 [ -n "$src" ] || { say "ERROR: no unpacked tree in $out/src"; exit 1; }
 say "building abseil with -fsanitize=thread"
-cmake -S "$src" -B "$out/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# Through the machine's compiler cache, as the project's builds
+# (CMakeLists.txt): paths relative to DIR, one locale, so that
+# the next clone's build of the same abseil is hits.
+launcher=()
+if command -v ccache >/dev/null && mkdir -p /var/cache/efa-ccache 2>/dev/null && [ -w /var/cache/efa-ccache ]; then
+  launcher=("-DCMAKE_CXX_COMPILER_LAUNCHER=env;-u;LC_ALL;-u;LC_CTYPE;-u;LC_MESSAGES;LANG=C.UTF-8;CCACHE_BASEDIR=$out;CCACHE_NOHASHDIR=1;CCACHE_DIR=/var/cache/efa-ccache;CCACHE_MAXSIZE=20G;ccache")
+fi
+cmake -S "$src" -B "$out/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_STANDARD=17 \
   -DBUILD_SHARED_LIBS=ON -DBUILD_TESTING=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" >"$out/configure.log" 2>&1 \

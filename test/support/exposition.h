@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "test/support/build_paths.h"
 #include "test/support/temp_dir.h"
 
 namespace efa::testing {
@@ -25,7 +26,7 @@ inline ExpositionSummary SummarizeExposition(const std::string& exposition, bool
   TempDir dir;
   const auto file = dir.path() / "metrics.txt";
   std::ofstream(file) << exposition;
-  const std::string command = std::string("/usr/bin/python3 ") + EFA_EXPOSITION_SUMMARY +
+  const std::string command = std::string("/usr/bin/python3 ") + kExpositionSummary +
                               (values ? " --values " : " ") + file.string();
   ExpositionSummary out;
   FILE* pipe = ::popen(command.c_str(), "r");

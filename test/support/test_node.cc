@@ -7,6 +7,7 @@
 
 #include "plugin/alignment/alignment.h"
 #include "plugin/kubelet/kubelet_checkpoint.h"
+#include "test/support/build_paths.h"
 #include "test/support/daemon_log.h"
 #include "test/support/devices.h"
 #include "test/support/temp_dir.h"
@@ -95,7 +96,7 @@ bool TestNode::PassUntil(const std::function<bool()>& done) {
 void TestNode::StartBinary(const std::vector<std::string>& flags, rlim_t max_files) {
   process_.reset();  // a killed daemon leaves its socket: the new one removes it
   std::vector<std::string> args = config_.wrapper;
-  args.push_back(config_.binary.empty() ? EFA_PLUGIN_BINARY : config_.binary.string());
+  args.push_back(config_.binary.empty() ? kPluginBinary : config_.binary.string());
   for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
   args.insert(args.end(), flags.begin(), flags.end());
   process_ = std::make_unique<ChildProcess>(args, log(), max_files);

@@ -14,6 +14,7 @@
 
 #include "nlohmann/json.hpp"
 #include "test/sim/sim_root.h"
+#include "test/support/build_paths.h"
 #include "test/support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -23,7 +24,7 @@ using efa::testing::ReadFile;
 
 namespace {
 
-const fs::path kTestdata = EFA_TOPOLOGY_TESTDATA;
+const fs::path kTestdata = efa::testing::kTopologyTestdata;
 
 // Compares `actual` with the expected file, or writes it when asked to.
 void CheckExpected(const std::string& name, const std::string& actual) {
@@ -188,7 +189,6 @@ TEST_CASE("With sharing the topology command shows the resource, the replicas an
   CHECK(json["sharing"]["allocatable"] == 124);
 }
 
-#ifdef EFA_PLUGIN_BINARY
 namespace {
 
 // `command` run by the shell: its exit status (as pclose gives it) and stdout.
@@ -208,7 +208,7 @@ std::pair<int, std::string> Run(const std::string& command) {
 std::pair<int, std::string> RunTopology(const SimRoot& sim, const std::string& env,
                                         const std::string& flags) {
   return Run(env + " EFA_SYSFS_ROOT=" + sim.sys().string() +
-             " EFA_DEV_ROOT=" + (sim.path() / "dev").string() + " " + EFA_PLUGIN_BINARY +
+             " EFA_DEV_ROOT=" + (sim.path() / "dev").string() + " " + efa::testing::kPluginBinary +
              " topology " + flags + " 2>/dev/null");
 }
 
@@ -217,7 +217,7 @@ std::pair<int, std::string> RunTopology(const SimRoot& sim, const std::string& e
 TEST_CASE("The binary prints the topology and the effective configuration",
           "[topology-report][process]") {
   SimRoot sim("p6-b200.48xlarge");
-  const std::string bin = EFA_PLUGIN_BINARY;
+  const std::string bin = efa::testing::kPluginBinary;
   auto [status, out] = RunTopology(sim, "", "--format dot");
   CHECK(status == 0);
   CHECK(out == FormatTopologyDot(Report(sim)));
@@ -270,4 +270,3 @@ TEST_CASE("The binary's topology command shows sharing as configured, nothing wi
         nlohmann::json::parse(R"({"replicas": 4, "resourceName": "vpc.amazonaws.com/efa.shared",
                                   "deviceIds": 128, "allocatable": 128})"));
 }
-#endif
