@@ -198,7 +198,8 @@ const std::vector<Option>& Options() {
        .max = 64},
       {.key = "cdiDir",
        .field = &Config::cdi_dir,
-       .help = "Where late binding writes its CDI specs",
+       .help = "Where late binding writes its CDI specs (read in every mode: bindings outlive a "
+               "change of mode)",
        .type_name = "PATH",
        .check = Check::kPath},
       {.key = "cdiHandover",

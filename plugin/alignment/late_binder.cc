@@ -339,6 +339,13 @@ std::map<std::string, std::string> LateBinder::Reserved() {
   }
   if (refresh && options_.refresh_checkpoint) options_.refresh_checkpoint();
   absl::MutexLock lock(&mu_);
+  // A checkpoint that could not be read whole says nothing of the holders it
+  // did not show: those of the latest whole read stay reserved.
+  if (checkpointed.problem.empty()) {
+    reserved_by_id_ = reserved;
+  } else {
+    reserved.insert(reserved_by_id_.begin(), reserved_by_id_.end());
+  }
   Adopt(checkpointed);
   for (const auto& [claim, binding] : bindings_) {
     for (const std::string& efa : binding.efas) {

@@ -297,6 +297,8 @@ class LateBinder {
   std::set<std::string> checkpoint_only_ ABSL_GUARDED_BY(mu_);
   // The same for the containers holding reserved EFAs by ID (Reserved()).
   std::set<std::string> reserved_stale_ ABSL_GUARDED_BY(mu_);
+  // The EFAs held by ID that the latest whole checkpoint read reserved.
+  std::map<std::string, std::string> reserved_by_id_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace efa::plugin

@@ -693,6 +693,11 @@ TEST_CASE("Without late binding, EFAs held by ID under another name or replica c
   CHECK(binder.Reserved() == reserved);
   CHECK(binder.Reserved() == reserved);
   CHECK(refreshes == 1);
+  // A checkpoint that cannot be read is no proof the holders are gone.
+  std::ofstream(node.kubelet_dir() / "device-plugins/kubelet_internal_checkpoint") << "{\"Data\":";
+  CHECK(binder.Reserved() == reserved);
+  node.WriteCheckpoint({});
+  CHECK(binder.Reserved().empty());
 }
 
 TEST_CASE("A binding recovered after a restart keeps its owner: its container's restart keeps it",
