@@ -1026,6 +1026,27 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
         " s ago)"));
     for (const std::string& n : g.nodes) holders[n].push_back(g.replicas);
   }
+  // A spec still on disk whose container no live pod has: one the daemon
+  // could not delete (a read-only CDI dir), or one a daemon recovered
+  // without its owner (written by the base binary, which keeps no record).
+  // The daemon recovers it at its start and keeps its EFAs until the
+  // kubelet's records confirm the container gone over release_after
+  // (LateBinder::ReleaseGone): they count as held meanwhile.
+  std::set<std::string> live_claims;
+  for (const Pod* p : live) {
+    for (const Container& o : p->containers) live_claims.insert(o.claim);
+  }
+  std::error_code ec;
+  for (fs::directory_iterator it(cdi_dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string claim = efa::plugin::ClaimOfSpecFile(it->path().filename().string());
+    if (claim.empty() || claim == c.claim || live_claims.count(claim)) continue;
+    Container orphan;
+    orphan.claim = claim;
+    const Resolved spec = Resolve(orphan);
+    for (const std::string& n : spec.nodes) holders[n].push_back(daemon_config_.replicas);
+    if (!spec.nodes.empty())
+      deleted.push_back(absl::StrCat(claim, "'s spec ", Nodes(spec.nodes), " still on disk"));
+  }
   std::vector<std::string> free;
   for (const Efa& e : efas_) {
     if (!e.present) continue;
