@@ -50,7 +50,7 @@ if [ "$all" = 1 ]; then
   export EFA_E2E_IMAGE_TAR="$PWD/build/image/efa-k8s-device-plugin.tar"
 fi
 # The e2e's Kubernetes build (test/e2e/build-kubernetes.sh), before CTest: on
-# a fresh machine ten minutes of the e2e test, the last test to end. Under
+# a fresh machine ten minutes of the e2e test, which runs alone. Under
 # .ci/run it started in the background at the beginning, and this waits
 # for it (its lock) and finds everything built. It needs root, as the e2e.
 if [ "$(id -u)" -eq 0 ]; then
