@@ -27,7 +27,9 @@
 //   - a container's start is refused for want of EFAs (late binding) only
 //     when the node has no EFA that no live container holds (counting a
 //     deleted pod's EFAs as held until the kubelet gives one of its IDs to
-//     another container, or kReleaseWindow passes);
+//     another container, or kReleaseWindow passes; a take-over does not
+//     count for a binding the base binary made that this tree's daemon
+//     recovered without its claim record: see Gone::by_base);
 //   - late binding: every running container's CDI device resolves to a spec
 //     on disk naming its count of EFAs (with sharing, 1 to that many);
 //   - every EFA's advertised health is the simulated node's truth (an EFA a
@@ -400,6 +402,9 @@ struct Container {
   std::vector<std::string> held;
   int held_replicas = 1;
   std::string held_when;
+  // Late binding: what it holds was bound by the base binary (which writes
+  // no claim records beside its CDI specs).
+  bool bound_by_base = false;
   std::string admitted_when;
   // What it holds now: what it was given at its latest start, else (never
   // started) what its Allocate answer gives it.
@@ -424,6 +429,20 @@ struct Gone {
   int replicas = 1;
   Clock::time_point when;
   std::string taken_over;  // "<ID> to <pod>/<container>" when one of its IDs went to another
+  // Bound by the base binary, which writes the CDI spec but no claim record
+  // (vpc.amazonaws.com-efa_<claim>.state): this tree's daemon recovers such
+  // a binding without its owner and kubelet IDs, and learns them (writing
+  // the record) only from the kubelet checkpoint while the pod is there
+  // (LateBinder::RecoverSpec, Adopt). Without them a start taking over one
+  // of its IDs cannot release it (LateBinder::ReleaseTakenOver matches
+  // kubelet IDs): it stays bound until confirmed gone (absent from the
+  // checkpoint and List for release_after, ReleaseLocked), as designed,
+  // never given twice. So for such a binding a take-over counts only while
+  // the base binary runs (it keeps the IDs in memory) or once its record
+  // was seen on disk before the start (`recorded`).
+  std::string claim;
+  bool by_base = false;
+  bool recorded = false;
 };
 
 // What the runtime would give a container now: its Allocate answer's device
@@ -733,9 +752,10 @@ std::optional<Violation> Node::Apply(const Step& step, size_t number) {
       action_ += " " + uid;
       for (const Container& c : pods_[*chosen].containers) {
         if (c.holds().empty()) continue;
-        gone_.push_back(Gone{
-            !c.claim.empty() && !c.held.empty(), absl::StrCat(uid, "/", c.name), c.resource, c.ids,
-            c.holds(), c.held.empty() ? c.alloc_replicas : c.held_replicas, Clock::now(), ""});
+        gone_.push_back(Gone{!c.claim.empty() && !c.held.empty(), absl::StrCat(uid, "/", c.name),
+                             c.resource, c.ids, c.holds(),
+                             c.held.empty() ? c.alloc_replicas : c.held_replicas, Clock::now(), "",
+                             c.claim, c.bound_by_base});
       }
       std::erase_if(gone_, [](const Gone& g) { return Clock::now() - g.when > kReleaseWindow; });
       pods_.erase(pods_.begin() + static_cast<std::ptrdiff_t>(*chosen));
@@ -905,6 +925,18 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
 }
 
 std::optional<Violation> Node::Start(Pod& pod, Container& c) {
+  // Whether the daemon knows the kubelet IDs of the base binary's bindings
+  // of deleted pods (Gone::by_base): their claim records, looked for before
+  // the start, which releases a taken-over binding with its record. (It
+  // cannot learn them meanwhile: the allocation that gave this container
+  // its IDs rewrote the checkpoint without the deleted pods.)
+  for (Gone& g : gone_) {
+    std::error_code ec;
+    if (g.bound && g.by_base && !g.recorded &&
+        fs::exists(cdi_dir_ / efa::plugin::ClaimRecordFileName(g.claim), ec)) {
+      g.recorded = true;
+    }
+  }
   const absl::Status status = kubelet_.StartContainer(pod.uid, c.name);
   if (status.ok()) return Started(pod, c);
   // A start the plugin refuses leaves the container waiting: the kubelet
@@ -975,6 +1007,7 @@ std::optional<Violation> Node::Started(const Pod& pod, Container& c) {
   // daemon release what it had bound for that pod (LateBinder::
   // ReleaseTakenOver; a start that failed may have changed nothing).
   for (Gone& g : gone_) {
+    if (g.by_base && !g.recorded && !on_base()) continue;  // its IDs unknown (Gone::by_base)
     for (const std::string& id : c.ids) {
       if (g.taken_over.empty() && g.resource == c.resource &&
           std::count(g.ids.begin(), g.ids.end(), id) > 0) {
@@ -986,6 +1019,7 @@ std::optional<Violation> Node::Started(const Pod& pod, Container& c) {
     c.held = now.nodes;
     c.held_when = Now();
     c.held_replicas = c.claim.empty() ? c.alloc_replicas : daemon_config_.replicas;
+    c.bound_by_base = !c.claim.empty() && on_base();
   }
   return std::nullopt;
 }
@@ -1022,8 +1056,8 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
     if (Clock::now() - g.when > kReleaseWindow) continue;
     deleted.push_back(absl::StrCat(
         g.who, "'s ", Nodes(g.nodes), " held (deleted ",
-        std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - g.when).count(),
-        " s ago)"));
+        std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - g.when).count(), " s ago",
+        g.by_base && !g.recorded ? ", bound by the base binary, no claim record" : "", ")"));
     for (const std::string& n : g.nodes) holders[n].push_back(g.replicas);
   }
   // A spec still on disk whose container no live pod has: one the daemon
