@@ -49,6 +49,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -312,6 +313,56 @@ int FreePort() {
   return port;
 }
 
+// The sockets on this machine whose local port is `port` (/proc/net/tcp and
+// tcp6), with their TCP state and the processes that hold them: "LISTEN
+// 127.0.0.1 (pid 12, efa-k8s-device-pl)" or "none"; for a daemon that
+// cannot bind its probe address.
+std::string PortHolders(int port) {
+  static constexpr const char* kStates[] = {
+      "?",     "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2",   "TIME_WAIT",
+      "CLOSE", "CLOSE_WAIT",  "LAST_ACK", "LISTEN",   "CLOSING",   "NEW_SYN_RECV"};
+  std::map<std::string, std::string> by_inode;  // socket inode -> what
+  std::vector<std::string> found;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (f.size() < 10) continue;
+      const std::vector<std::string> local = absl::StrSplit(f[1], ':');
+      unsigned local_port = 0, state = 0;
+      if (local.size() != 2 || !absl::SimpleHexAtoi(local[1], &local_port) ||
+          static_cast<int>(local_port) != port || !absl::SimpleHexAtoi(f[3], &state)) {
+        continue;
+      }
+      const std::string what = absl::StrCat(state < std::size(kStates) ? kStates[state] : "?", " ",
+                                            local[0], " to ", f[2]);
+      if (f[9] == "0") {
+        found.push_back(what + " (no process)");
+      } else {
+        by_inode[absl::StrCat("socket:[", f[9], "]")] = what;
+      }
+    }
+  }
+  std::error_code ec;
+  for (fs::directory_iterator proc("/proc", ec), end; !ec && proc != end; proc.increment(ec)) {
+    const std::string pid = proc->path().filename().string();
+    if (by_inode.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::error_code fd_ec;
+    for (fs::directory_iterator fd(proc->path() / "fd", fd_ec); !fd_ec && fd != end;
+         fd.increment(fd_ec)) {
+      std::error_code link_ec;
+      const auto it = by_inode.find(fs::read_symlink(fd->path(), link_ec).string());
+      if (link_ec || it == by_inode.end()) continue;
+      std::string comm = efa::testing::ReadFile(proc->path() / "comm");
+      comm.erase(comm.find_last_not_of('\n') + 1);
+      found.push_back(absl::StrCat(it->second, " (pid ", pid, ", ", comm, ")"));
+    }
+  }
+  return found.empty() ? "none" : absl::StrJoin(found, "; ");
+}
+
 // Asks the daemon's /healthz every 250 ms, as the kubelet's liveness probe
 // does every period, and keeps the longest time without a 200 while the
 // daemon is meant to be up.
@@ -491,7 +542,7 @@ class Node {
   ~Node() {
     SetCdiReadOnly(false);
     probes_.Expect(false);
-    if (daemon_) daemon_->Signal(SIGKILL);
+    if (daemon_) daemon_->KillGroup();
   }
 
   // Applies step `number` (from 1); a violation when something the step
@@ -627,12 +678,27 @@ std::optional<Violation> Node::StartDaemon() {
   }
   const std::string resource = daemon_config_.resource();
   const int before = kubelet_.registrations(resource);
-  daemon_ = std::make_unique<ChildProcess>(args, log_path_);
-  if (!kubelet_.WaitForRegistrations(resource, before + 1, kDeadline) ||
-      !kubelet_.WaitForStreaming(resource, true, kDeadline)) {
-    return Violation{"registers", absl::StrCat("the daemon (", on_base() ? "base binary, " : "",
-                                               daemon_config_.Describe(), ") did not register ",
-                                               resource, " within 10 s of its start")};
+  // In a process group of its own, as a container's processes are its own
+  // (StopDaemon).
+  daemon_ = std::make_unique<ChildProcess>(args, log_path_, 0, /*own_group=*/true);
+  // Waits in slices to see the daemon exit at once (who holds its probe
+  // port is worth knowing then, not 10 s later).
+  const auto deadline = Clock::now() + kDeadline;
+  bool registered = false;
+  int exited = -1;
+  while (!registered && exited < 0 && Clock::now() < deadline) {
+    registered = kubelet_.WaitForRegistrations(resource, before + 1, 100ms);
+    if (!registered) exited = daemon_->Wait(0ms);
+  }
+  const std::string holders = exited >= 0 ? PortHolders(port_) : "";
+  if (!registered || !kubelet_.WaitForStreaming(resource, true, kDeadline)) {
+    return Violation{
+        "registers",
+        absl::StrCat("the daemon (", on_base() ? "base binary, " : "", daemon_config_.Describe(),
+                     ") did not register ", resource, " within 10 s of its start",
+                     exited >= 0 ? absl::StrCat(": it exited with status ", exited) : "",
+                     " (its probe port ", port_, ": ", exited >= 0 ? holders : PortHolders(port_),
+                     ")")};
   }
   probes_.Expect(true);
   return std::nullopt;
@@ -660,6 +726,13 @@ std::optional<Violation> Node::StopDaemon(int signal) {
   probes_.Expect(false);
   daemon_->Signal(signal);
   const int status = daemon_->Wait(kDeadline);
+  // What the daemon started ends with it, as in its container (its PID 1's
+  // end kills the rest of its PID namespace; runc kills a hostPID
+  // container's cgroup), before the next one starts: a hwloc export helper
+  // that a SIGKILL left between fork and exec held a copy of the daemon's
+  // descriptors, its probe listener too, so the next daemon's bind failed
+  // (EADDRINUSE).
+  daemon_->KillGroup();
   daemon_.reset();
   if (signal == SIGTERM && status != 0) {
     return Violation{"stops cleanly",
@@ -1590,6 +1663,9 @@ bool RunAndReport(const Config& config, std::optional<unsigned> seed,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The processes a daemon leaves behind become this process's children, so
+  // that a daemon's stop waits for them (ChildProcess::KillGroup).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   CLI::App app{"The randomized lifecycle test of the daemon binary on a simulated node"};
   std::vector<unsigned> seeds = {1};
   int steps = 200;

@@ -26,10 +26,11 @@ class ChildProcess {
  public:
   // Starts argv[0] with `argv`, stdout and stderr appended to `log`; with
   // `max_files` > 0 its RLIMIT_NOFILE (soft and hard) is that, as in a
-  // container that allows so many descriptors. Throws std::runtime_error
-  // (naming the program) when it cannot start.
+  // container that allows so many descriptors. With `own_group` it leads a
+  // process group of its own, which KillGroup ends. Throws
+  // std::runtime_error (naming the program) when it cannot start.
   ChildProcess(std::vector<std::string> argv, const std::filesystem::path& log,
-               rlim_t max_files = 0) {
+               rlim_t max_files = 0, bool own_group = false) {
     const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) throw std::runtime_error(log.string() + ": " + std::strerror(errno));
     std::vector<char*> args;
@@ -39,6 +40,7 @@ class ChildProcess {
     if (pid_ == 0) {
       // Only async-signal-safe calls between fork and exec.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (own_group) ::setpgid(0, 0);
       ::dup2(log_fd, STDOUT_FILENO);
       ::dup2(log_fd, STDERR_FILENO);
       const rlimit files{max_files, max_files};
@@ -48,6 +50,9 @@ class ChildProcess {
     }
     ::close(log_fd);
     if (pid_ < 0) throw std::runtime_error(argv[0] + ": fork: " + std::strerror(errno));
+    // Both sides, so that the group is there whichever runs first.
+    if (own_group) ::setpgid(pid_, pid_);
+    group_ = own_group ? pid_ : -1;
     pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
   }
   ~ChildProcess() {
@@ -74,6 +79,22 @@ class ChildProcess {
     pid_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
+  // With own_group: SIGKILLs every process left in its group (what it
+  // started: a helper between fork and exec still holds a copy of its
+  // descriptors, its listening sockets too) and reaps each, the process
+  // itself too when it has not ended, as the kernel does to a container's
+  // processes when its PID 1 ends. The processes it left behind are this
+  // process's children only when this process is a child subreaper
+  // (PR_SET_CHILD_SUBREAPER): else they are not waited for.
+  void KillGroup() {
+    if (group_ <= 0) return;
+    ::kill(-group_, SIGKILL);
+    // Ends with ECHILD: no child of this process is left in the group.
+    while (::waitpid(-group_, nullptr, 0) > 0 || errno == EINTR) {
+    }
+    pid_ = -1;
+    group_ = -1;
+  }
   // SIGTERM, then waits as Wait does.
   int Stop(std::chrono::milliseconds timeout) {
     Signal(SIGTERM);
@@ -82,6 +103,7 @@ class ChildProcess {
 
  private:
   pid_t pid_ = -1;
+  pid_t group_ = -1;
   int pidfd_ = -1;
 };
 
