@@ -144,11 +144,9 @@ void Daemon::SetUpAlignment() {
         },
         options_.cdi_handover);
   }
-  if (late_binding() || options_.replicas > 1) {
-    aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {
-      return PhysicalEfas(kubelet_ids);
-    };
-  }
+  aligner_options.bound_efas = [this](const std::vector<std::string>& kubelet_ids) {
+    return PhysicalEfas(kubelet_ids);
+  };
   if (options_.alignment != AlignmentMode::kOff) {
     aligner_ = std::make_unique<Aligner>(std::move(aligner_options));
     if (!late_binding()) {
