@@ -365,6 +365,7 @@ void Daemon::ReleaseGone() {
         renamed, options_.resource_name == kResourceName ? kSharedResourceName : kResourceName);
   }
   bound_under_other_name_ = renamed;
+  if (tracker_.has_devices()) late_binder_->BindUnstarted(*service_.Table());
   std::map<std::string, std::string> reserved = late_binder_->Reserved();
   if (reserved == reserved_) return;
   if (reserved.empty()) {

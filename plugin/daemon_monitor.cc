@@ -131,8 +131,9 @@ void CollectAlignment(const Daemon& daemon, std::vector<prometheus::MetricFamily
   if (stats) AddSample(failures, counts.report_failed, {});
   auto& events = Family(
       out, "late_binding_total",
-      "Late binding: EFAs bound at PreStartContainer (bound), kept for a restarted container "
-      "(kept), PreStartContainer failures (failed), bindings released (released), recovered "
+      "Late binding: EFAs bound at PreStartContainer, or for a container that no call will come "
+      "for before it starts (bound), kept for a restarted container (kept), failures to bind "
+      "(failed), bindings released (released), recovered "
       "from the CDI dir at start (recovered), release passes the kubelet's records could "
       "not decide (undecided), and reads of the CDI dir that were not whole "
       "(recover_incomplete; retried, the daemon registers only after a whole one).",

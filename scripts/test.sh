@@ -69,9 +69,9 @@ if [ "$all" = 1 ]; then
   # 1 seed x 2 alignment modes x 2,500 steps (CTest's lifecycle_* entries
   # run 3 seeds x 150 steps per mode). Without the daemon's reconfigurations
   # and the upgrade, which CTest's lifecycle_reconfigure and
-  # lifecycle_upgrade seeds run: over 2,500 steps they still find a failure
-  # (a container admitted under late binding whose start never bound, started
-  # after a switch to best effort, names a CDI spec that does not exist).
+  # lifecycle_upgrade seeds run: over 2,500 steps they still find failures
+  # (after switches between modes and replica counts, a late-binding start
+  # refused while the harness counts an EFA free).
   stage_begin "lifecycle soak"
   build/ci/test/efa-lifecycle --mode both --seeds 1001 --steps 2500 --shrink-seconds 180 \
     --exclude daemon-config --upgrade off

@@ -281,14 +281,15 @@ void LateBinder::Adopt(const Checkpointed& checkpointed) {
 }
 
 std::map<std::string, int> LateBinder::Taken(const Checkpointed& checkpointed,
-                                             const std::string& except, int replicas) const {
+                                             const std::set<std::string>& except,
+                                             int replicas) const {
   std::map<std::string, int> taken;
   for (const auto& [claim, binding] : bindings_) {
-    if (claim == except) continue;
+    if (except.count(claim)) continue;
     for (const std::string& efa : binding.efas) taken[efa] += binding.exclusive ? replicas : 1;
   }
   for (const auto& [claim, c] : checkpointed.claims) {
-    if (!c.efas_by_id || claim == except || bindings_.count(claim)) continue;
+    if (!c.efas_by_id || except.count(claim) || bindings_.count(claim)) continue;
     for (const std::string& id : c.efas) {
       const auto replica = topology::ParseReplicaId(id);
       taken[replica ? replica->ibdev : id] += replica ? 1 : replicas;
@@ -405,6 +406,7 @@ void LateBinder::Release(std::map<std::string, Binding>::iterator it, std::strin
                  absl::StrJoin(it->second.efas, ","), why);
   }
   ++counts_.released;
+  released_.insert(absl::StrCat(it->first, " ", it->second.owner));
   bindings_.erase(it);
 }
 
@@ -555,6 +557,44 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   return absl::OkStatus();
 }
 
+void LateBinder::BindUnstarted(const topology::DeviceTable& table) {
+  if (!recovered()) return;
+  const Checkpointed checkpointed = ReadCheckpointed();
+  for (const auto& [name, c] : checkpointed.claims) {
+    if (c.efas_by_id) continue;  // its Allocate answer gave device nodes
+    // PreStartContainer binds the claims of the name served.
+    if (options_.late_binding && c.efa_resource == options_.resource_name) continue;
+    uint64_t generation;
+    {
+      absl::MutexLock lock(&mu_);
+      if (bindings_.count(name) || released_.count(absl::StrCat(name, " ", c.pod_uid))) continue;
+      generation = generation_;
+    }
+    const Claim claim{.name = name,
+                      .described = DescribeClaim(name, c.efas),
+                      .kubelet_ids = c.efas,
+                      .owner = c.pod_uid,
+                      .resource = c.efa_resource};
+    const Targets targets = TargetsOf(table, c, claim.described);
+    absl::StatusOr<std::vector<std::string>> efas =
+        Bind(table, claim, checkpointed, std::nullopt, generation, targets, /*unstarted=*/true);
+    absl::MutexLock lock(&mu_);
+    if (efas.ok()) {
+      unbound_.erase(name);
+      spdlog::info(
+          "late binding: bound {} of pod {} to EFAs {} before its container starts (admitted "
+          "under late binding; the kubelet starts it with its CDI device)",
+          claim.described, claim.owner, absl::StrJoin(*efas, ","));
+      continue;
+    }
+    std::string& logged = unbound_[name];
+    if (logged == efas.status().message()) continue;
+    ++counts_.failed;
+    logged = std::string(efas.status().message());
+    spdlog::error("late binding: {} (its container cannot start until EFAs are free)", logged);
+  }
+}
+
 absl::Status LateBinder::Fail(absl::Status status) {
   absl::MutexLock lock(&mu_);
   ++counts_.failed;
@@ -603,19 +643,51 @@ Targets LateBinder::TargetsOf(const topology::DeviceTable& table,
 
 absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
     const topology::DeviceTable& table, const Claim& claim, const Checkpointed& checkpointed,
-    const std::optional<std::set<std::string>>& live, uint64_t generation, const Targets& targets) {
+    const std::optional<std::set<std::string>>& live, uint64_t generation, const Targets& targets,
+    bool unstarted) {
   absl::MutexLock lock(&mu_);
+  if (unstarted) {
+    // Bound meanwhile: its container may have started with that spec.
+    if (auto it = bindings_.find(claim.name); it != bindings_.end()) return it->second.efas;
+  }
   ReleaseTakenOver(claim);
   // Bindings confirmed gone free their EFAs too.
   if (live) ReleaseLocked(*live, generation);
-  const std::map<std::string, int> taken = Taken(checkpointed, claim.name, table.replicas);
+  std::set<std::string> except = ReusedBy(claim);
+  std::set<std::string> reused_efas;
+  for (const std::string& reused : except) {
+    const std::vector<std::string>& efas = bindings_.at(reused).efas;
+    reused_efas.insert(efas.begin(), efas.end());
+  }
+  except.insert(claim.name);
+  const std::map<std::string, int> taken = Taken(checkpointed, except, table.replicas);
   topology::AllocationRequest request = FreeEfas(table, taken);
+  if (unstarted) {
+    std::vector<std::string> named;
+    for (const std::string& id : claim.kubelet_ids) {
+      const auto replica = topology::ParseReplicaId(id);
+      named.push_back(replica ? replica->ibdev : id);
+    }
+    std::sort(named.begin(), named.end());
+    named.erase(std::unique(named.begin(), named.end()), named.end());
+    if (std::all_of(named.begin(), named.end(), [&](const std::string& efa) {
+          return std::find(request.available.begin(), request.available.end(), efa) !=
+                 request.available.end();
+        })) {
+      request.available = named;
+    }
+  }
   // With sharing, a claim of more replicas than there are EFAs with room
   // gets each of those once (a device node is given once anyway).
   const size_t wanted = table.replicas > 1
                             ? std::min(claim.kubelet_ids.size(), request.available.size())
                             : claim.kubelet_ids.size();
   request.size = static_cast<int>(wanted);
+  for (const std::string& efa : request.available) {
+    if (reused_efas.count(efa) && request.must_include.size() < wanted) {
+      request.must_include.push_back(efa);
+    }
+  }
   request.target_accelerators = targets.pci;
   request.target_neuron_indices = targets.neuron_indices;
   std::vector<topology::EfaDevice> devices;
@@ -650,21 +722,43 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   return efas;
 }
 
+namespace {
+
+// Whether a binding holds some of the claim's IDs, of the same resource
+// when both are known (the other name may advertise the same strings).
+bool HoldsIdsOf(const std::vector<std::string>& held, const std::string& resource,
+                const std::vector<std::string>& ids, const std::string& ids_resource) {
+  if (!ids_resource.empty() && !resource.empty() && resource != ids_resource) return false;
+  return std::any_of(held.begin(), held.end(), [&](const std::string& id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  });
+}
+
+}  // namespace
+
 void LateBinder::ReleaseTakenOver(const Claim& claim) {
-  // A binding that held one of these IDs is gone: the kubelet gives an ID
-  // to one live container at a time.
-  const std::set<std::string> ids(claim.kubelet_ids.begin(), claim.kubelet_ids.end());
+  // A binding of another pod that held one of these IDs is gone: the
+  // kubelet gives an ID to one live pod at a time.
   for (auto it = bindings_.begin(); it != bindings_.end();) {
     const auto current = it++;  // Release erases it
-    const std::vector<std::string>& held = current->second.kubelet_ids;
-    // IDs of one resource: the other name may advertise the same strings.
-    const std::string& resource = current->second.resource;
-    if (current->first != claim.name &&
-        (claim.resource.empty() || resource.empty() || resource == claim.resource) &&
-        std::any_of(held.begin(), held.end(), [&](const auto& id) { return ids.count(id) > 0; })) {
+    const Binding& b = current->second;
+    if (current->first != claim.name && (claim.owner.empty() || b.owner != claim.owner) &&
+        HoldsIdsOf(b.kubelet_ids, b.resource, claim.kubelet_ids, claim.resource)) {
       Release(current, "the kubelet gave its devices to another container");
     }
   }
+}
+
+std::set<std::string> LateBinder::ReusedBy(const Claim& claim) const {
+  std::set<std::string> reused;
+  if (claim.owner.empty()) return reused;
+  for (const auto& [name, b] : bindings_) {
+    if (name != claim.name && b.owner == claim.owner &&
+        HoldsIdsOf(b.kubelet_ids, b.resource, claim.kubelet_ids, claim.resource)) {
+      reused.insert(name);
+    }
+  }
+  return reused;
 }
 
 std::optional<std::vector<std::string>> LateBinder::BoundEfas(

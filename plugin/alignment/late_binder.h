@@ -109,9 +109,9 @@ struct LateBinderOptions {
 
 // Counters since start.
 struct LateBindingCounts {
-  int bound = 0;      // PreStartContainer bound EFAs for a claim
+  int bound = 0;      // EFAs bound for a claim (PreStartContainer, BindUnstarted)
   int kept = 0;       // PreStartContainer found the claim bound already (container restart)
-  int failed = 0;     // PreStartContainer failed
+  int failed = 0;     // PreStartContainer failed; BindUnstarted failed (once per cause)
   int released = 0;   // bindings dropped (their pod is gone)
   int recovered = 0;  // bindings read back from the CDI dir at start
   // Recover() passes that could not read the CDI dir whole (retried).
@@ -153,6 +153,20 @@ class LateBinder {
   // but the kubelet cannot restart them, having no plugin of that name to
   // call PreStartContainer on. Thread-safe.
   int BoundUnderOtherName() const;
+
+  // Binds the claims of containers admitted under late binding that never
+  // started and for which no PreStartContainer will come: without late
+  // binding now, or held under the EFA resource name not served now. The
+  // kubelet starts them with the CDI device of their Allocate answer, and
+  // skips the call for a resource whose plugin has not registered since its
+  // own restart (devicemanager callPreStartContainerIfNeeded: no options),
+  // so their device resolves when they start. A claim gets the EFAs its
+  // kubelet IDs name when those are free (the kubelet counts them held),
+  // else the free EFAs nearest its accelerators; a claim released as gone
+  // is not bound again. Does nothing before recovered(). A claim that cannot
+  // be bound is logged and counted (`failed`) once per cause, and tried
+  // again at the next call. Thread-safe.
+  void BindUnstarted(const topology::DeviceTable& table);
 
   // PreStartContainer for the kubelet's `kubelet_ids`: binds the physical
   // EFAs of `table` (healthy, bound to no other claim) nearest the
@@ -224,11 +238,12 @@ class LateBinder {
   // Fills in the owner, IDs and resource of bindings recovered without them
   // from the checkpoint's container holding their claim.
   void Adopt(const Checkpointed& checkpointed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // EFA -> how many of its replicas are taken by bindings other than
-  // `except` and by containers holding EFAs by ID (exclusive holders take
+  // EFA -> how many of its replicas are taken by bindings other than those
+  // of `except` and by containers holding EFAs by ID (exclusive holders take
   // all `replicas`).
-  std::map<std::string, int> Taken(const Checkpointed& checkpointed, const std::string& except,
-                                   int replicas) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<std::string, int> Taken(const Checkpointed& checkpointed,
+                                   const std::set<std::string>& except, int replicas) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads one spec (and its record) into `out`; a read error is returned.
   absl::Status RecoverSpec(const std::filesystem::path& path, std::map<std::string, Binding>& out);
   // The claims of the containers holding EFAs now: the checkpoint's and, when
@@ -265,13 +280,23 @@ class LateBinder {
                     const std::optional<ContainerDevices>& container, const std::string& described);
   // Releases the bindings gone (`live`, when known) or taken over, then
   // binds the claim and writes its spec; the EFAs bound, in PCI order.
+  // `unstarted` (BindUnstarted): the EFAs the claim's IDs name when they
+  // are all free; a claim bound meanwhile keeps its binding.
   absl::StatusOr<std::vector<std::string>> Bind(const topology::DeviceTable& table,
                                                 const Claim& claim,
                                                 const Checkpointed& checkpointed,
                                                 const std::optional<std::set<std::string>>& live,
-                                                uint64_t generation, const Targets& targets);
-  // Releases the bindings that hold one of the claim's kubelet IDs.
+                                                uint64_t generation, const Targets& targets,
+                                                bool unstarted = false);
+  // Releases the bindings of other pods that hold one of the claim's
+  // kubelet IDs.
   void ReleaseTakenOver(const Claim& claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bindings of the claim's pod holding some of its IDs: an init
+  // container's, whose IDs the kubelet gives again to the pod's next
+  // containers (devicesToReuse), as it runs none of them together. The claim
+  // reuses their EFAs, and their specs stay for the init container's next
+  // run.
+  std::set<std::string> ReusedBy(const Claim& claim) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the claim's spec and its record atomically; the error names the
   // claim and path.
   absl::Status WriteSpec(const std::string& claim, const std::string& described,
@@ -299,6 +324,10 @@ class LateBinder {
   std::set<std::string> reserved_stale_ ABSL_GUARDED_BY(mu_);
   // The EFAs held by ID that the latest whole checkpoint read reserved.
   std::map<std::string, std::string> reserved_by_id_ ABSL_GUARDED_BY(mu_);
+  // BindUnstarted(): the claims released as gone ("claim owner"), never
+  // bound again; the failures logged (claim -> message).
+  std::set<std::string> released_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> unbound_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace efa::plugin

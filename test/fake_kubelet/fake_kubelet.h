@@ -561,7 +561,8 @@ class FakeKubelet {
   // pod manager yet (pods_ is empty then), and the sources are not ready.
   std::vector<Pod> unsynced_ ABSL_GUARDED_BY(mu_);
   bool pods_synced_ ABSL_GUARDED_BY(mu_) = true;
-  // Removed pods whose allocations the device manager still holds.
+  // Every pod removed: the device manager drops their allocations at its
+  // next UpdateAllocatedDevices (CollectRemovedLocked).
   std::set<std::string> removed_ ABSL_GUARDED_BY(mu_);
   std::vector<DeviceEntry> entries_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> extra_entries_ ABSL_GUARDED_BY(mu_);

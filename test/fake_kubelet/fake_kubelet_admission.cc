@@ -113,13 +113,15 @@ bool FakeKubelet::pods_synced() const {
 
 bool FakeKubelet::CollectRemovedLocked() {
   // UpdateAllocatedDevices returns early until sourcesReady.AllReady(): a
-  // pod missing from a pod manager still filling is not gone.
+  // pod missing from a pod manager still filling is not gone. Then it drops
+  // every pod of podDevices that is not active (podsToBeRemoved :=
+  // m.podDevices.pods(), minus m.activePods()): also a removed pod a
+  // restarted kubelet read back from a checkpoint written before its
+  // removal, so `removed_` keeps every pod removed (UIDs are not reused;
+  // pods of a checkpoint a test wrote stay, as if the API server had them).
   if (!pods_synced_ || removed_.empty()) return false;
   const size_t before = entries_.size();
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    it = removed_.count(it->pod_uid) != 0 ? entries_.erase(it) : std::next(it);
-  }
-  removed_.clear();
+  std::erase_if(entries_, [&](const DeviceEntry& e) { return removed_.count(e.pod_uid) != 0; });
   return entries_.size() != before;
 }
 

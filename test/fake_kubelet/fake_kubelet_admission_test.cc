@@ -1036,6 +1036,17 @@ TEST_CASE("A deleted pod leaves List at once and the checkpoint at the kubelet's
     REQUIRE(node.kubelet().AdmitContainer("b", "ns", "uid-b", "main", {}).ok());
     CHECK(CheckpointEntries(checkpoint).empty());
   }
+  SECTION("a kubelet restarted after a List dropped it reads it back, and drops it at sync") {
+    // The file kept it (List writes nothing); the restarted device manager
+    // restores it from there and drops it as no active pod's.
+    v1::ListPodResourcesResponse response;
+    REQUIRE(node.List(&response).ok());
+    REQUIRE(node.kubelet().Restart().ok());
+    CHECK(node.kubelet().container_devices("uid-a", "main", kEfa).size() == 8);
+    node.kubelet().SyncPods();
+    CHECK(node.kubelet().container_devices("uid-a", "main", kEfa).empty());
+    CHECK(CheckpointEntries(checkpoint).empty());
+  }
   SECTION("an admission drops it before it allocates") {
     auto admitted = node.kubelet().AdmitContainer("b", "ns", "uid-b", "main", {{kEfa, 8}});
     REQUIRE(admitted.ok());

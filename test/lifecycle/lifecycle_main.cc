@@ -600,6 +600,11 @@ class Node {
   // container, recorded; a violation when its CDI device does not resolve.
   std::optional<Violation> Started(const Pod& pod, Container& c);
   Resolved Resolve(const Container& c) const;
+  // What a container holds now: Container::holds(), and for one admitted
+  // under late binding that never started, what its spec on disk binds
+  // (LateBinder::BindUnstarted binds it before its start when no
+  // PreStartContainer will come).
+  std::vector<std::string> Holds(const Container& c) const;
   // "uid-3/main (4 EFA of vpc.amazonaws.com/efa, admitted at step 3 under
   // ...)" for messages.
   std::string Describe(const Pod& pod, const Container& c) const;
@@ -824,11 +829,11 @@ std::optional<Violation> Node::Apply(const Step& step, size_t number) {
       const std::string uid = pods_[*chosen].uid;
       action_ += " " + uid;
       for (const Container& c : pods_[*chosen].containers) {
-        if (c.holds().empty()) continue;
-        gone_.push_back(Gone{!c.claim.empty() && !c.held.empty(), absl::StrCat(uid, "/", c.name),
-                             c.resource, c.ids, c.holds(),
-                             c.held.empty() ? c.alloc_replicas : c.held_replicas, Clock::now(), "",
-                             c.claim, c.bound_by_base});
+        const std::vector<std::string> holds = Holds(c);
+        if (holds.empty()) continue;
+        gone_.push_back(Gone{!c.claim.empty(), absl::StrCat(uid, "/", c.name), c.resource, c.ids,
+                             holds, c.held.empty() ? c.alloc_replicas : c.held_replicas,
+                             Clock::now(), "", c.claim, c.bound_by_base});
       }
       std::erase_if(gone_, [](const Gone& g) { return Clock::now() - g.when > kReleaseWindow; });
       pods_.erase(pods_.begin() + static_cast<std::ptrdiff_t>(*chosen));
@@ -1066,6 +1071,11 @@ Resolved Node::Resolve(const Container& c) const {
   return r;
 }
 
+std::vector<std::string> Node::Holds(const Container& c) const {
+  if (c.held.empty() && !c.claim.empty()) return Resolve(c).nodes;
+  return c.holds();
+}
+
 std::optional<Violation> Node::Started(const Pod& pod, Container& c) {
   c.state = Container::State::kRunning;
   const Resolved now = Resolve(c);
@@ -1113,7 +1123,7 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
   for (const Pod* p : live) {
     for (const Container& o : p->containers) {
       if (&o == &c || (!c.claim.empty() && o.claim == c.claim)) continue;
-      for (const std::string& n : o.holds()) {
+      for (const std::string& n : Holds(o)) {
         holders[n].push_back(o.held.empty() ? o.alloc_replicas : o.held_replicas);
       }
     }
@@ -1383,7 +1393,10 @@ std::optional<Violation> Node::CheckAdvertised() {
   // daemon may withhold them (advertise them Unhealthy).
   std::set<std::string> held;
   for (const Pod& pod : pods_) {
-    for (const Container& c : pod.containers) held.insert(c.holds().begin(), c.holds().end());
+    for (const Container& c : pod.containers) {
+      const std::vector<std::string> holds = Holds(c);
+      held.insert(holds.begin(), holds.end());
+    }
   }
   for (const Gone& g : gone_) {
     if (Clock::now() - g.when <= kReleaseWindow) held.insert(g.nodes.begin(), g.nodes.end());

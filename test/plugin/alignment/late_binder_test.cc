@@ -751,6 +751,90 @@ TEST_CASE("An init and an app container given the same IDs share one binding pla
   CHECK(binder.counts().kept == 1);
 }
 
+TEST_CASE("An app container reusing an init container's IDs reuses its EFAs; the init keeps them",
+          "[late-binding][upgrade]") {
+  Node node;
+  // The kubelet gives the init container's IDs again to the app container
+  // (devicesToReuse), which never runs beside it.
+  const std::vector<std::string> init_ids = {node.Group(0)[0], node.Group(0)[1]};
+  FakeCheckpointEntry init_efa = Entry("uid-0", kEfa, init_ids);
+  init_efa.container = "download";
+  node.WriteCheckpoint(
+      {init_efa, Entry("uid-0", kGpu, {Uuid(kGpus[5])}), Entry("uid-0", kEfa, node.Group(0))});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), init_ids).ok());
+  const auto init_bound = binder.BoundEfas(init_ids);
+  REQUIRE(init_bound.has_value());
+  REQUIRE(binder.PreStart(node.table(), node.Group(0)).ok());
+  const auto app_bound = binder.BoundEfas(node.Group(0));
+  REQUIRE(app_bound.has_value());
+  for (const auto& efa : *init_bound) {
+    CHECK(std::find(app_bound->begin(), app_bound->end(), efa) != app_bound->end());
+  }
+  // The init container's next run (its pod's sandbox recreated) finds its
+  // spec and EFAs.
+  CHECK(binder.BoundEfas(init_ids) == init_bound);
+  CHECK(fs::exists(binder.SpecPath(ClaimName(init_ids))));
+  CHECK(binder.counts().released == 0);
+}
+
+TEST_CASE("Without late binding, a container admitted under it that never started is bound",
+          "[late-binding][upgrade]") {
+  Node node;
+  // Admitted under late binding (an Allocate answer with no device nodes),
+  // never started; then helm upgrade --set alignment.mode=best-effort. The
+  // kubelet will start it with the CDI device of that answer.
+  const std::vector<std::string> held_by_id = {node.Group(2)[0]};
+  const std::vector<std::string> crossing = {node.Group(2)[0], node.Group(4)[0]};
+  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(1)), ByIdEntry("uid-1", kEfa, held_by_id),
+                        Entry("uid-2", kGpu, {Uuid(kGpus[6])}), Entry("uid-2", kEfa, crossing)});
+  LateBinderOptions options = node.Options();
+  options.late_binding = false;
+  LateBinder binder(options);
+  binder.BindUnstarted(node.table());  // not before recovery
+  CHECK(binder.Bindings().empty());
+  REQUIRE(binder.Recover().ok());
+  binder.BindUnstarted(node.table());
+  // The EFAs its IDs name, which the kubelet counts held, when free.
+  CHECK(binder.BoundEfas(node.Group(1)) == node.Group(1));
+  CHECK(fs::exists(binder.SpecPath(ClaimName(node.Group(1)))));
+  // Else free EFAs beside its GPU.
+  const auto beside = binder.BoundEfas(crossing);
+  REQUIRE(beside.has_value());
+  CHECK(beside->size() == 2);
+  CHECK(Disjoint(*beside, held_by_id));
+  CHECK_FALSE(Disjoint(*beside, node.Group(6)));
+  CHECK(binder.counts().bound == 2);
+  binder.BindUnstarted(node.table());
+  CHECK(binder.counts().bound == 2);
+  // Its pod deleted, the binding released: its entries, left in the
+  // checkpoint, bind nothing again.
+  node.WriteCheckpoint({});
+  binder.ReleaseGone();
+  node.Advance(LateBinderOptions().release_after);
+  binder.ReleaseGone();
+  REQUIRE(binder.Bindings().empty());
+  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(1))});
+  binder.BindUnstarted(node.table());
+  CHECK(binder.Bindings().empty());
+}
+
+TEST_CASE("With late binding, a claim under the name not served that never started is bound",
+          "[late-binding][upgrade]") {
+  Node node;
+  // Admitted while sharing's rename served vpc.amazonaws.com/efa.shared:
+  // no PreStartContainer of that name will come.
+  const std::vector<std::string> renamed = {node.Group(1)[0] + "::0", node.Group(1)[1] + "::1"};
+  node.WriteCheckpoint(
+      {Entry("uid-0", kSharedResourceName, renamed), Entry("uid-1", kEfa, node.Group(2))});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.Recover().ok());
+  binder.BindUnstarted(node.table());
+  CHECK(binder.BoundEfas(renamed) == std::vector<std::string>{node.Group(1)[0], node.Group(1)[1]});
+  // PreStartContainer binds the claims of the name served.
+  CHECK_FALSE(binder.BoundEfas(node.Group(2)).has_value());
+}
+
 TEST_CASE("Recovery keeps a spec it cannot read and reports the CDI dir not read whole",
           "[late-binding][upgrade]") {
   Node node;
