@@ -21,7 +21,7 @@
 FROM --platform=$BUILDPLATFORM debian:12 AS build
 ARG TARGETARCH
 WORKDIR /src
-COPY scripts/install-deps.sh scripts/
+COPY scripts/install-deps.sh scripts/apt-get.sh scripts/
 RUN scripts/install-deps.sh --daemon --arch "${TARGETARCH}"
 # Declared after the packages' layer, which they would invalidate.
 ARG REVISION=unknown

@@ -22,4 +22,4 @@ else
   say "ERROR: neither $main nor deb lines in /etc/apt/sources.list: cannot derive a deb-src entry"
   exit 1
 fi
-apt-get update -qq || { say "ERROR: apt-get update failed after enabling source packages"; exit 1; }
+"$(dirname "$0")/apt-get.sh" update -qq || { say "ERROR: apt-get update failed after enabling source packages"; exit 1; }

@@ -51,8 +51,8 @@ for arch in "${arches[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
+  scripts/apt-get.sh update -qq
+  DEBIAN_FRONTEND=noninteractive scripts/apt-get.sh install -y -qq "${missing[@]}" >/dev/null ||
     die "apt-get install ${missing[*]} failed"
 fi
 

@@ -27,7 +27,7 @@ say "fetching the source of abseil $version"
 # failure, update the indexes once and try again.
 get=(apt-get source -qq -o APT::Sandbox::User=root "abseil=$version")
 (cd "$out/src" && "${get[@]}" >/dev/null) \
-  || { apt-get update -qq && (cd "$out/src" && "${get[@]}" >/dev/null); } \
+  || { scripts/apt-get.sh update -qq && (cd "$out/src" && "${get[@]}" >/dev/null); } \
   || { say "ERROR: apt-get source abseil=$version failed"; exit 1; }
 src=$(find "$out/src" -mindepth 1 -maxdepth 1 -type d -name 'abseil-*' | head -1)
 [ -n "$src" ] || { say "ERROR: no unpacked tree in $out/src"; exit 1; }

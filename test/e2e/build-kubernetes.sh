@@ -62,7 +62,7 @@ fetch_source() {
   # on failure, update the indexes once and try again.
   local get=(apt-get source -qq --download-only -o APT::Sandbox::User=root "$SRC_PACKAGE")
   (cd "$CACHE/src" && "${get[@]}") \
-    || { apt-get update -qq && (cd "$CACHE/src" && "${get[@]}"); } \
+    || { "$HERE/../../scripts/apt-get.sh" update -qq && (cd "$CACHE/src" && "${get[@]}"); } \
     || die "apt-get source --download-only $SRC_PACKAGE failed (is deb-src enabled and the mirror reachable?)"
 }
 
