@@ -560,6 +560,16 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
 void LateBinder::BindUnstarted(const topology::DeviceTable& table) {
   if (!recovered()) return;
   const Checkpointed checkpointed = ReadCheckpointed();
+  if (checkpointed.problem.empty()) {
+    // What it remembers of claims the kubelet no longer has goes: bounded by
+    // the checkpoint.
+    absl::MutexLock lock(&mu_);
+    std::erase_if(released_, [&](const std::string& key) {
+      return !checkpointed.claims.count(key.substr(0, key.find(' ')));
+    });
+    std::erase_if(unbound_,
+                  [&](const auto& entry) { return !checkpointed.claims.count(entry.first); });
+  }
   for (const auto& [name, c] : checkpointed.claims) {
     if (c.efas_by_id) continue;  // its Allocate answer gave device nodes
     // PreStartContainer binds the claims of the name served.

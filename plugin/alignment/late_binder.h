@@ -325,7 +325,8 @@ class LateBinder {
   // The EFAs held by ID that the latest whole checkpoint read reserved.
   std::map<std::string, std::string> reserved_by_id_ ABSL_GUARDED_BY(mu_);
   // BindUnstarted(): the claims released as gone ("claim owner"), never
-  // bound again; the failures logged (claim -> message).
+  // bound again; the failures logged (claim -> message). Both only of
+  // claims the checkpoint still holds.
   std::set<std::string> released_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> unbound_ ABSL_GUARDED_BY(mu_);
 };
