@@ -41,13 +41,14 @@ std::string DescribeClaim(const std::string& claim, const std::vector<std::strin
 }
 
 // The container of pod-resources' `list` that holds exactly the EFA
-// device IDs `kubelet_ids`, if any.
+// device IDs `kubelet_ids` of `resource`, if any.
 std::optional<ContainerDevices> FindByDevices(const v1::ListPodResourcesResponse& list,
                                               const AcceleratorResources& resources,
-                                              const std::vector<std::string>& kubelet_ids) {
+                                              const std::vector<std::string>& kubelet_ids,
+                                              const std::string& resource) {
   const std::vector<std::string> wanted = Sorted(kubelet_ids);
   for (ContainerDevices& c : ContainersWithDevices(list, resources)) {
-    if (Sorted(c.efas) == wanted) return std::move(c);
+    if (c.efa_resource == resource && Sorted(c.efas) == wanted) return std::move(c);
   }
   return std::nullopt;
 }
@@ -248,13 +249,23 @@ LateBinder::Checkpointed LateBinder::ReadCheckpointed() const {
   for (ContainerDevices& c : CheckpointedContainers(*checkpoint, options_.resources)) {
     if (c.efas.empty()) continue;
     // A stale entry of a deleted pod never shares its IDs with a live one
-    // (the kubelet frees them first); a pod's containers may (devicesToReuse).
+    // of the same resource (the kubelet frees them first); a pod's
+    // containers may (devicesToReuse).
     auto [it, added] = out.claims.try_emplace(ClaimName(c.efas), c);
-    if (!added && it->second.pod_uid == c.pod_uid) {
+    if (added) continue;
+    if (it->second.efa_resource == c.efa_resource) {
+      if (it->second.pod_uid != c.pod_uid) continue;
       it->second.accelerators.insert(it->second.accelerators.end(), c.accelerators.begin(),
                                      c.accelerators.end());
       it->second.efas_by_id = it->second.efas_by_id || c.efas_by_id;
+      continue;
     }
+    // The same ID strings under the other EFA resource name (sharing's
+    // rename; the kubelet counts each name's IDs apart): another container.
+    // The claim is the served name's, the one PreStartContainer and
+    // BindUnstarted act on; the other container holds its EFAs all the same.
+    if (c.efa_resource == options_.resource_name) std::swap(it->second, c);
+    out.other_name.push_back(std::move(c));
   }
   return out;
 }
@@ -288,12 +299,18 @@ std::map<std::string, int> LateBinder::Taken(const Checkpointed& checkpointed,
     if (except.count(claim)) continue;
     for (const std::string& efa : binding.efas) taken[efa] += binding.exclusive ? replicas : 1;
   }
-  for (const auto& [claim, c] : checkpointed.claims) {
-    if (!c.efas_by_id || except.count(claim) || bindings_.count(claim)) continue;
+  auto held_by_id = [&](const ContainerDevices& c) {
     for (const std::string& id : c.efas) {
       const auto replica = topology::ParseReplicaId(id);
       taken[replica ? replica->ibdev : id] += replica ? 1 : replicas;
     }
+  };
+  for (const auto& [claim, c] : checkpointed.claims) {
+    if (!c.efas_by_id || except.count(claim) || bindings_.count(claim)) continue;
+    held_by_id(c);
+  }
+  for (const ContainerDevices& c : checkpointed.other_name) {
+    if (c.efas_by_id) held_by_id(c);
   }
   return taken;
 }
@@ -311,7 +328,13 @@ std::map<std::string, std::string> LateBinder::Reserved() {
     });
   };
   std::set<std::string> held_by_id;  // their claims
-  for (const auto& [claim, c] : checkpointed.claims) {
+  std::vector<std::pair<std::string, const ContainerDevices*>> holders;
+  for (const auto& [claim, c] : checkpointed.claims) holders.emplace_back(claim, &c);
+  for (const ContainerDevices& c : checkpointed.other_name) {
+    holders.emplace_back(ClaimName(c.efas), &c);
+  }
+  for (const auto& [claim, holder] : holders) {
+    const ContainerDevices& c = *holder;
     if (!c.efas_by_id || advertised(c)) continue;
     held_by_id.insert(claim);
     for (const std::string& id : c.efas) {
@@ -512,7 +535,10 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   // container: its accelerators are there, by pod UID and container name.
   const Checkpointed checkpointed = ReadCheckpointed();
   std::optional<ContainerDevices> container;
-  if (auto it = checkpointed.claims.find(claim.name); it != checkpointed.claims.end()) {
+  // PreStartContainer comes for the name served: a container holding the
+  // same IDs under the other name (Checkpointed::other_name) is not this one.
+  if (auto it = checkpointed.claims.find(claim.name);
+      it != checkpointed.claims.end() && it->second.efa_resource == options_.resource_name) {
     container = it->second;
     claim.owner = container->pod_uid;
     claim.resource = container->efa_resource;
@@ -540,7 +566,7 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   const auto list = pod_resources_.List(/*rate_limited=*/false);
   const std::optional<std::set<std::string>> live = LiveClaims(list, checkpointed);
   if (!container && list.ok()) {
-    container = FindByDevices(*list, options_.resources, kubelet_ids);
+    container = FindByDevices(*list, options_.resources, kubelet_ids, options_.resource_name);
     if (container) {
       claim.owner = "pod " + container->Name();
       claim.resource = container->efa_resource;

@@ -231,6 +231,10 @@ class LateBinder {
   // skipped); empty when they are not.
   struct Checkpointed {
     std::map<std::string, ContainerDevices> claims;
+    // Containers holding the same kubelet IDs as a claim above under the
+    // other EFA resource name (the claim is the served name's): their
+    // claim names collide, but they are other containers.
+    std::vector<ContainerDevices> other_name;
     std::string problem;
     std::set<std::string> ClaimNames() const;
   };

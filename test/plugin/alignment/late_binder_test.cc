@@ -637,6 +637,38 @@ TEST_CASE("A held-by-ID EFA of an exclusive allocation is never shared by late b
   CHECK(Disjoint(*binder.BoundEfas(tokens), node.Group(0)));
 }
 
+TEST_CASE("A claim is bound when a container holds the same IDs by ID under the other name",
+          "[late-binding][upgrade]") {
+  Node node(/*replicas=*/2);
+  // Admitted best effort with replicas 2 under the first name; then helm
+  // upgrade --set alignment.mode=late-binding,sharing.renameByDefault=true:
+  // the kubelet counts each name's IDs apart and gives the same strings to
+  // a new container under the new name. Same IDs, same claim name.
+  const std::vector<std::string> ids = {node.Group(0)[0] + "::0", node.Group(0)[1] + "::0"};
+  node.WriteCheckpoint({ByIdEntry("a-old", kEfa, ids), Entry("b-new", kSharedResourceName, ids)});
+  LateBinderOptions options = node.Options();
+  options.resource_name = kSharedResourceName;
+  LateBinder binder(options);
+  REQUIRE(binder.Recover().ok());
+  REQUIRE(binder.PreStart(node.table(), ids).ok());
+  // Bound, its spec written: not taken for the old container's by-ID hold.
+  CHECK(binder.counts().bound == 1);
+  CHECK(binder.counts().kept == 0);
+  REQUIRE(binder.BoundEfas(ids).has_value());
+  CHECK(fs::exists(binder.SpecPath(ClaimName(ids))));
+  // The old container still holds one replica of each of its EFAs: a claim
+  // wanting every replica of them cannot have them.
+  std::vector<std::string> all;
+  for (int g = 0; g < 8; ++g) {
+    for (const auto& efa : node.Group(g)) all.push_back(efa + "::1");
+  }
+  node.WriteCheckpoint({ByIdEntry("a-old", kEfa, ids), Entry("b-new", kSharedResourceName, ids),
+                        ByIdEntry("c-old", kEfa, all), Entry("d-new", kSharedResourceName, all)});
+  REQUIRE(binder.PreStart(node.table(), all).ok());
+  REQUIRE(binder.BoundEfas(all).has_value());
+  CHECK(Disjoint(*binder.BoundEfas(all), {node.Group(0)[0], node.Group(0)[1]}));
+}
+
 TEST_CASE("Without late binding, bindings of an earlier configuration are kept and reserved",
           "[late-binding][upgrade]") {
   Node node;
