@@ -121,7 +121,9 @@ bool FakeKubelet::CollectRemovedLocked() {
   // pods of a checkpoint a test wrote stay, as if the API server had them).
   if (!pods_synced_ || removed_.empty()) return false;
   const size_t before = entries_.size();
-  std::erase_if(entries_, [&](const DeviceEntry& e) { return removed_.count(e.pod_uid) != 0; });
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    it = removed_.count(it->pod_uid) != 0 ? entries_.erase(it) : std::next(it);
+  }
   return entries_.size() != before;
 }
 
