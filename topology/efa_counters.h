@@ -61,9 +61,9 @@ namespace efa::topology {
 
 // One counter the daemon reads.
 struct EfaCounter {
-  const char* name;  // the file name, as the driver names it
-  bool port;         // in ports/1/hw_counters (else hw_counters)
-  bool traffic;      // bytes moved: also shown per container
+  const char* name;    // the file name, as the driver names it
+  bool port;           // in ports/1/hw_counters (else hw_counters)
+  bool per_container;  // also shown per container holding the EFA
   const char* help;
 };
 
