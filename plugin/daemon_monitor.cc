@@ -183,8 +183,8 @@ void CollectGuards(const GuardStatus& g, std::vector<prometheus::MetricFamily>& 
             static_cast<double>(g.mofed_incomplete));
 }
 
-// Each counter of the efa driver per EFA, and the traffic counters per
-// container holding the EFA.
+// Each counter of the efa driver per EFA, and those shown per container
+// (EfaCounter::per_container) per container holding the EFA.
 void CollectCounterValues(const EfaCounterSnapshot& snapshot,
                           std::vector<prometheus::MetricFamily>& out) {
   using prometheus::MetricType;
@@ -201,7 +201,7 @@ void CollectCounterValues(const EfaCounterSnapshot& snapshot,
         AddSample(per_efa, static_cast<double>(*efa.counters.values[i]), EfaLabels(efa.device));
       }
     }
-    if (!c.traffic) continue;
+    if (!c.per_container) continue;
     auto& held = Family(
         out, absl::StrCat("container_efa_", c.name, "_total"),
         absl::StrCat("The efa driver's ", c.name,

@@ -17,8 +17,11 @@ constexpr size_t kMaxCounterBytes = 64;
 }  // namespace
 
 // Those an operator acts on, not every counter the driver has: each is a
-// series per EFA (19 x 32 on a p5.48xlarge), and packet counts, the
+// series per EFA (21 x 32 on a p5.48xlarge), and packet counts, the
 // responder's RDMA bytes and the other verbs errors add little to these.
+// Per container: the bytes it moves, and the network counters, which tell
+// which job's peers or paths to them fail (the driver counts per device,
+// and the container holds the device).
 const std::vector<EfaCounter>& EfaCounters() {
   static const auto* counters = new std::vector<EfaCounter>{
       // Port counters: what the EFA moved.
@@ -31,9 +34,13 @@ const std::vector<EfaCounter>& EfaCounters() {
       {"rdma_write_bytes", true, true, "Bytes this EFA wrote remotely (RDMA write requester)."},
       {"rdma_read_wr_err", true, false, "RDMA read work requests that failed."},
       {"rdma_write_wr_err", true, false, "RDMA write work requests that failed."},
-      {"retrans_timeout_events", true, false, "Retransmission timeouts."},
-      {"unresponsive_remote_events", true, false, "Remote peers that stopped responding."},
-      {"impaired_remote_conn_events", true, false, "Connections to remote peers found impaired."},
+      // Network counters (efa r2.17.0 and later): the SRD transport's view
+      // of the peers and the path to them.
+      {"retrans_bytes", true, true, "Bytes the EFA sent again (SRD retransmissions)."},
+      {"retrans_pkts", true, true, "Packets the EFA sent again (SRD retransmissions)."},
+      {"retrans_timeout_events", true, true, "Retransmission timeouts."},
+      {"unresponsive_remote_events", true, true, "Remote peers that stopped responding."},
+      {"impaired_remote_conn_events", true, true, "Connections to remote peers found impaired."},
       // Device counters: the driver's own.
       {"keep_alive_rcvd", false, false, "Keep-alive events the device sent to the driver."},
       {"submitted_cmds", false, false, "Admin commands submitted to the device."},

@@ -48,6 +48,25 @@
 // - create_qp_err and reg_mr_err count failed queue-pair creations and
 //   memory registrations (a process that cannot create either cannot use
 //   the EFA, and libfabric may fall back to another provider).
+// - The network counters, retrans_bytes, retrans_pkts,
+//   retrans_timeout_events, unresponsive_remote_events and
+//   impaired_remote_conn_events, are the device's network statistics
+//   (efa_admin_network_stats, one EFA_ADMIN_GET_STATS of type NETWORK, the
+//   last of efa_fill_port_stats), port counters like the traffic ones. They
+//   came with amzn-drivers commit 8ef8bcd "linux/efa: Add Network HW
+//   statistics counters", released in efa r2.17.0 (RELEASENOTES.md: "Add
+//   Network HW statistics counters"): a driver before it has no such
+//   files (checked in amzn-drivers only, not in upstream Linux). The driver
+//   passes the values through without a word; what they count is inferred
+//   from their names and the driver's SRD.txt and efa_io_defs.h: the SRD
+//   requester resends lost packets (retrans_bytes, retrans_pkts) and times
+//   out waiting for acknowledgements (retrans_timeout_events); SRD.txt's
+//   "Remote Unresponsive Event" is "the local transport timeout was
+//   exceeded while trying to send messages to a specific destination (AH)"
+//   (unresponsive_remote_events); impaired_remote_conn_events, from its
+//   name alone, counts connections to a peer the device found degraded.
+//   They count what this EFA saw of its peers and of the network path to
+//   them, not a fault of this device.
 #pragma once
 
 #include <cstdint>
@@ -61,9 +80,9 @@ namespace efa::topology {
 
 // One counter the daemon reads.
 struct EfaCounter {
-  const char* name;  // the file name, as the driver names it
-  bool port;         // in ports/1/hw_counters (else hw_counters)
-  bool traffic;      // bytes moved: also shown per container
+  const char* name;    // the file name, as the driver names it
+  bool port;           // in ports/1/hw_counters (else hw_counters)
+  bool per_container;  // also shown per container holding the EFA
   const char* help;
 };
 

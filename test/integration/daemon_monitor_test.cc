@@ -547,6 +547,9 @@ const std::string kExposition =
     "efa_device_plugin_checkpoint_entries_skipped gauge \"Entries of the kubelet checkpoint "
     "skipped at its latest read because they cannot be parsed (the others are still used).\"\n"
     "  efa_device_plugin_checkpoint_entries_skipped{}\n"
+    "efa_device_plugin_container_efa_impaired_remote_conn_events counter \"The efa driver's "
+    "impaired_remote_conn_events counter of each EFA a container holds now, labelled with the "
+    "container (with sharing, every sharer of an EFA shows the EFA's whole count).\"\n"
     "efa_device_plugin_container_efa_rdma_read_bytes counter \"The efa driver's "
     "rdma_read_bytes counter of each EFA a container holds now, labelled with the container "
     "(with sharing, every sharer of an EFA shows the EFA's whole count).\"\n"
@@ -556,6 +559,15 @@ const std::string kExposition =
     "efa_device_plugin_container_efa_recv_bytes counter \"The efa driver's recv_bytes counter "
     "of each EFA a container holds now, labelled with the container (with sharing, every "
     "sharer of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_efa_retrans_bytes counter \"The efa driver's "
+    "retrans_bytes counter of each EFA a container holds now, labelled with the container "
+    "(with sharing, every sharer of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_efa_retrans_pkts counter \"The efa driver's "
+    "retrans_pkts counter of each EFA a container holds now, labelled with the container "
+    "(with sharing, every sharer of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_efa_retrans_timeout_events counter \"The efa driver's "
+    "retrans_timeout_events counter of each EFA a container holds now, labelled with the "
+    "container (with sharing, every sharer of an EFA shows the EFA's whole count).\"\n"
     "efa_device_plugin_container_efa_rx_bytes counter \"The efa driver's rx_bytes counter of "
     "each EFA a container holds now, labelled with the container (with sharing, every sharer "
     "of an EFA shows the EFA's whole count).\"\n"
@@ -565,6 +577,9 @@ const std::string kExposition =
     "efa_device_plugin_container_efa_tx_bytes counter \"The efa driver's tx_bytes counter of "
     "each EFA a container holds now, labelled with the container (with sharing, every sharer "
     "of an EFA shows the EFA's whole count).\"\n"
+    "efa_device_plugin_container_efa_unresponsive_remote_events counter \"The efa driver's "
+    "unresponsive_remote_events counter of each EFA a container holds now, labelled with the "
+    "container (with sharing, every sharer of an EFA shows the EFA's whole count).\"\n"
     "efa_device_plugin_container_idle_efas gauge \"EFAs a running container holds that moved "
     "no bytes for the idle timeout (allocated but unused: NCCL or libfabric may have fallen "
     "back to TCP).\"\n"
@@ -650,6 +665,12 @@ const std::string kExposition =
     "earlier configuration (another alignment mode, resource name or replica count): "
     "advertised Unhealthy, so given to no new container, until that container ends; absent "
     "otherwise.\"\n"
+    "efa_device_plugin_efa_retrans_bytes counter \"Bytes the EFA sent again (SRD "
+    "retransmissions). The efa driver's retrans_bytes counter.\"\n" +
+    EfaSeries("retrans_bytes") +
+    "efa_device_plugin_efa_retrans_pkts counter \"Packets the EFA sent again (SRD "
+    "retransmissions). The efa driver's retrans_pkts counter.\"\n" +
+    EfaSeries("retrans_pkts") +
     "efa_device_plugin_efa_retrans_timeout_events counter \"Retransmission timeouts. The efa "
     "driver's retrans_timeout_events counter.\"\n" +
     EfaSeries("retrans_timeout_events") +

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -61,13 +62,15 @@ std::vector<std::string> PciOrder(std::vector<std::string> ids) {
   return ids;
 }
 
-// A simulated p4d, the fake kubelet and the daemon binary with `flags`,
-// logging at info, serving /metrics on a free loopback port; registered.
+// A simulated p4d (or `machine`), the fake kubelet and the daemon binary
+// with `flags`, logging at info, serving /metrics on a free loopback port;
+// registered.
 class CounterNode : public TestNode {
  public:
   explicit CounterNode(const std::vector<std::string>& flags,
-                       const std::function<void(SimRoot&)>& prepare = nullptr)
-      : TestNode({.machine = "p4d.24xlarge", .prepare = prepare, .run = DaemonRun::kLater}) {
+                       const std::function<void(SimRoot&)>& prepare = nullptr,
+                       const std::string& machine = "p4d.24xlarge")
+      : TestNode({.machine = machine, .prepare = prepare, .run = DaemonRun::kLater}) {
     std::vector<std::string> args{"--metrics-address", "127.0.0.1:0", "--probe-address", ""};
     args.insert(args.end(), flags.begin(), flags.end());
     StartBinary(args);
@@ -170,7 +173,7 @@ TEST_CASE(
   CHECK(m.at(Series("container_idle_efas",
                     "namespace=\"default\",pod=\"train-0\",container=\"main\"")) == 0);
   // The missing port counters: counted, absent, nothing else affected.
-  CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap160s27\",reason=\"missing\"")) == 12);
+  CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap160s27\",reason=\"missing\"")) == 14);
   CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap160s27\",reason=\"error\"")) == 0);
   CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap16s27\",reason=\"missing\"")) == 0);
   CHECK(m.count(Series("efa_tx_bytes_total", kEfaLabels.at("rdmap160s27"))) == 0);
@@ -182,6 +185,97 @@ TEST_CASE(
   const Metrics again = node.Scrape();
   CHECK(again.at("efa_device_plugin_efa_counters_reads_total") == 1);
   CHECK(again.at(Series("efa_tx_bytes_total", kEfaLabels.at("rdmap16s27"))) == 4096);
+}
+
+// The efa driver's network counters (r2.17.0 and later).
+const std::vector<std::string> kNetworkCounters = {
+    "retrans_bytes", "retrans_pkts", "retrans_timeout_events", "unresponsive_remote_events",
+    "impaired_remote_conn_events"};
+
+// The series of `m` whose name is `name` (any labels).
+int SeriesOf(const Metrics& m, const std::string& name) {
+  const std::string prefix = absl::StrCat("efa_device_plugin_", name, "{");
+  int n = 0;
+  for (const auto& [series, value] : m) n += series.rfind(prefix, 0) == 0 ? 1 : 0;
+  return n;
+}
+
+TEST_CASE(
+    "The daemon binary serves the efa driver's network counters per EFA and per container that "
+    "holds the EFA",
+    "[counters][daemon][process]") {
+  CounterNode node({"--counter-interval", "1h"});
+  const std::vector<std::string> held = node.Admit("train-0", 2);
+  REQUIRE(held.size() == 2);
+  // A value of its own for each counter of each EFA: a series of one EFA
+  // (or one counter) shown as another's would differ.
+  std::map<std::pair<std::string, std::string>, uint64_t> set;
+  uint64_t value = 100;
+  for (const std::string& efa : kEfas) {
+    for (const std::string& name : kNetworkCounters) {
+      node.sim().SetCounter(efa, name, value);
+      set[{efa, name}] = value++;
+    }
+  }
+
+  const Metrics m = node.Scrape();
+  for (const std::string& name : kNetworkCounters) {
+    CAPTURE(name);
+    const std::string per_efa = absl::StrCat("efa_", name, "_total");
+    const std::string per_container = absl::StrCat("container_efa_", name, "_total");
+    CHECK(SeriesOf(m, per_efa) == 4);
+    for (const std::string& efa : kEfas) {
+      CAPTURE(efa);
+      const std::string series = Series(per_efa, kEfaLabels.at(efa));
+      REQUIRE(m.count(series) == 1);
+      CHECK(m.at(series) == static_cast<double>(set.at({efa, name})));
+    }
+    // Only the container's two EFAs, under its labels.
+    CHECK(SeriesOf(m, per_container) == 2);
+    for (const std::string& efa : held) {
+      CAPTURE(efa);
+      const std::string series = Series(per_container, ContainerLabels("train-0", efa));
+      REQUIRE(m.count(series) == 1);
+      CHECK(m.at(series) == static_cast<double>(set.at({efa, name})));
+    }
+  }
+  for (const std::string& efa : kEfas) {
+    CHECK(m.at(Series("efa_counters_unavailable",
+                      absl::StrCat("efa=\"", efa, "\",reason=\"missing\""))) == 0);
+  }
+}
+
+TEST_CASE(
+    "On an efa driver without the network counters the daemon binary serves none of them, per "
+    "EFA or per container, and reports no error",
+    "[counters][daemon][process]") {
+  // The built-in g5.48xlarge runs a driver before r2.17.0.
+  CounterNode node({"--counter-interval", "1h"}, nullptr, "g5.48xlarge");
+  const std::string efa = "rdmap0s21";
+  const std::string efa_labels = "efa=\"rdmap0s21\",pci_address=\"0000:00:15.0\",numa_node=\"-1\"";
+  REQUIRE_THROWS(node.sim().SetCounter(efa, "unresponsive_remote_events", 1));
+  node.sim().SetCounter(efa, "tx_bytes", 4096);
+  REQUIRE(node.Admit("train-0", 1) == std::vector<std::string>{efa});
+
+  const Metrics m = node.Scrape();
+  for (const std::string& name : kNetworkCounters) {
+    CAPTURE(name);
+    CHECK(SeriesOf(m, absl::StrCat("efa_", name, "_total")) == 0);
+    CHECK(SeriesOf(m, absl::StrCat("container_efa_", name, "_total")) == 0);
+  }
+  // The rest as on any node: the EFA's and the container's traffic.
+  CHECK(m.at(Series("efa_tx_bytes_total", efa_labels)) == 4096);
+  CHECK(m.at(Series("container_efa_tx_bytes_total",
+                    absl::StrCat("namespace=\"default\",pod=\"train-0\",container=\"main\",",
+                                 efa_labels))) == 4096);
+  // Counted as missing files, never as the device's errors.
+  CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap0s21\",reason=\"missing\"")) == 5);
+  CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap0s21\",reason=\"error\"")) == 0);
+  CHECK(m.at(Series("efa_counters_unavailable", "efa=\"rdmap0s21\",reason=\"unreadable\"")) == 0);
+  CHECK(m.at("efa_device_plugin_devices{health=\"healthy\"}") == 1);
+  // Nothing logged of them: no counter file named, no read problem.
+  CHECK(node.LogLines("hw_counters") == 0);
+  CHECK(node.LogLines("EFA counters") == 0);
 }
 
 TEST_CASE("A running pod's EFAs that move no bytes are reported idle once, until bytes move",

@@ -9,7 +9,12 @@ any event (no kubelet, so no Allocate, no PreStartContainer): every counter
 an alert reads with increase() or rate() must already have a series for
 each selector of the rules, or Prometheus misses the first burst after
 each start (a series born at its first event with that event's count is no
-increase). The selectors are read from the rules file itself.
+increase). The selectors are read from the rules file itself. The efa
+driver's own counters (HELP "... The efa driver's <name> counter...") are
+the device's, not the process's: their series start at the device's count
+at the daemon's first read of them (a scrape before the first scan reads no
+EFA), and only where the driver has them; they are checked in the scrape of
+the p5 (efa driver 3.1.0) once its counters were read.
 
     check_metrics_test.py DAEMON EFA_SIMNODE FAKE_KUBELET
 
@@ -38,6 +43,12 @@ def counter_selectors(rules_text):
     return out
 
 
+def driver_counters(text):
+    """The families of `text` that are the efa driver's counters, by their
+    HELP text."""
+    return set(re.findall(r"^# HELP (\w+) .*The efa driver's \w+ counter", text, re.M))
+
+
 def parse_series(text):
     """{(name, frozenset(labels.items())): value} of an exposition."""
     series = {}
@@ -56,7 +67,7 @@ def matches(labels, matchers):
     return all(ops[op](labels.get(label, ""), value) for label, op, value in matchers)
 
 
-def check_counters_before_events(name, text, selectors):
+def check_counters_before_events(name, text, selectors, when="before any event"):
     """Each selector matches a series of `text` (a scrape before any event)."""
     series = parse_series(text)
     for metric, matchers in selectors:
@@ -64,10 +75,10 @@ def check_counters_before_events(name, text, selectors):
                  for (n, labels), value in series.items()
                  if n == metric and matches(dict(labels), matchers)}
         if not found:
-            raise AssertionError(f"{name}: no series of {metric}{matchers} before any event "
+            raise AssertionError(f"{name}: no series of {metric}{matchers} {when} "
                                  f"(increase() would miss the first one):\n{text}")
         print(f"ok   - {name}: {metric}{{{','.join(l + o + repr(v) for l, o, v in matchers)}}} "
-              f"exported before any event: {found}")
+              f"exported {when}: {found}")
     return series
 
 
@@ -103,8 +114,17 @@ def main():
                    "efa_device_plugin_container_efa_tx_bytes_total{",
                    "efa_device_plugin_rpc_duration_seconds_bucket{"])
         # The counters of the alerts, at a start: (alignment mode, what must
-        # be 0 then besides being present).
+        # be 0 then besides being present). The efa driver's: on the p5,
+        # read.
         selectors = counter_selectors(read(RULES))
+        driver = driver_counters(text)
+        assert "efa_device_plugin_efa_unresponsive_remote_events_total" in driver, driver
+        assert "efa_device_plugin_efa_allocations_total" not in driver, driver
+        of_driver = [(m, sel) for m, sel in selectors if m in driver]
+        assert of_driver, selectors
+        check_counters_before_events("serving p5.48xlarge (efa driver 3.1.0)", text, of_driver,
+                                     when="once its counters were read")
+        selectors = [(m, sel) for m, sel in selectors if m not in driver]
         assert any(m == "efa_device_plugin_allocations_total" for m, _ in selectors), selectors
         assert any(m == "efa_device_plugin_late_binding_total" for m, _ in selectors), selectors
         for mode in ("best-effort", "late-binding"):

@@ -1,8 +1,15 @@
 #!/usr/bin/env python3
 """A real Prometheus server (Debian's prometheus) scrapes the real daemon on
 a simulated p5.48xlarge (with the fake kubelet, one container holding 4
-EFAs) and the idle process on a simulated node without EFA, every second,
-with the shipped alert rules loaded:
+EFAs), the daemon on a simulated g5.48xlarge (an efa driver older than
+r2.17.0, one container holding its EFA) and the idle process on a simulated
+node without EFA, every second, with the shipped alert rules loaded:
+
+- the efa driver's network counters are scraped per EFA and per container
+  from the p5, and none of them from the g5, whose other counters are;
+- a peer of one of the p5 container's EFAs stops responding
+  (unresponsive_remote_events rises): EfaRemotePeersImpaired fires for the
+  p5; nothing is ever pending or firing for the g5;
 
 - an EFA removed from the p5 makes EfaDevicesUnhealthy fire on
   /api/v1/alerts, naming it, and it resolves when the EFA returns;
@@ -39,6 +46,9 @@ FILES = os.path.join(HERE, "../../helm/aws-efa-k8s-device-plugin/files")
 RULES = os.path.join(FILES, "efa-device-plugin.rules.yaml")
 DASHBOARD = os.path.join(FILES, "efa-device-plugin.dashboard.json")
 FOR = "3s"
+# The efa driver's network counters (r2.17.0 and later).
+NETWORK_COUNTERS = ("retrans_bytes", "retrans_pkts", "retrans_timeout_events",
+                    "unresponsive_remote_events", "impaired_remote_conn_events")
 
 
 def free_port():
@@ -154,23 +164,28 @@ def main():
     with tempfile.TemporaryDirectory() as work, \
             SimNode(bins, "p5.48xlarge", work, admit=4,
                     daemon_flags=["--counter-interval", "1s"]) as p5, \
+            SimNode(bins, "g5.48xlarge", work, admit=1,
+                    daemon_flags=["--counter-interval", "1s"]) as g5, \
             SimNode(bins, "m5.8xlarge", work,
                     daemon_flags=["--instance-type", "g5.48xlarge"]) as idle:
         p5.wait_admitted()
+        g5.wait_admitted()
         idle.wait_log("no EFA on this node; idle until one appears")
         targets = {"p5": wait_for("the daemon's port", p5.metrics_port),
+                   "g5": wait_for("the g5 daemon's port", g5.metrics_port),
                    "idle": wait_for("the idle process's port", idle.metrics_port)}
         with Prometheus(work, targets) as prom:
-            wait_for("both targets up", lambda: sorted(
+            wait_for("every target up", lambda: sorted(
                 t["labels"]["node"] for t in prom.api("targets")["activeTargets"]
-                if t["health"] == "up") == ["idle", "p5"])
-            print(f"ok   - prometheus {prom.port} scrapes the daemon {targets['p5']} "
-                  f"and the idle process {targets['idle']}")
-            # Both nodes as the alerts read them, then a whole `for:` of
+                if t["health"] == "up") == ["g5", "idle", "p5"])
+            print(f"ok   - prometheus {prom.port} scrapes the daemons {targets['p5']} (p5) "
+                  f"and {targets['g5']} (g5) and the idle process {targets['idle']}")
+            # Every node as the alerts read them, then a whole `for:` of
             # evaluations over them.
             wait_for("info of both modes", lambda: sorted(
                 (s["metric"]["node"], s["metric"]["mode"])
-                for s in prom.query("efa_device_plugin_info")) == [("idle", "idle"),
+                for s in prom.query("efa_device_plugin_info")) == [("g5", "serving"),
+                                                                   ("idle", "idle"),
                                                                    ("p5", "serving")])
             since = time.time() + int(FOR[:-1]) + 1
             wait_for("the rules evaluated past a `for:`", lambda: prom.evaluated_since(since))
@@ -182,6 +197,40 @@ def main():
             for title, expr in dashboard_queries():
                 wait_for(f"data for {title!r}: {expr}", lambda e=expr: prom.query(e))
                 print(f"ok   - dashboard: {title}: data")
+
+            # The efa driver's network counters: per EFA and per container
+            # where the driver has them (the p5's), none where it has not
+            # (the g5's), whose traffic counters are there all the same.
+            for name in NETWORK_COUNTERS:
+                wait_for(f"{name} of the p5's {len(p5.efas())} EFAs", lambda n=name: len(
+                    prom.query(f'efa_device_plugin_efa_{n}_total{{node="p5"}}')) == len(p5.efas()))
+                wait_for(f"{name} of the p5 container's 4 EFAs", lambda n=name: len(prom.query(
+                    f'efa_device_plugin_container_efa_{n}_total{{node="p5"}}')) == 4)
+            wait_for("the g5 container's traffic", lambda: prom.query(
+                'efa_device_plugin_container_efa_tx_bytes_total{node="g5"}'))
+            for name in NETWORK_COUNTERS:
+                for family in ("efa", "container_efa"):
+                    found = prom.query(f'efa_device_plugin_{family}_{name}_total{{node="g5"}}')
+                    assert not found, found
+            missing = prom.query('efa_device_plugin_efa_counters_unavailable{node="g5"} > 0')
+            assert [(s["metric"]["reason"], s["value"][1]) for s in missing] == [("missing", "5")], \
+                missing
+            print(f"ok   - network counters: per EFA and per container on p5, none on g5 "
+                  f"(an older driver: 5 counter files missing, no error)")
+
+            # A peer of one of the container's EFAs stops responding.
+            held = prom.query('efa_device_plugin_container_efa_unresponsive_remote_events_total'
+                              '{node="p5"}')[0]["metric"]["efa"]
+            p5.set_port_counter(held, "unresponsive_remote_events", 2)
+            wait_for(f"the container's series of {held} at 2", lambda: prom.query(
+                'efa_device_plugin_container_efa_unresponsive_remote_events_total'
+                f'{{node="p5",efa="{held}"}} == 2'))
+            fired = wait_for("EfaRemotePeersImpaired firing for p5",
+                             lambda: prom.alerts("EfaRemotePeersImpaired", "p5", "firing"))
+            assert "node p5 " in fired[0]["annotations"]["description"], fired
+            assert not prom.alerts("EfaDevicesUnhealthy"), prom.alerts("EfaDevicesUnhealthy")
+            print(f"ok   - a peer of {held} stopped responding: EfaRemotePeersImpaired fires: "
+                  f"{fired[0]['annotations']['description']}")
 
             # An EFA goes: Unhealthy after the daemon's rescan, firing after FOR.
             gone = p5.efas()[-1]
@@ -202,6 +251,9 @@ def main():
             assert prom.query('efa_device_plugin_efas_found{node="idle"} == 0 and on (node) '
                               'efa_device_plugin_efas_expected{node="idle"} == 1')
             print("ok   - node without EFA: no alert pending or firing at any evaluation")
+            assert not prom.query('count_over_time(ALERTS{node="g5"}[1h])'), \
+                prom.query('ALERTS{node="g5"}')
+            print("ok   - g5 (older driver): no alert pending or firing at any evaluation")
 
             # The p5's daemon stops (its target stays, as a crash-looping
             # pod's does): its scrapes fail and EfaDevicePluginScrapeFailing

@@ -142,6 +142,16 @@ class SimNode:
     def efas(self):
         return sorted(os.listdir(os.path.join(self.root, "sys/class/infiniband")))
 
+    # An efa port counter set as the driver shows it: the whole value at
+    # once (written aside, then renamed), as sim::SetEfaCounter does.
+    def set_port_counter(self, ibdev, name, value):
+        path = os.path.join(self.root, "sys/class/infiniband", ibdev, "ports/1/hw_counters", name)
+        if not os.path.exists(path):
+            raise AssertionError(f"{path}: the simulated driver has no such counter")
+        with open(path + ".new", "w") as f:
+            f.write(f"{value}\n")
+        os.replace(path + ".new", path)
+
     def _uverbs_of(self, ibdev):
         verbs = os.path.join(self.root, "sys/class/infiniband_verbs")
         for name in os.listdir(verbs):

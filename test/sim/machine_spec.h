@@ -47,12 +47,18 @@ struct MachineSpec {
   // The PCIe root ports' vendor and device (in front of each switch).
   uint16_t root_port_vendor = 0x1022;  // AMD EPYC root port
   uint16_t root_port_device = 0x14ab;
+  // The efa driver's network counters (retrans_bytes, retrans_pkts,
+  // retrans_timeout_events, unresponsive_remote_events,
+  // impaired_remote_conn_events), which came with AWS's efa driver r2.17.0.
+  // False: an older driver, whose port counters lack them (no files).
+  bool efa_network_counters = true;
 };
 
 // The built-in machines: p4d.24xlarge, p5.48xlarge, p5en.48xlarge,
 // p6-b200.48xlarge, p6-b300.48xlarge, trn1.32xlarge, trn1n.32xlarge,
-// trn2.48xlarge, g5.48xlarge, the arm64 p6e-gb200.36xlarge, hpc7g.16xlarge
-// and c8gn.48xlarge, and no-efa (an m5.8xlarge with ENA only).
+// trn2.48xlarge, g5.48xlarge (with an efa driver older than r2.17.0: no
+// network counters), the arm64 p6e-gb200.36xlarge, hpc7g.16xlarge and
+// c8gn.48xlarge, and no-efa (an m5.8xlarge with ENA only).
 const std::vector<MachineSpec>& BuiltinMachines();
 // Looks a machine up by name; the error lists the known names.
 absl::StatusOr<MachineSpec> FindMachine(const std::string& name);

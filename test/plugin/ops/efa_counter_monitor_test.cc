@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -145,6 +146,57 @@ TEST_CASE(
   CHECK_FALSE(efa2.counters.Get("cmds_err").has_value());
   CHECK(efa2.counters.Get("tx_bytes") == 0u);
   CHECK(s->unreadable_total == 2);
+}
+
+TEST_CASE(
+    "The network counters are read where the driver has them; an older driver's lack of them is "
+    "missing, not an error",
+    "[counters]") {
+  const std::vector<std::string> network = {"retrans_bytes", "retrans_pkts",
+                                            "retrans_timeout_events", "unresponsive_remote_events",
+                                            "impaired_remote_conn_events"};
+  for (const std::string& name : network) {
+    CAPTURE(name);
+    const int i = efa::topology::EfaCounterIndex(name);
+    REQUIRE(i >= 0);
+    const auto& counter = efa::topology::EfaCounters()[static_cast<size_t>(i)];
+    CHECK(counter.port);
+    CHECK(counter.per_container);
+  }
+  for (const bool has_network : {true, false}) {
+    CAPTURE(has_network);
+    auto spec = efa::sim::FindMachine("p4d.24xlarge");
+    REQUIRE(spec.ok());
+    spec->efa_network_counters = has_network;
+    SimRoot sim(*spec);
+    if (has_network) {
+      uint64_t value = 11;
+      for (const std::string& name : network) sim.SetCounter(kEfa0, name, value++);
+    } else {
+      CHECK_THROWS(sim.SetCounter(kEfa0, "unresponsive_remote_events", 1));
+    }
+    EfaCounterMonitorOptions options;
+    options.sysfs_root = sim.sys();
+    EfaCounterMonitor monitor(std::move(options));
+    monitor.SetDevices(efa::topology::DiscoverEfaDevices(sim.roots()).devices);
+    auto snapshot = monitor.Sample();
+    REQUIRE(snapshot->efas.size() == 4);
+    for (const auto& efa : snapshot->efas) {
+      CAPTURE(efa.device.ibdev);
+      CHECK(efa.counters.missing == (has_network ? 0 : 5));
+      CHECK(efa.counters.errors.empty());
+      CHECK(efa.counters.unreadable.empty());
+      CHECK(efa.counters.Get("tx_bytes") == 0u);
+      uint64_t value = 11;
+      for (const std::string& name : network) {
+        CAPTURE(name);
+        const std::optional<uint64_t> want =
+            !has_network ? std::nullopt
+                         : std::optional<uint64_t>(efa.device.ibdev == kEfa0 ? value++ : 0);
+        CHECK(efa.counters.Get(name) == want);
+      }
+    }
+  }
 }
 
 TEST_CASE("A container's EFAs that move no bytes for the idle timeout are idle, until they do",
