@@ -616,6 +616,11 @@ class Node {
   std::string LastRestart() const;
   // The running containers that hold EFAs.
   std::vector<std::pair<const Pod*, const Container*>> Running() const;
+  // Whether a deleted pod's container may still hold its EFAs (unless taken
+  // over): (late-bound) its spec still on disk, within kReleaseWindow of
+  // its deletion or of the latest event that starts the daemon's
+  // confirmation over (gone_clock_).
+  bool Held(const Gone& g) const;
 
   const Config config_;
   std::string binary_;
@@ -627,6 +632,10 @@ class Node {
   // checked (and dropped) at the next Check.
   std::optional<std::map<std::string, Resolved>> snapshot_;
   std::vector<Gone> gone_;
+  // The latest event after which the daemon confirms anew that a deleted
+  // pod's containers are gone (Held): its own start, a kubelet restart, the
+  // restarted kubelet's pods synced.
+  Clock::time_point gone_clock_ = Clock::now();
   SimRoot sim_;
   FakeKubelet kubelet_;
   FakeAcceleratorPlugin gpus_;
@@ -640,6 +649,9 @@ class Node {
   int next_pod_ = 0;
   bool synced_ = true;
   bool read_only_ = false;
+  // Since when the CDI dir is writable (BindUnstarted's spec writes fail
+  // while it is not; the daemon tries again at its next pass).
+  Clock::time_point cdi_writable_since_ = Clock::now();
   std::string action_;
 };
 
@@ -706,6 +718,7 @@ std::optional<Violation> Node::StartDaemon() {
                      ")")};
   }
   probes_.Expect(true);
+  gone_clock_ = Clock::now();
   return std::nullopt;
 }
 
@@ -835,7 +848,7 @@ std::optional<Violation> Node::Apply(const Step& step, size_t number) {
                              holds, c.held.empty() ? c.alloc_replicas : c.held_replicas,
                              Clock::now(), "", c.claim, c.bound_by_base});
       }
-      std::erase_if(gone_, [](const Gone& g) { return Clock::now() - g.when > kReleaseWindow; });
+      std::erase_if(gone_, [&](const Gone& g) { return !Held(g); });
       pods_.erase(pods_.begin() + static_cast<std::ptrdiff_t>(*chosen));
       if (absl::Status s = kubelet_.RemovePod(uid, FakeKubelet::CheckpointWrite::kAsKubelet);
           !s.ok()) {
@@ -849,6 +862,7 @@ std::optional<Violation> Node::Apply(const Step& step, size_t number) {
       if (synced_) return skip("pods synced");
       kubelet_.SyncPods();
       synced_ = true;
+      gone_clock_ = Clock::now();
       return std::nullopt;
     case Event::kRestartDaemon:
     case Event::kKillDaemon:
@@ -917,11 +931,17 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
   // Pods ask for the name the daemon serves now (after a rename, new pods
   // are written for it); the running ones keep theirs.
   const std::string efa = daemon_config_.resource();
+  // The init container starts only once every container of the pod is
+  // admitted: the kubelet's admission allocates the devices of all of them
+  // (init ones first; topologymanager scope.go, allocateAlignedResources
+  // over append(pod.Spec.InitContainers, pod.Spec.Containers...)) before the
+  // pod worker starts any, so a pod refused because its app container does
+  // not fit never started its init container (nor had it bound).
   if (with_init) {
     wanted.emplace_back(
         "init",
         std::vector<std::pair<std::string, int>>{{efa, static_cast<int>(1 + step.pick % 4)}},
-        FakeKubelet::ContainerOptions{.init = true, .start = true});
+        FakeKubelet::ContainerOptions{.init = true, .start = false});
   }
   std::vector<std::pair<std::string, int>> requests = {{kGpu, shape.gpus}, {efa, shape.efas}};
   if (!gpu_first) std::swap(requests[0], requests[1]);
@@ -999,6 +1019,8 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
     }
   }
   pods_.push_back(std::move(pod));
+  Pod& admitted = pods_.back();
+  if (with_init) return Start(admitted, admitted.containers.front());
   return std::nullopt;
 }
 
@@ -1023,6 +1045,24 @@ std::optional<Violation> Node::Start(Pod& pod, Container& c) {
   ++counts["starts failed"];
   action_ += absl::StrCat(" (", pod.uid, "/", c.name, " not started: ", status.message(), ")");
   return CheckRefusal(pod, c, status);
+}
+
+bool Node::Held(const Gone& g) const {
+  // Released: the daemon deletes the spec with the binding.
+  std::error_code ec;
+  if (g.bound && !fs::exists(cdi_dir_ / efa::plugin::CdiSpecFileName(g.claim), ec)) return false;
+  // The daemon releases a deleted pod's binding once the kubelet's records
+  // (its checkpoint and pod-resources List) have lacked its container on two
+  // looks release_after apart within one run of the daemon
+  // (LateBinder::ReleaseGone): a restarted daemon cannot know how long the
+  // container has been gone and confirms it anew, so daemon restarts closer
+  // together than release_after keep the binding (safe: only what it saw
+  // itself proves a container gone). A restarted kubelet reads a deleted
+  // pod's checkpoint entries back and keeps them until its pods are synced
+  // (SyncPods drops them), and the daemon counts them live meanwhile. A
+  // by-ID holder's entries stay until the kubelet writes the file again,
+  // which the daemon asks for anew after each of these.
+  return Clock::now() - std::max(g.when, gone_clock_) <= kReleaseWindow;
 }
 
 std::string Node::Now() const {
@@ -1079,6 +1119,30 @@ std::vector<std::string> Node::Holds(const Container& c) const {
 std::optional<Violation> Node::Started(const Pod& pod, Container& c) {
   c.state = Container::State::kRunning;
   const Resolved now = Resolve(c);
+  if (!now.problem.empty() && c.held.empty() &&
+      (!daemon_config_.late() || c.resource != daemon_config_.resource())) {
+    // Admitted under late binding, never started, and now no
+    // PreStartContainer comes for it (the daemon no longer late-binds, or
+    // serves the other name): the daemon binds it beforehand
+    // (LateBinder::BindUnstarted, on its own passes), and cannot when every
+    // EFA is held. The runtime then refuses to create it ("unresolvable CDI
+    // devices"), the kubelet counts a failed start (CreateContainerError)
+    // and retries it with back-off: a refusal, judged as PreStartContainer's
+    // are (free EFAs and none bound is a violation).
+    c.state = Container::State::kStartFailed;
+    ++counts["starts failed"];
+    action_ += absl::StrCat(" (", pod.uid, "/", c.name, " not created: ", now.problem, ")");
+    // A spec the daemon could not write (a read-only CDI dir) is no
+    // refusal for want of EFAs; it writes it at its next pass (ReleaseGone,
+    // every recheck_every while bindings exist, or the next checkpoint
+    // change), as the kubelet's back-off retries the start.
+    if (read_only_ || Clock::now() - cdi_writable_since_ <= kReleaseWindow) return std::nullopt;
+    return CheckRefusal(
+        pod, c,
+        absl::FailedPreconditionError(absl::StrCat(
+            "the daemon did not bind it before its start (cannot bind, as its log says): ",
+            now.problem)));
+  }
   if (!now.problem.empty()) {
     // The runtime cannot create it ("unresolvable CDI devices").
     return Violation{
@@ -1088,8 +1152,13 @@ std::optional<Violation> Node::Started(const Pod& pod, Container& c) {
   }
   // A deleted pod's kubelet ID given to this container: its start let the
   // daemon release what it had bound for that pod (LateBinder::
-  // ReleaseTakenOver; a start that failed may have changed nothing).
+  // ReleaseTakenOver; a start that failed may have changed nothing). Only
+  // when the daemon bound this one (late-bound: PreStartContainer, or
+  // BindUnstarted before its start): a container given device nodes by ID
+  // (best effort, alignment off) is bound by nothing, and the deleted pod's
+  // binding stays until the daemon confirms it gone (ReleaseGone).
   for (Gone& g : gone_) {
+    if (c.claim.empty()) break;
     if (g.by_base && !g.recorded && !on_base()) continue;  // its IDs unknown (Gone::by_base)
     for (const std::string& id : c.ids) {
       if (g.taken_over.empty() && g.resource == c.resource &&
@@ -1136,7 +1205,7 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
           absl::StrCat(g.who, "'s ", Nodes(g.nodes), " free (its ID ", g.taken_over, ")"));
       continue;
     }
-    if (Clock::now() - g.when > kReleaseWindow) continue;
+    if (!Held(g)) continue;
     deleted.push_back(absl::StrCat(
         g.who, "'s ", Nodes(g.nodes), " held (deleted ",
         std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - g.when).count(), " s ago",
@@ -1195,6 +1264,7 @@ std::optional<Violation> Node::RestartKubelet() {
   if (absl::Status s = kubelet_.Restart(); !s.ok())
     return Violation{"harness", std::string(s.message())};
   synced_ = false;
+  gone_clock_ = Clock::now();
   const int calls = kubelet_.pod_resources_calls();
   if (absl::Status s = gpus_.Start(); !s.ok())
     return Violation{"harness", std::string(s.message())};
@@ -1313,6 +1383,7 @@ void Node::SetCdiReadOnly(bool read_only) {
                                               fs::perms::others_exec);
   }
   read_only_ = read_only;
+  if (!read_only) cdi_writable_since_ = Clock::now();
 }
 
 std::optional<Violation> Node::Check() {
@@ -1399,7 +1470,24 @@ std::optional<Violation> Node::CheckAdvertised() {
     }
   }
   for (const Gone& g : gone_) {
-    if (Clock::now() - g.when <= kReleaseWindow) held.insert(g.nodes.begin(), g.nodes.end());
+    if (Held(g)) held.insert(g.nodes.begin(), g.nodes.end());
+  }
+  // A spec on disk that no live container's claim names (one a read-only
+  // CDI dir kept after its release): the daemon recovers it at its start
+  // and keeps it until it confirms the container gone (Held).
+  if (Clock::now() - gone_clock_ <= kReleaseWindow) {
+    std::set<std::string> live_claims;
+    for (const Pod& pod : pods_) {
+      for (const Container& c : pod.containers) live_claims.insert(c.claim);
+    }
+    std::error_code ec;
+    for (fs::directory_iterator it(cdi_dir_, ec), end; !ec && it != end; it.increment(ec)) {
+      Container orphan;
+      orphan.claim = efa::plugin::ClaimOfSpecFile(it->path().filename().string());
+      if (orphan.claim.empty() || live_claims.count(orphan.claim)) continue;
+      const std::vector<std::string> nodes = Resolve(orphan).nodes;
+      held.insert(nodes.begin(), nodes.end());
+    }
   }
   const int replicas = daemon_config_.replicas;
   const std::string resource = daemon_config_.resource();
