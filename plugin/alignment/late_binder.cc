@@ -585,8 +585,11 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
 
 void LateBinder::BindUnstarted(const topology::DeviceTable& table) {
   if (!recovered()) return;
+  // A checkpoint not read whole may hide a holder of the EFAs it would
+  // choose: nothing is bound until one is (the next pass tries again).
   const Checkpointed checkpointed = ReadCheckpointed();
-  if (checkpointed.problem.empty()) {
+  if (!checkpointed.problem.empty()) return;
+  {
     // What it remembers of claims the kubelet no longer has goes: bounded by
     // the checkpoint.
     absl::MutexLock lock(&mu_);

@@ -163,7 +163,9 @@ class LateBinder {
   // so their device resolves when they start. A claim gets the EFAs its
   // kubelet IDs name when those are free (the kubelet counts them held),
   // else the free EFAs nearest its accelerators; a claim released as gone
-  // is not bound again. Does nothing before recovered(). A claim that cannot
+  // is not bound again. Does nothing before recovered(), nor while the
+  // checkpoint cannot be read whole (a skipped entry may hide a holder of
+  // the EFAs it would choose). A claim that cannot
   // be bound is logged and counted (`failed`) once per cause, and tried
   // again at the next call. Thread-safe.
   void BindUnstarted(const topology::DeviceTable& table);

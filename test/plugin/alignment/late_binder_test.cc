@@ -826,6 +826,22 @@ TEST_CASE("Without late binding, a container admitted under it that never starte
   binder.BindUnstarted(node.table());  // not before recovery
   CHECK(binder.Bindings().empty());
   REQUIRE(binder.Recover().ok());
+  {
+    // Nor while an EFA entry of the checkpoint is skipped: it may hold the
+    // EFAs a binding would take.
+    std::string json = efa::testing::FakeCheckpointJson({Entry("uid-0", kEfa, node.Group(1))});
+    const std::string entries = "\"PodDeviceEntries\":[";
+    const size_t at = json.find(entries);
+    REQUIRE(at != std::string::npos);
+    json.insert(at + entries.size(),
+                absl::StrCat("{\"PodUID\":\"x\",\"ContainerName\":\"c\",\"ResourceName\":\"", kEfa,
+                             "\",\"DeviceIDs\":{\"0\":[\"a\"]},\"AllocResp\":\"%%\"},"));
+    std::ofstream(node.kubelet_dir() / "device-plugins/kubelet_internal_checkpoint") << json;
+    binder.BindUnstarted(node.table());
+    CHECK(binder.Bindings().empty());
+  }
+  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(1)), ByIdEntry("uid-1", kEfa, held_by_id),
+                        Entry("uid-2", kGpu, {Uuid(kGpus[6])}), Entry("uid-2", kEfa, crossing)});
   binder.BindUnstarted(node.table());
   // The EFAs its IDs name, which the kubelet counts held, when free.
   CHECK(binder.BoundEfas(node.Group(1)) == node.Group(1));
