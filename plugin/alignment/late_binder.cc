@@ -299,11 +299,15 @@ std::map<std::string, int> LateBinder::Taken(const Checkpointed& checkpointed,
     if (except.count(claim)) continue;
     for (const std::string& efa : binding.efas) taken[efa] += binding.exclusive ? replicas : 1;
   }
+  // A container holds each EFA its IDs name once, however many of its
+  // replicas it was given: sharing counts the containers on an EFA.
   auto held_by_id = [&](const ContainerDevices& c) {
+    std::map<std::string, int> held;
     for (const std::string& id : c.efas) {
       const auto replica = topology::ParseReplicaId(id);
-      taken[replica ? replica->ibdev : id] += replica ? 1 : replicas;
+      held[replica ? replica->ibdev : id] = replica ? 1 : replicas;
     }
+    for (const auto& [efa, uses] : held) taken[efa] += uses;
   };
   for (const auto& [claim, c] : checkpointed.claims) {
     if (!c.efas_by_id || except.count(claim) || bindings_.count(claim)) continue;

@@ -245,7 +245,8 @@ class LateBinder {
   // from the checkpoint's container holding their claim.
   void Adopt(const Checkpointed& checkpointed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // EFA -> how many of its replicas are taken by bindings other than those
-  // of `except` and by containers holding EFAs by ID (exclusive holders take
+  // of `except` and by containers holding EFAs by ID: one each, however
+  // many of an EFA's replica IDs a container holds (exclusive holders take
   // all `replicas`).
   std::map<std::string, int> Taken(const Checkpointed& checkpointed,
                                    const std::set<std::string>& except, int replicas) const

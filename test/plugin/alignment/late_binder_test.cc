@@ -637,6 +637,30 @@ TEST_CASE("A held-by-ID EFA of an exclusive allocation is never shared by late b
   CHECK(Disjoint(*binder.BoundEfas(tokens), node.Group(0)));
 }
 
+TEST_CASE("Sharing: a container given both replica IDs of an EFA by ID holds it once",
+          "[late-binding][upgrade]") {
+  Node node(/*replicas=*/2);
+  // Admitted best effort with replicas 2: the kubelet gave one container
+  // both IDs of each EFA of groups 0-6 (it may: they are distinct IDs). Each
+  // of those EFAs has one container on it, room for one more.
+  std::vector<std::string> ids;
+  for (int g = 0; g < 7; ++g) {
+    for (const auto& efa : node.Group(g)) {
+      ids.push_back(efa + "::0");
+      ids.push_back(efa + "::1");
+    }
+  }
+  const std::vector<std::string> tokens = {"t::0", "t::1", "t::2", "t::3", "t::4", "t::5"};
+  node.WriteCheckpoint({ByIdEntry("old", kEfa, ids), Entry("new", kSharedResourceName, tokens)});
+  LateBinderOptions options = node.Options();
+  options.resource_name = kSharedResourceName;
+  LateBinder binder(options);
+  REQUIRE(binder.Recover().ok());
+  // Six EFAs: group 7's four and two beside the old container, not refused.
+  REQUIRE(binder.PreStart(node.table(), tokens).ok());
+  CHECK(binder.BoundEfas(tokens)->size() == 6);
+}
+
 TEST_CASE("A claim is bound when a container holds the same IDs by ID under the other name",
           "[late-binding][upgrade]") {
   Node node(/*replicas=*/2);
