@@ -504,7 +504,9 @@ int Daemon::Run() {
     TakeStreamEnd();
     AnnounceIdle();
     if (tracker_.has_devices()) ServeAndRegister();
-    tracker_.UpdateModel();  // after the registration: the kubelet does not wait for hwloc
+    // After the registration: the kubelet does not wait for hwloc. Claims
+    // bound before their containers start wait for it (BindUnstarted).
+    if (tracker_.UpdateModel()) ReleaseGone();
     Heartbeat();
     // Waits for an event, a due timer or the next registration attempt
     // (made by the next pass), handles what came and runs the due timers.

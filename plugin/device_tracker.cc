@@ -202,10 +202,10 @@ void DeviceTracker::Publish() {
   service_->SetDevices(guards_->Apply(std::move(devices)), model_, model_stale_);
 }
 
-void DeviceTracker::UpdateModel() {
+bool DeviceTracker::UpdateModel() {
   // hwloc takes milliseconds to load: only when the set of EFAs changes,
   // not on every rescan or health change.
-  if (!model_stale_) return;
+  if (!model_stale_) return false;
   model_stale_ = false;
   topology::TopologySource source{"/", options_.topology_xml};
   if (options_.roots.sysfs != "/sys") source.fsroot = options_.roots.sysfs.parent_path().string();
@@ -214,7 +214,7 @@ void DeviceTracker::UpdateModel() {
     spdlog::warn("no PCI topology ({}); placing EFAs by NUMA node and root complex only",
                  std::string(topology.status().message()));
     Publish();  // no longer pending: the fallback it is
-    return;
+    return true;
   }
   model_ = topology::HostModel::FromHwloc(inventory_, topology->get(), {options_.instance_type});
   for (const std::string& w : model_->warnings()) spdlog::warn("topology: {}", w);
@@ -228,6 +228,7 @@ void DeviceTracker::UpdateModel() {
       model_->efas().size(), gpus, neurons,
       model_->neuron_table() ? ", AWS Neuron-to-EFA table" : "");
   Publish();
+  return true;
 }
 
 void DeviceTracker::WatchDeviceDirs() {

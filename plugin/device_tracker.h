@@ -81,8 +81,8 @@ class DeviceTracker {
   void Publish();
   // Rebuilds the model from hwloc when the set of EFAs changed since it
   // was built, and publishes it. The caller runs it after registering: the
-  // kubelet must not wait for hwloc.
-  void UpdateModel();
+  // kubelet must not wait for hwloc. Returns whether it did.
+  bool UpdateModel();
   // Whether inotify watch `wd` is one of the device directories' (forgotten
   // once the kernel dropped it, `mask` having IN_IGNORED or IN_DELETE_SELF).
   bool TakeWatchEvent(int wd, uint32_t mask);

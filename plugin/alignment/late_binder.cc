@@ -68,6 +68,51 @@ topology::AllocationRequest FreeEfas(const topology::DeviceTable& table,
   return request;
 }
 
+// The EFAs device IDs name.
+std::set<std::string> NamedEfas(const std::vector<std::string>& ids) {
+  std::set<std::string> named;
+  for (const std::string& id : ids) {
+    const auto replica = topology::ParseReplicaId(id);
+    named.insert(replica ? replica->ibdev : id);
+  }
+  return named;
+}
+
+// Whether the kubelet is to be asked to rewrite its checkpoint: `stale`
+// (containers it holds that pod-resources List lacks) is not empty and not
+// the set `remembered` had (set to it): once per such set.
+bool NewlyStale(std::set<std::string> stale, std::set<std::string>& remembered) {
+  const bool newly = !stale.empty() && stale != remembered;
+  remembered = std::move(stale);
+  return newly;
+}
+
+enum class Offer { kNamed, kHeld, kAll, kWait };
+
+// Narrows `available` for a claim bound before its container starts
+// (LateBinder::BindUnstarted): to the EFAs its IDs name when all are
+// available (kNamed); else nothing (`named_only`: kWait), or, given
+// `kubelet_held` (EFA -> its IDs the kubelet holds), the named and those
+// whose `replicas` IDs the kubelet all holds (kHeld); else all (kAll).
+Offer OfferUnstarted(const std::vector<std::string>& kubelet_ids, bool named_only,
+                     const std::map<std::string, int>* kubelet_held, int replicas,
+                     std::vector<std::string>& available) {
+  const std::set<std::string> named = NamedEfas(kubelet_ids);
+  if (std::all_of(named.begin(), named.end(), [&](const std::string& efa) {
+        return std::find(available.begin(), available.end(), efa) != available.end();
+      })) {
+    available.assign(named.begin(), named.end());
+    return Offer::kNamed;
+  }
+  if (named_only) return Offer::kWait;
+  if (kubelet_held == nullptr) return Offer::kAll;
+  std::erase_if(available, [&](const std::string& efa) {
+    const auto held = kubelet_held->find(efa);
+    return !named.count(efa) && (held == kubelet_held->end() || held->second < replicas);
+  });
+  return Offer::kHeld;
+}
+
 }  // namespace
 
 LateBinder::LateBinder(LateBinderOptions options)
@@ -324,9 +369,9 @@ std::map<std::string, std::string> LateBinder::Reserved() {
   if (options_.late_binding) return reserved;
   const Checkpointed checkpointed = ReadCheckpointed();
   // IDs as the daemon advertises them now: held so, the kubelet counts them.
-  auto advertised = [&](const ContainerDevices& c) {
-    if (c.efa_resource != options_.resource_name) return false;
-    return std::all_of(c.efas.begin(), c.efas.end(), [&](const std::string& id) {
+  auto advertised = [&](const std::string& resource, const std::vector<std::string>& ids) {
+    if (resource != options_.resource_name) return false;
+    return std::all_of(ids.begin(), ids.end(), [&](const std::string& id) {
       const auto replica = topology::ParseReplicaId(id);
       return options_.replicas > 1 ? replica && replica->replica < options_.replicas : !replica;
     });
@@ -339,7 +384,7 @@ std::map<std::string, std::string> LateBinder::Reserved() {
   }
   for (const auto& [claim, holder] : holders) {
     const ContainerDevices& c = *holder;
-    if (!c.efas_by_id || advertised(c)) continue;
+    if (!c.efas_by_id || advertised(c.efa_resource, c.efas)) continue;
     held_by_id.insert(claim);
     for (const std::string& id : c.efas) {
       const auto replica = topology::ParseReplicaId(id);
@@ -361,8 +406,7 @@ std::map<std::string, std::string> LateBinder::Reserved() {
       std::set_difference(held_by_id.begin(), held_by_id.end(), listed.begin(), listed.end(),
                           std::inserter(stale, stale.end()));
       absl::MutexLock lock(&mu_);
-      refresh = !stale.empty() && stale != reserved_stale_;
-      reserved_stale_ = std::move(stale);
+      refresh = NewlyStale(std::move(stale), reserved_stale_);
     }
   }
   if (refresh && options_.refresh_checkpoint) options_.refresh_checkpoint();
@@ -376,6 +420,16 @@ std::map<std::string, std::string> LateBinder::Reserved() {
   }
   Adopt(checkpointed);
   for (const auto& [claim, binding] : bindings_) {
+    // Bound to EFAs its own IDs name, as advertised now: the kubelet gives
+    // those IDs to no other container while it lives, and withholding the
+    // others of a shared EFA would take them from a pod it may be
+    // admitting (BindUnstarted binds such claims first).
+    const std::set<std::string> named = NamedEfas(binding.kubelet_ids);
+    if (advertised(binding.resource, binding.kubelet_ids) &&
+        std::all_of(binding.efas.begin(), binding.efas.end(),
+                    [&](const std::string& efa) { return named.count(efa) > 0; })) {
+      continue;
+    }
     for (const std::string& efa : binding.efas) {
       reserved[efa] = absl::StrCat("bound by late binding to ", claim,
                                    binding.owner.empty() ? "" : " of pod " + binding.owner,
@@ -418,6 +472,22 @@ std::set<std::string> LateBinder::ListedClaims(const v1::ListPodResourcesRespons
     if (!c.efas.empty()) claims.insert(ClaimName(c.efas));
   }
   return claims;
+}
+
+absl::StatusOr<std::map<std::string, int>> LateBinder::KubeletHeld() {
+  const auto list = pod_resources_.List();
+  if (!list.ok()) return list.status();
+  std::map<std::string, std::set<std::string>> ids;  // EFA -> its IDs held
+  for (const ContainerDevices& c : ContainersWithDevices(*list, options_.resources)) {
+    if (c.efa_resource != options_.resource_name) continue;
+    for (const std::string& id : c.efas) {
+      const auto replica = topology::ParseReplicaId(id);
+      ids[replica ? replica->ibdev : id].insert(id);
+    }
+  }
+  std::map<std::string, int> held;
+  for (const auto& [efa, its] : ids) held[efa] = static_cast<int>(its.size());
+  return held;
 }
 
 void LateBinder::Release(std::map<std::string, Binding>::iterator it, std::string_view why) {
@@ -488,8 +558,7 @@ std::optional<std::chrono::steady_clock::time_point> LateBinder::ReleaseGone() {
       for (const auto& [claim, binding] : bindings_) {
         if (checkpointed.claims.count(claim) && !listed.count(claim)) stale.insert(claim);
       }
-      refresh = !stale.empty() && stale != checkpoint_only_;
-      checkpoint_only_ = std::move(stale);
+      refresh = NewlyStale(std::move(stale), checkpoint_only_);
     }
     if (!bindings_.empty()) {
       const auto recheck = options_.now() + options_.recheck_every;
@@ -519,6 +588,21 @@ absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& 
   return absl::Status(written.code(),
                       absl::StrCat("cannot write the CDI spec of ", described, " to ",
                                    SpecPath(claim).string(), ": ", written.message()));
+}
+
+void LateBinder::RefreshStaleById(const Checkpointed& checkpointed,
+                                  const v1::ListPodResourcesResponse& list) {
+  std::set<std::string> stale;
+  const std::set<std::string> listed = ListedClaims(list);
+  for (const auto& [name, c] : checkpointed.claims) {
+    if (c.efas_by_id && !listed.count(name)) stale.insert(name);
+  }
+  bool refresh;
+  {
+    absl::MutexLock lock(&mu_);
+    refresh = NewlyStale(std::move(stale), refused_stale_);
+  }
+  if (refresh && options_.refresh_checkpoint) options_.refresh_checkpoint();
 }
 
 absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
@@ -579,7 +663,11 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   const Targets targets = TargetsOf(table, container, claim.described);
   absl::StatusOr<std::vector<std::string>> efas =
       Bind(table, claim, checkpointed, live, generation, targets);
-  if (!efas.ok()) return Fail(efas.status());
+  if (!efas.ok()) {
+    if (absl::IsFailedPrecondition(efas.status()) && list.ok())
+      RefreshStaleById(checkpointed, *list);
+    return Fail(efas.status());
+  }
   spdlog::info("late binding: bound {} of {} to EFAs {} ({})", claim.described,
                claim.owner.empty() ? "an unknown container" : claim.owner,
                absl::StrJoin(*efas, ","), DescribeTargets(targets));
@@ -588,7 +676,8 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
 }
 
 void LateBinder::BindUnstarted(const topology::DeviceTable& table) {
-  if (!recovered()) return;
+  // Placed by the host model: not while it is being loaded.
+  if (!recovered() || table.model_pending) return;
   // A checkpoint not read whole may hide a holder of the EFAs it would
   // choose: nothing is bound until one is (the next pass tries again).
   const Checkpointed checkpointed = ReadCheckpointed();
@@ -603,38 +692,57 @@ void LateBinder::BindUnstarted(const topology::DeviceTable& table) {
     std::erase_if(unbound_,
                   [&](const auto& entry) { return !checkpointed.claims.count(entry.first); });
   }
-  for (const auto& [name, c] : checkpointed.claims) {
-    if (c.efas_by_id) continue;  // its Allocate answer gave device nodes
-    // PreStartContainer binds the claims of the name served.
-    if (options_.late_binding && c.efa_resource == options_.resource_name) continue;
-    uint64_t generation;
-    {
+  // Without late binding the kubelet gives EFAs by ID, and is told an EFA
+  // is taken (advertised Unhealthy, Reserved()) only after it is bound: it
+  // may give it meanwhile to a pod it admits, whose Allocate then fails. So
+  // beside the EFAs a claim's own IDs name, a claim may take only EFAs whose
+  // every ID the kubelet holds for a live container (pod-resources List;
+  // such EFAs exist: each late-bound claim's IDs name as many EFAs as it
+  // holds). Read when first needed; when List fails, only the EFAs a
+  // claim's IDs name can be bound.
+  std::optional<std::map<std::string, int>> kubelet_held;
+  // First the claims whose own EFAs are free, then the others (which may
+  // take the EFAs other claims' IDs name).
+  for (const bool named_only : {true, false}) {
+    for (const auto& [name, c] : checkpointed.claims) {
+      if (c.efas_by_id) continue;  // its Allocate answer gave device nodes
+      // PreStartContainer binds the claims of the name served.
+      if (options_.late_binding && c.efa_resource == options_.resource_name) continue;
+      uint64_t generation;
+      {
+        absl::MutexLock lock(&mu_);
+        if (bindings_.count(name) || released_.count(absl::StrCat(name, " ", c.pod_uid))) continue;
+        generation = generation_;
+      }
+      if (!named_only && !options_.late_binding && !kubelet_held) {
+        kubelet_held = KubeletHeld().value_or(std::map<std::string, int>{});
+      }
+      const Claim claim{.name = name,
+                        .described = DescribeClaim(name, c.efas),
+                        .kubelet_ids = c.efas,
+                        .owner = c.pod_uid,
+                        .resource = c.efa_resource};
+      const Targets targets = TargetsOf(table, c, claim.described);
+      const Unstarted unstarted{.named_only = named_only,
+                                .kubelet_held = kubelet_held ? &*kubelet_held : nullptr};
+      absl::StatusOr<std::vector<std::string>> efas =
+          Bind(table, claim, checkpointed, std::nullopt, generation, targets, unstarted);
+      if (named_only && !efas.ok()) continue;
       absl::MutexLock lock(&mu_);
-      if (bindings_.count(name) || released_.count(absl::StrCat(name, " ", c.pod_uid))) continue;
-      generation = generation_;
+      if (efas.ok()) {
+        unbound_.erase(name);
+        spdlog::info(
+            "late binding: bound {} of pod {} to EFAs {} before its container starts (admitted "
+            "under late binding; the kubelet starts it with its CDI device)",
+            claim.described, claim.owner, absl::StrJoin(*efas, ","));
+        continue;
+      }
+      std::string& logged = unbound_[name];
+      if (logged == efas.status().message()) continue;
+      ++counts_.failed;
+      logged = std::string(efas.status().message());
+      spdlog::error("late binding: {} (its container cannot start until EFAs are free)", logged);
     }
-    const Claim claim{.name = name,
-                      .described = DescribeClaim(name, c.efas),
-                      .kubelet_ids = c.efas,
-                      .owner = c.pod_uid,
-                      .resource = c.efa_resource};
-    const Targets targets = TargetsOf(table, c, claim.described);
-    absl::StatusOr<std::vector<std::string>> efas =
-        Bind(table, claim, checkpointed, std::nullopt, generation, targets, /*unstarted=*/true);
-    absl::MutexLock lock(&mu_);
-    if (efas.ok()) {
-      unbound_.erase(name);
-      spdlog::info(
-          "late binding: bound {} of pod {} to EFAs {} before its container starts (admitted "
-          "under late binding; the kubelet starts it with its CDI device)",
-          claim.described, claim.owner, absl::StrJoin(*efas, ","));
-      continue;
-    }
-    std::string& logged = unbound_[name];
-    if (logged == efas.status().message()) continue;
-    ++counts_.failed;
-    logged = std::string(efas.status().message());
-    spdlog::error("late binding: {} (its container cannot start until EFAs are free)", logged);
   }
 }
 
@@ -687,7 +795,7 @@ Targets LateBinder::TargetsOf(const topology::DeviceTable& table,
 absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
     const topology::DeviceTable& table, const Claim& claim, const Checkpointed& checkpointed,
     const std::optional<std::set<std::string>>& live, uint64_t generation, const Targets& targets,
-    bool unstarted) {
+    std::optional<Unstarted> unstarted) {
   absl::MutexLock lock(&mu_);
   if (unstarted) {
     // Bound meanwhile: its container may have started with that spec.
@@ -705,20 +813,13 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   except.insert(claim.name);
   const std::map<std::string, int> taken = Taken(checkpointed, except, table.replicas);
   topology::AllocationRequest request = FreeEfas(table, taken);
+  bool only_held = false;  // only EFAs the kubelet holds the IDs of are offered
   if (unstarted) {
-    std::vector<std::string> named;
-    for (const std::string& id : claim.kubelet_ids) {
-      const auto replica = topology::ParseReplicaId(id);
-      named.push_back(replica ? replica->ibdev : id);
-    }
-    std::sort(named.begin(), named.end());
-    named.erase(std::unique(named.begin(), named.end()), named.end());
-    if (std::all_of(named.begin(), named.end(), [&](const std::string& efa) {
-          return std::find(request.available.begin(), request.available.end(), efa) !=
-                 request.available.end();
-        })) {
-      request.available = named;
-    }
+    const Offer offer = OfferUnstarted(claim.kubelet_ids, unstarted->named_only,
+                                       unstarted->kubelet_held, table.replicas, request.available);
+    if (offer == Offer::kWait)
+      return absl::UnavailableError("the EFAs its IDs name are not all free");
+    only_held = offer == Offer::kHeld;
   }
   // With sharing, a claim of more replicas than there are EFAs with room
   // gets each of those once (a device node is given once anyway).
@@ -740,10 +841,13 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
     if (const topology::EfaDevice* d = table.FindPhysical(ibdev)) devices.push_back(*d);
   }
   if (devices.size() < wanted || devices.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot bind ", claim.described, ": ", claim.kubelet_ids.size(),
-                     " EFAs wanted, ", request.available.size(), " healthy and free (",
-                     taken.size(), " held by other containers)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot bind ", claim.described, ": ", claim.kubelet_ids.size(), " EFAs wanted, ",
+        request.available.size(), " healthy and free (", taken.size(), " held by other containers",
+        only_held ? "; without late binding, only EFAs whose every ID the kubelet "
+                    "holds for a running pod can be bound"
+                  : "",
+        ")"));
   }
   std::sort(devices.begin(), devices.end(),
             [](const auto& a, const auto& b) { return a.pci < b.pci; });

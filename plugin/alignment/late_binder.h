@@ -43,7 +43,8 @@
 //   bindings an earlier configuration made are recovered and kept until
 //   their containers end, and their EFAs are reserved (Reserved()): the
 //   daemon advertises the IDs naming them Unhealthy, so the kubelet gives
-//   them to no new container;
+//   them to no new container (unless the binding's own IDs name them: the
+//   kubelet counts those held);
 // - each binding's owner (its pod), kubelet IDs, resource and replicas are
 //   written beside its spec (ClaimRecord) and read back by Recover(), and
 //   adopted from the checkpoint for specs an older release wrote alone.
@@ -140,8 +141,9 @@ class LateBinder {
   bool recovered() const;
 
   // Without late binding: the physical EFAs no new container may be given
-  // (ibdev -> why): those bound by an earlier late-binding configuration,
-  // and those held by ID under another resource name or replica count.
+  // (ibdev -> why): those bound by an earlier late-binding configuration
+  // (but a binding of the EFAs its own IDs name, as advertised now), and
+  // those held by ID under another resource name or replica count.
   // Empty with late binding, which counts them at each binding. When
   // pod-resources List lacks containers the checkpoint says hold EFAs so (a
   // deleted pod's entries stay until the kubelet writes the file again),
@@ -161,9 +163,13 @@ class LateBinder {
   // skips the call for a resource whose plugin has not registered since its
   // own restart (devicemanager callPreStartContainerIfNeeded: no options),
   // so their device resolves when they start. A claim gets the EFAs its
-  // kubelet IDs name when those are free (the kubelet counts them held),
-  // else the free EFAs nearest its accelerators; a claim released as gone
-  // is not bound again. Does nothing before recovered(), nor while the
+  // kubelet IDs name when those are free (the kubelet counts them held;
+  // such claims are bound first), else the free EFAs nearest its
+  // accelerators, which without late binding must be EFAs whose every ID
+  // the kubelet holds for a live pod (pod-resources List): it gives the
+  // others by ID before it hears they are taken; a claim released as gone
+  // is not bound again. Does nothing before recovered(), nor while the host
+  // model is being loaded (table.model_pending), nor while the
   // checkpoint cannot be read whole (a skipped entry may hide a holder of
   // the EFAs it would choose). A claim that cannot
   // be bound is logged and counted (`failed`) once per cause, and tried
@@ -277,6 +283,12 @@ class LateBinder {
     std::string owner;
     std::string resource;  // the IDs' EFA resource name, "" when not known
   };
+  // After a refusal for want of EFAs: when the checkpoint holds containers
+  // by ID that List lacks (a deleted pod's entries stay until the kubelet
+  // writes the file again), asks the kubelet to rewrite it, once per such
+  // set, so that the container's next start (the kubelet retries it) finds
+  // their EFAs free.
+  void RefreshStaleById(const Checkpointed& checkpointed, const v1::ListPodResourcesResponse& list);
   // PreStart's steps. Counts and logs a failure; returns `status`.
   absl::Status Fail(absl::Status status);
   // A restart of the container the claim is bound for: keeps the binding
@@ -285,16 +297,26 @@ class LateBinder {
   // The container's accelerators as PCI addresses and Neuron indices.
   Targets TargetsOf(const topology::DeviceTable& table,
                     const std::optional<ContainerDevices>& container, const std::string& described);
+  // BindUnstarted's claims: the EFAs their IDs name when those are all
+  // free (`named_only`: else none); else, when `kubelet_held` is given
+  // (without late binding: the kubelet gives EFAs by ID), only EFAs all of
+  // whose IDs it holds (EFA -> how many of its IDs pod-resources List holds
+  // under the name served).
+  struct Unstarted {
+    bool named_only = false;
+    const std::map<std::string, int>* kubelet_held = nullptr;
+  };
+  absl::StatusOr<std::map<std::string, int>> KubeletHeld();
   // Releases the bindings gone (`live`, when known) or taken over, then
   // binds the claim and writes its spec; the EFAs bound, in PCI order.
-  // `unstarted` (BindUnstarted): the EFAs the claim's IDs name when they
-  // are all free; a claim bound meanwhile keeps its binding.
+  // `unstarted` (BindUnstarted, above): a claim bound meanwhile keeps its
+  // binding.
   absl::StatusOr<std::vector<std::string>> Bind(const topology::DeviceTable& table,
                                                 const Claim& claim,
                                                 const Checkpointed& checkpointed,
                                                 const std::optional<std::set<std::string>>& live,
                                                 uint64_t generation, const Targets& targets,
-                                                bool unstarted = false);
+                                                std::optional<Unstarted> unstarted = std::nullopt);
   // Releases the bindings of other pods that hold one of the claim's
   // kubelet IDs.
   void ReleaseTakenOver(const Claim& claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -327,8 +349,11 @@ class LateBinder {
   // The bound claims the checkpoint held and List did not at the latest pass
   // that had both (the checkpoint is refreshed when this set changes).
   std::set<std::string> checkpoint_only_ ABSL_GUARDED_BY(mu_);
-  // The same for the containers holding reserved EFAs by ID (Reserved()).
+  // The same for the containers holding reserved EFAs by ID (Reserved()),
+  // and for those holding EFAs by ID at the latest refusal for want of EFAs
+  // (PreStart).
   std::set<std::string> reserved_stale_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> refused_stale_ ABSL_GUARDED_BY(mu_);
   // The EFAs held by ID that the latest whole checkpoint read reserved.
   std::map<std::string, std::string> reserved_by_id_ ABSL_GUARDED_BY(mu_);
   // BindUnstarted(): the claims released as gone ("claim owner"), never

@@ -453,6 +453,11 @@ namespace {
 // Each running container's EFAs, as the runtime gave them at its start.
 using Holdings = std::map<std::string, std::vector<std::string>>;
 
+bool Disjoint(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  return std::none_of(a.begin(), a.end(),
+                      [&](const auto& x) { return std::find(b.begin(), b.end(), x) != b.end(); });
+}
+
 void CheckApart(const Holdings& held) {
   std::map<std::string, std::string> holder;
   for (const auto& [uid, efas] : held) {
@@ -470,7 +475,14 @@ TEST_CASE("A switch from late binding to best effort keeps bound EFAs from new p
           "[late-binding][daemon][upgrade]") {
   LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
   Holdings held;
-  // Two: their tokens and their EFAs together leave at least 16 EFAs free.
+  // GPU 0 taken: each late container's EFAs are beside its GPU, not those
+  // its IDs name (a binding of the EFAs its own IDs name is not withheld:
+  // the kubelet counts those IDs held). Two: their tokens and their EFAs
+  // together leave at least 16 EFAs free.
+  REQUIRE(
+      node.kubelet()
+          .AdmitContainer("pod-gpu", "default", "gpu", kMain, {{node.accelerator_resource(), 1}})
+          .ok());
   for (int i = 0; i < 2; ++i) {
     const std::string uid = absl::StrCat("late-", i);
     REQUIRE(node.Admit(uid, 1, 4, i % 2 == 0).ok());
@@ -513,6 +525,58 @@ TEST_CASE("A switch from late binding to best effort keeps bound EFAs from new p
     CHECK(d.health() == (bound.count(d.id()) ? "Unhealthy" : "Healthy"));
   }
   CHECK(node.binder().counts().released == 1);
+}
+
+TEST_CASE(
+    "After a switch to best effort, a container that never started is bound only to EFAs whose "
+    "IDs the kubelet holds",
+    "[late-binding][daemon][upgrade]") {
+  LateNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  // GPU 0 taken: late-0 gets the next GPU and the EFAs beside it, while its
+  // IDs are the first free ones. late-1, admitted but not started (its
+  // image still pulling), gets the third GPU and the next IDs: they name
+  // late-0's EFAs.
+  REQUIRE(
+      node.kubelet()
+          .AdmitContainer("pod-gpu", "default", "gpu", kMain, {{node.accelerator_resource(), 1}})
+          .ok());
+  REQUIRE(node.Admit("late-0", 1, 4, true).ok());
+  REQUIRE(node.kubelet()
+              .AdmitContainer("pod-late-1", "default", "late-1", kMain,
+                              {{node.accelerator_resource(), 1}, {kEfa, 4}}, {.start = false})
+              .ok());
+  const std::vector<std::string> bound0 = node.PhysicalEfas("late-0");
+  const std::vector<std::string> named = node.Tokens("late-1");
+  REQUIRE(!Disjoint(named, bound0));
+  node.StopDaemon();
+  node.options().alignment = AlignmentMode::kBestEffort;
+  node.StartServing();
+  // The daemon binds late-1 before its start. The kubelet gives every EFA
+  // whose ID no container holds to the next pod it admits, by ID, before it
+  // hears that the EFA is taken: late-1 may take only EFAs its own IDs or
+  // late-0's name (late-0's are free: it holds others), not those beside
+  // its GPU.
+  REQUIRE(node.binder().WaitForCountsForTest(
+      [](const LateBindingCounts& c) { return c.bound == 1; }, kDeadline));
+  const auto bound1 = node.binder().BoundEfas(named);
+  REQUIRE(bound1.has_value());
+  std::vector<std::string> held_ids = node.Tokens("late-0");
+  held_ids.insert(held_ids.end(), named.begin(), named.end());
+  for (const std::string& efa : *bound1) {
+    INFO(efa << " of late-1's " << absl::StrJoin(*bound1, ","));
+    CHECK(!Disjoint({efa}, held_ids));
+  }
+  CHECK(Disjoint(*bound1, bound0));
+  // Best-effort pods fill the node: each is admitted (none refused by an
+  // Allocate naming an EFA taken meanwhile), and all hold EFAs apart.
+  Holdings held = {{"late-0", bound0}, {"late-1", *bound1}};
+  for (int i = 0; i < 5; ++i) {
+    const std::string uid = absl::StrCat("best-", i);
+    auto admitted = node.Admit(uid, 1, 4, true);
+    REQUIRE(admitted.ok());
+    held[uid] = node.Tokens(uid);
+  }
+  CheckApart(held);
 }
 
 TEST_CASE("A switch from best effort to late binding never binds the EFAs held by ID",

@@ -32,8 +32,9 @@
 //     recovered without its claim record: see Gone::by_base);
 //   - late binding: every running container's CDI device resolves to a spec
 //     on disk naming its count of EFAs (with sharing, 1 to that many);
-//   - every EFA's advertised health is the simulated node's truth (an EFA a
-//     live container holds may be advertised Unhealthy: withheld), under the
+//   - every EFA's advertised health is the simulated node's truth (without
+//     late binding, an EFA a live container holds may be advertised
+//     Unhealthy: withheld), under the
 //     resource name and replica IDs of the daemon's configuration, each
 //     (EFA, replica) once;
 //   - the daemon never exits, never leaves /healthz unanswered for more than
@@ -1197,9 +1198,11 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
       }
     }
   }
-  std::vector<std::string> deleted;  // what became of deleted pods' bindings
+  // What became of deleted pods' holdings: bindings, and EFAs held by ID
+  // (the daemon counts the kubelet checkpoint's entries, which stay until
+  // the kubelet writes it again: Held).
+  std::vector<std::string> deleted;
   for (const Gone& g : gone_) {
-    if (!g.bound) continue;
     if (!g.taken_over.empty()) {
       deleted.push_back(
           absl::StrCat(g.who, "'s ", Nodes(g.nodes), " free (its ID ", g.taken_over, ")"));
@@ -1229,7 +1232,13 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
     Container orphan;
     orphan.claim = claim;
     const Resolved spec = Resolve(orphan);
-    for (const std::string& n : spec.nodes) holders[n].push_back(daemon_config_.replicas);
+    // Shared as its record says: the daemon recovers it so (without one,
+    // exclusive until it learns the owner's IDs).
+    const std::string record =
+        efa::testing::ReadFile(cdi_dir_ / efa::plugin::ClaimRecordFileName(claim));
+    const auto parsed = efa::plugin::ParseClaimRecord(record, claim, claim);
+    const int replicas = parsed.ok() ? parsed->replicas : 1;
+    for (const std::string& n : spec.nodes) holders[n].push_back(replicas);
     if (!spec.nodes.empty())
       deleted.push_back(absl::StrCat(claim, "'s spec ", Nodes(spec.nodes), " still on disk"));
   }
@@ -1514,7 +1523,10 @@ std::optional<Violation> Node::CheckAdvertised() {
       }
       const Efa& efa = efas_[it->second];
       if (!seen[it->second].insert(replica).second) problems.push_back(d.id() + " is listed twice");
-      const bool withheld = held.count(DeviceNode(efa)) > 0 && d.health() == "Unhealthy";
+      // Late binding reserves nothing (LateBinder::Reserved): a returned EFA
+      // is Healthy again once the daemon sees it, held or not.
+      const bool withheld = (!daemon_config_.late() || on_base()) &&
+                            held.count(DeviceNode(efa)) > 0 && d.health() == "Unhealthy";
       if (efa.present && (name != efa.udev_name || (d.health() != "Healthy" && !withheld))) {
         problems.push_back(
             absl::StrCat(d.id(), " is ", d.health(), ", but ", efa.udev_name, " is there"));

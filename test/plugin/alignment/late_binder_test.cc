@@ -637,6 +637,37 @@ TEST_CASE("A held-by-ID EFA of an exclusive allocation is never shared by late b
   CHECK(Disjoint(*binder.BoundEfas(tokens), node.Group(0)));
 }
 
+TEST_CASE(
+    "A refusal while the checkpoint holds by-ID containers List lacks asks once for a rewrite",
+    "[late-binding][upgrade]") {
+  Node node;
+  // A pod admitted best effort holds every EFA by ID; it was deleted, and
+  // its entries stay in the checkpoint until the kubelet writes it again.
+  std::vector<std::string> all;
+  for (int g = 0; g < 8; ++g) {
+    for (const auto& efa : node.Group(g)) all.push_back(efa);
+  }
+  const std::vector<std::string> tokens = {"t"};
+  node.WriteCheckpoint({ByIdEntry("gone", kEfa, all), Entry("new", kEfa, tokens)});
+  int refreshes = 0;
+  LateBinderOptions options = node.Options();
+  options.refresh_checkpoint = [&refreshes] { ++refreshes; };
+  options.pod_resources.burst = 100;  // every call asks List
+  LateBinder binder(options);
+  REQUIRE(binder.Recover().ok());
+  // Without pod-resources nothing says the holder is gone: nothing asked.
+  CHECK(absl::IsFailedPrecondition(binder.PreStart(node.table(), tokens)));
+  CHECK(refreshes == 0);
+  efa::testing::FakeKubelet kubelet(efa::testing::FakeKubelet::ForKubeletDir(node.kubelet_dir()));
+  REQUIRE(kubelet.Start().ok());
+  CHECK(absl::IsFailedPrecondition(binder.PreStart(node.table(), tokens)));
+  CHECK(absl::IsFailedPrecondition(binder.PreStart(node.table(), tokens)));
+  CHECK(refreshes == 1);
+  // Rewritten without it: the next start is bound.
+  node.WriteCheckpoint({Entry("new", kEfa, tokens)});
+  CHECK(binder.PreStart(node.table(), tokens).ok());
+}
+
 TEST_CASE("Sharing: a container given both replica IDs of an EFA by ID holds it once",
           "[late-binding][upgrade]") {
   Node node(/*replicas=*/2);
@@ -696,18 +727,24 @@ TEST_CASE("A claim is bound when a container holds the same IDs by ID under the 
 TEST_CASE("Without late binding, bindings of an earlier configuration are kept and reserved",
           "[late-binding][upgrade]") {
   Node node;
-  node.WriteCheckpoint(
-      {Entry("uid-0", kGpu, {Uuid(kGpus[3])}), Entry("uid-0", kEfa, node.Group(0))});
+  // uid-1's IDs name the EFAs bound for it: the kubelet counts them held,
+  // so they need no reserving.
+  node.WriteCheckpoint({Entry("uid-0", kGpu, {Uuid(kGpus[3])}), Entry("uid-0", kEfa, node.Group(0)),
+                        Entry("uid-1", kGpu, {Uuid(kGpus[5])}),
+                        Entry("uid-1", kEfa, node.Group(5))});
   {
     LateBinder before(node.Options());
     REQUIRE(before.PreStart(node.table(), node.Group(0)).ok());
     REQUIRE(before.BoundEfas(node.Group(0)) == node.Group(3));
+    REQUIRE(before.PreStart(node.table(), node.Group(5)).ok());
+    REQUIRE(before.BoundEfas(node.Group(5)) == node.Group(5));
   }
   LateBinderOptions options = node.Options();
   options.late_binding = false;  // helm upgrade --set alignment.mode=best-effort
   LateBinder after(options);
   REQUIRE(after.Recover().ok());
   const auto reserved = after.Reserved();
+  CHECK(after.Bindings().size() == 2);
   REQUIRE(reserved.size() == 4);
   for (const auto& efa : node.Group(3)) {
     CHECK(reserved.at(efa) == absl::StrCat("bound by late binding to ", ClaimName(node.Group(0)),
@@ -842,8 +879,10 @@ TEST_CASE("Without late binding, a container admitted under it that never starte
   // kubelet will start it with the CDI device of that answer.
   const std::vector<std::string> held_by_id = {node.Group(2)[0]};
   const std::vector<std::string> crossing = {node.Group(2)[0], node.Group(4)[0]};
-  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(1)), ByIdEntry("uid-1", kEfa, held_by_id),
-                        Entry("uid-2", kGpu, {Uuid(kGpus[6])}), Entry("uid-2", kEfa, crossing)});
+  const std::vector<FakeCheckpointEntry> entries = {
+      Entry("uid-0", kEfa, node.Group(1)), ByIdEntry("uid-1", kEfa, held_by_id),
+      Entry("uid-2", kGpu, {Uuid(kGpus[6])}), Entry("uid-2", kEfa, crossing)};
+  node.WriteCheckpoint(entries);
   LateBinderOptions options = node.Options();
   options.late_binding = false;
   LateBinder binder(options);
@@ -854,31 +893,31 @@ TEST_CASE("Without late binding, a container admitted under it that never starte
     // Nor while an EFA entry of the checkpoint is skipped: it may hold the
     // EFAs a binding would take.
     std::string json = efa::testing::FakeCheckpointJson({Entry("uid-0", kEfa, node.Group(1))});
-    const std::string entries = "\"PodDeviceEntries\":[";
-    const size_t at = json.find(entries);
+    const std::string at_entries = "\"PodDeviceEntries\":[";
+    const size_t at = json.find(at_entries);
     REQUIRE(at != std::string::npos);
-    json.insert(at + entries.size(),
+    json.insert(at + at_entries.size(),
                 absl::StrCat("{\"PodUID\":\"x\",\"ContainerName\":\"c\",\"ResourceName\":\"", kEfa,
                              "\",\"DeviceIDs\":{\"0\":[\"a\"]},\"AllocResp\":\"%%\"},"));
     std::ofstream(node.kubelet_dir() / "device-plugins/kubelet_internal_checkpoint") << json;
     binder.BindUnstarted(node.table());
     CHECK(binder.Bindings().empty());
   }
-  node.WriteCheckpoint({Entry("uid-0", kEfa, node.Group(1)), ByIdEntry("uid-1", kEfa, held_by_id),
-                        Entry("uid-2", kGpu, {Uuid(kGpus[6])}), Entry("uid-2", kEfa, crossing)});
+  node.WriteCheckpoint(entries);
   binder.BindUnstarted(node.table());
   // The EFAs its IDs name, which the kubelet counts held, when free.
   CHECK(binder.BoundEfas(node.Group(1)) == node.Group(1));
   CHECK(fs::exists(binder.SpecPath(ClaimName(node.Group(1)))));
-  // Else free EFAs beside its GPU.
-  const auto beside = binder.BoundEfas(crossing);
-  REQUIRE(beside.has_value());
-  CHECK(beside->size() == 2);
-  CHECK(Disjoint(*beside, held_by_id));
-  CHECK_FALSE(Disjoint(*beside, node.Group(6)));
-  CHECK(binder.counts().bound == 2);
+  // Else only EFAs whose IDs the kubelet holds for live pods: it gives the
+  // others by ID meanwhile. Without pod-resources, none: not bound (with
+  // pod-resources: late_binding_daemon_test).
+  CHECK_FALSE(binder.BoundEfas(crossing).has_value());
+  const int failed = binder.counts().failed;
+  CHECK(failed >= 1);
+  CHECK(binder.counts().bound == 1);
   binder.BindUnstarted(node.table());
-  CHECK(binder.counts().bound == 2);
+  CHECK(binder.counts().bound == 1);
+  CHECK(binder.counts().failed == failed);  // logged and counted once
   // Its pod deleted, the binding released: its entries, left in the
   // checkpoint, bind nothing again.
   node.WriteCheckpoint({});
