@@ -812,7 +812,19 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   }
   except.insert(claim.name);
   const std::map<std::string, int> taken = Taken(checkpointed, except, table.replicas);
+  // A claim of replica IDs (admitted under sharing) shares its EFAs; one of
+  // plain IDs (admitted with one replica per EFA) needs EFAs no one holds,
+  // and all of them, whatever the replicas now.
+  const bool shared =
+      table.replicas > 1 &&
+      std::all_of(claim.kubelet_ids.begin(), claim.kubelet_ids.end(),
+                  [](const std::string& id) { return topology::ParseReplicaId(id).has_value(); });
   topology::AllocationRequest request = FreeEfas(table, taken);
+  if (!shared && table.replicas > 1) {
+    std::erase_if(request.available,
+                  [&](const std::string& efa) { return request.shared.count(efa) > 0; });
+    request.shared.clear();
+  }
   bool only_held = false;  // only EFAs the kubelet holds the IDs of are offered
   if (unstarted) {
     const Offer offer = OfferUnstarted(claim.kubelet_ids, unstarted->named_only,
@@ -823,9 +835,8 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   }
   // With sharing, a claim of more replicas than there are EFAs with room
   // gets each of those once (a device node is given once anyway).
-  const size_t wanted = table.replicas > 1
-                            ? std::min(claim.kubelet_ids.size(), request.available.size())
-                            : claim.kubelet_ids.size();
+  const size_t wanted = shared ? std::min(claim.kubelet_ids.size(), request.available.size())
+                               : claim.kubelet_ids.size();
   request.size = static_cast<int>(wanted);
   for (const std::string& efa : request.available) {
     if (reused_efas.count(efa) && request.must_include.size() < wanted) {
@@ -859,7 +870,7 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   binding.spec = CdiSpecJson(claim.name, devices);
   binding.kubelet_ids = claim.kubelet_ids;
   binding.resource = claim.resource;
-  binding.exclusive = table.replicas == 1;
+  binding.exclusive = !shared;
   if (absl::Status written = WriteSpec(claim.name, claim.described, binding); !written.ok()) {
     return written;
   }

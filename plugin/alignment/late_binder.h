@@ -226,8 +226,9 @@ class LateBinder {
     // unknown, as `owner`).
     std::vector<std::string> kubelet_ids;
     std::string resource;
-    // Bound while sharing's replicas were 1 (or not known to be more): then
-    // no other claim may share its EFAs, whatever the replicas now.
+    // Bound for plain IDs (admitted while sharing's replicas were 1), or
+    // not known to be shared: then no other claim may share its EFAs,
+    // whatever the replicas now.
     bool exclusive = true;
     // When the kubelet's records were first seen without its container.
     std::optional<std::chrono::steady_clock::time_point> absent_since;

@@ -1171,7 +1171,10 @@ std::optional<Violation> Node::Started(const Pod& pod, Container& c) {
   if (now.nodes != c.held) {
     c.held = now.nodes;
     c.held_when = Now();
-    c.held_replicas = c.claim.empty() ? c.alloc_replicas : daemon_config_.replicas;
+    // Late-bound: shared as the daemon's replicas now if admitted with
+    // replica IDs, else exclusive (LateBinder::Bind).
+    c.held_replicas =
+        c.claim.empty() || c.alloc_replicas == 1 ? c.alloc_replicas : daemon_config_.replicas;
     c.bound_by_base = !c.claim.empty() && on_base();
   }
   return std::nullopt;

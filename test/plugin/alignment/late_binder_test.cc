@@ -668,6 +668,28 @@ TEST_CASE(
   CHECK(binder.PreStart(node.table(), tokens).ok());
 }
 
+TEST_CASE("Sharing: a claim of plain IDs, admitted with one replica per EFA, is bound exclusively",
+          "[late-binding][upgrade]") {
+  Node node(/*replicas=*/2);
+  // One replica of every EFA but group 7's two last is held by ID.
+  std::vector<std::string> shared;
+  for (int g = 0; g < 8; ++g) {
+    for (const auto& efa : node.Group(g)) shared.push_back(efa + "::0");
+  }
+  shared.resize(30);
+  const std::vector<std::string> plain = {"a", "b", "c", "d"};  // admitted before sharing
+  const std::vector<std::string> replica = {"a::1", "b::1", "c::1", "d::1"};
+  node.WriteCheckpoint({ByIdEntry("old", kEfa, shared), Entry("plain", kEfa, plain),
+                        Entry("replica", kEfa, replica)});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.Recover().ok());
+  // Four EFAs no one holds are wanted; two are free.
+  CHECK(absl::IsFailedPrecondition(binder.PreStart(node.table(), plain)));
+  // A claim of replica IDs shares EFAs with room.
+  REQUIRE(binder.PreStart(node.table(), replica).ok());
+  CHECK(binder.BoundEfas(replica)->size() == 4);
+}
+
 TEST_CASE("Sharing: a container given both replica IDs of an EFA by ID holds it once",
           "[late-binding][upgrade]") {
   Node node(/*replicas=*/2);
