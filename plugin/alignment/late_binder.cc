@@ -54,16 +54,17 @@ std::optional<ContainerDevices> FindByDevices(const v1::ListPodResourcesResponse
 }
 
 // The EFAs of `table` a claim may be given: healthy, with room for one
-// more claim (`taken`: EFA -> claims bound to it); with sharing, how many
-// claims each holds already.
+// more claim (`taken`: EFA -> claims bound to it), or held by none when the
+// claim is not `shared`; with sharing, how many claims each holds already.
 topology::AllocationRequest FreeEfas(const topology::DeviceTable& table,
-                                     const std::map<std::string, int>& taken) {
+                                     const std::map<std::string, int>& taken, bool shared) {
   topology::AllocationRequest request;
   for (const topology::EfaDevice& d : table.devices) {
     auto uses = taken.find(d.ibdev);
-    if (!d.healthy() || (uses != taken.end() && uses->second >= table.replicas)) continue;
+    const int used = uses == taken.end() ? 0 : uses->second;
+    if (!d.healthy() || used >= (shared ? table.replicas : 1)) continue;
     request.available.push_back(d.ibdev);
-    if (uses != taken.end() && table.replicas > 1) request.shared[d.ibdev] = uses->second;
+    if (used > 0) request.shared[d.ibdev] = used;
   }
   return request;
 }
@@ -819,12 +820,7 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
       table.replicas > 1 &&
       std::all_of(claim.kubelet_ids.begin(), claim.kubelet_ids.end(),
                   [](const std::string& id) { return topology::ParseReplicaId(id).has_value(); });
-  topology::AllocationRequest request = FreeEfas(table, taken);
-  if (!shared && table.replicas > 1) {
-    std::erase_if(request.available,
-                  [&](const std::string& efa) { return request.shared.count(efa) > 0; });
-    request.shared.clear();
-  }
+  topology::AllocationRequest request = FreeEfas(table, taken, shared);
   bool only_held = false;  // only EFAs the kubelet holds the IDs of are offered
   if (unstarted) {
     const Offer offer = OfferUnstarted(claim.kubelet_ids, unstarted->named_only,
