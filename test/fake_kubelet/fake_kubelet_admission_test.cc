@@ -953,6 +953,9 @@ TEST_CASE("A container whose devices the checkpoint lost is allocated again when
   REQUIRE(node.kubelet().Restart().ok());
   node.gpus().Stop();
   REQUIRE(node.gpus().Start().ok());
+  // Allocate goes to an open endpoint only: Register returning does not
+  // mean the stream is open yet (a loaded machine showed it).
+  REQUIRE(node.kubelet().WaitForStreaming(kGpu, true, kWait));
   node.ReRegisterEfa(/*pre_start=*/true);
   node.kubelet().SyncPods();
   // The GPU plugin asks for no PreStartContainer: Allocate again.
