@@ -80,6 +80,7 @@ expect_key PrivateDevices no "sees the host's /dev/infiniband"
 expect_key IPAddressDeny any "its listeners answer nobody but the node"
 expect_key ReadWritePaths "/var/lib/kubelet/device-plugins /run/cdi" \
   "writes only the device-plugins dir and the CDI dir"
+expect_key ReadOnlyPaths /run "nothing else in /run"
 
 # The config file: the path the chart mounts its config map at.
 chart="$ROOT/helm/aws-efa-k8s-device-plugin"
