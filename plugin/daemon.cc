@@ -514,8 +514,14 @@ int Daemon::Run() {
     // (made by the next pass), handles what came and runs the due timers.
     if (!loop_.RunOnce(NextRegistration())) break;
   }
+  // Standing aside, the socket is the other device plugin's: left to it.
+  const bool aside = registrar_.standing_aside();
   registrar_.StopServer();
-  spdlog::info("stopped; {} removed", plugin_socket().string());
+  if (aside) {
+    spdlog::info("stopped; {} left to the device plugin serving it", plugin_socket().string());
+  } else {
+    spdlog::info("stopped; {} removed", plugin_socket().string());
+  }
   return 0;
 }
 
