@@ -14,7 +14,9 @@
 #    mounted read-only at /node) and the service restarted: the daemon
 #    registers with a fake kubelet on the host (the kubelet dir is shared
 #    with the container), advertises the 32 EFAs and answers Allocate;
-#    /readyz answers 200; its log is in the journal.
+#    /readyz answers 200; its log is in the journal. The daemon started on
+#    the host beside it, as the chart's pod would be, on the same kubelet
+#    dir, stands aside: it registers nothing and leaves the socket alone.
 # 4. Killed, it is restarted (Restart=on-failure); the .deb installed again
 #    (an upgrade) keeps the edited config file and restarts the service.
 # 5. A reboot of the container: the service starts at boot, before a
@@ -211,11 +213,35 @@ register() {
   readyz="$(inside bash -c 'exec 3<>/dev/tcp/127.0.0.1/8081 && printf "GET /readyz HTTP/1.0\r\n\r\n" >&3 && head -1 <&3' 2>&1)"
   if [[ "$readyz" == *" 200 "* ]]; then pass "$1: /readyz on 127.0.0.1:8081: ${readyz%$'\r'}"
   else fail "$1: /readyz answers 200" "$readyz"; fi
+  [ -z "${2:-}" ] || "$2"
   kill "$fake_pid" 2>/dev/null
   wait "$fake_pid" 2>/dev/null
   fake_pid=""
 }
-register "a node with EFAs"
+# beside_it: the daemon as the chart's pod runs it, here on the host (its
+# own mount namespace), started beside the running service on the same
+# kubelet dir: it stands aside, and leaves the service's socket alone
+# when it stops.
+beside_it() {
+  local socket="$work/kubelet/device-plugins/aws-efa-device-plugin.sock" inode pod rc
+  inode="$(stat -c %i "$socket")"
+  "$BUILD/plugin/$PKG" --kubelet-dir "$work/kubelet" --sysfs-root "$work/node/sys" --dev-root "$work/node/dev" \
+    --proc-root "$work/node/proc" --metrics-address 127.0.0.1:0 --probe-address 127.0.0.1:0 >"$work/pod.log" 2>&1 &
+  pod=$!
+  wait_for 20 grep -q "standing aside" "$work/pod.log"
+  sleep 1
+  kill -TERM "$pod"
+  wait "$pod"
+  rc=$?
+  if grep -q "another device plugin serves .* standing aside" "$work/pod.log" &&
+     grep -q "stopped; .* left to the device plugin serving it" "$work/pod.log" &&
+     ! grep -q "registered vpc.amazonaws.com/efa" "$work/pod.log" && [ "$rc" = 0 ] &&
+     [ "$(stat -c %i "$socket" 2>/dev/null)" = "$inode" ] && [ "$(grep -c '^Registered' "$work/kubelet.out")" = 1 ]; then
+    pass "a second daemon beside the service (the chart's pod) stands aside, registers nothing, leaves its socket"
+  else fail "a second daemon beside the service stands aside" \
+    "exit $rc; socket inode $inode -> $(stat -c %i "$socket" 2>&1)"$'\n'"$(tail -5 "$work/pod.log")"$'\n'"$(grep '^Registered' "$work/kubelet.out")"; fi
+}
+register "a node with EFAs" beside_it
 if grep -q "configuration: .*sysfsRoot=/node/sys (/etc/$PKG/config.yaml)" <<<"$(journal)"; then
   pass "the journal has its log, and its configuration from /etc/$PKG/config.yaml"
 else fail "the daemon's log in the journal" "$(journal | tail -5)"; fi
