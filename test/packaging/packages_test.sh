@@ -102,6 +102,7 @@ for soname in libc.so.6 libstdc++.so.6 libhwloc.so.15 libyaml-cpp.so.0.7; do
   else fail ".rpm: requires $soname" "$requires"; fi
 done
 expect ".rpm: Version is CMake's project version" "$VERSION" "$(rpm -qp --qf '%{VERSION}' "$rpm" 2>/dev/null)"
+expect ".rpm: not relocatable (the unit names its paths)" "(none)" "$(rpm -qp --qf '%{PREFIXES}' "$rpm" 2>/dev/null)"
 
 # The files themselves: packaging/'s unit and config; binaries stripped,
 # the daemon's version, the idle binary's check.
