@@ -201,6 +201,7 @@ void Daemon::Stop() { loop_.Stop(); }
 
 void Daemon::Heartbeat() {
   registered_now_ = registrar_.registered();
+  standing_aside_now_ = registrar_.standing_aside();
   known_devices_ = tracker_.known_count();
   heartbeat_ns_ = std::max<int64_t>(1, options_.clock->Now().time_since_epoch().count());
 }
@@ -458,8 +459,11 @@ void Daemon::ServeAndRegister() {
     // serving never stops again.
     serving_started_ = true;
     if (absl::Status served = registrar_.StartServer(); !served.ok()) {
-      // Retried with the registration (TryRegister), whatever the cause.
-      spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
+      // Retried with the registration (TryRegister), whatever the cause;
+      // standing aside for another device plugin is no error, and logged.
+      if (!absl::IsAlreadyExists(served)) {
+        spdlog::error("cannot serve the device plugin API: {}", std::string(served.message()));
+      }
     }
   }
   if (!registrar_.registered() && !guards_.withdrawn() && late_binder_->recovered() &&
@@ -512,8 +516,14 @@ int Daemon::Run() {
     // (made by the next pass), handles what came and runs the due timers.
     if (!loop_.RunOnce(NextRegistration())) break;
   }
+  // Standing aside, the socket is the other device plugin's: left to it.
+  const bool aside = registrar_.standing_aside();
   registrar_.StopServer();
-  spdlog::info("stopped; {} removed", plugin_socket().string());
+  if (aside) {
+    spdlog::info("stopped; {} left to the device plugin serving it", plugin_socket().string());
+  } else {
+    spdlog::info("stopped; {} removed", plugin_socket().string());
+  }
   return 0;
 }
 

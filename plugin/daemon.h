@@ -140,6 +140,10 @@ class Daemon {
   // EFAs the daemon knows (listed to the kubelet unless withdrawn), as of
   // the latest heartbeat. Thread-safe.
   bool registered() const { return registered_now_.load(); }
+  // Whether another device plugin serves its socket, so that it neither
+  // serves nor registers (Registrar::StartServer), as of the latest
+  // heartbeat. Thread-safe.
+  bool standing_aside() const { return standing_aside_now_.load(); }
   int known_devices() const { return known_devices_.load(); }
   // The resource it registers (vpc.amazonaws.com/efa, or .shared when
   // sharing renames it). Thread-safe.
@@ -277,6 +281,7 @@ class Daemon {
   std::atomic<bool> stream_ended_{false};
   std::atomic<int64_t> heartbeat_ns_{0};  // clock(); 0: none yet
   std::atomic<bool> registered_now_{false};
+  std::atomic<bool> standing_aside_now_{false};
   std::atomic<int> known_devices_{0};
   std::atomic<int> checkpoint_entries_skipped_{0};
   std::atomic<int> bound_under_other_name_{0};

@@ -298,7 +298,7 @@ std::string_view GrpcCodeName(grpc::StatusCode code) {
 }
 
 ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards,
-                       const std::string& resource) {
+                       const std::string& resource, bool standing_aside) {
   // Guard findings are logs and metrics, not readiness: a 503 here would
   // stall a DaemonSet rollout on every such node although the daemon
   // serves as configured.
@@ -309,6 +309,10 @@ ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& gu
                          " is withdrawn, as --dra-policy=yield asks (", guards.dra.evidence, ")")};
   }
   if (registered) return {true, absl::StrCat(resource, " is registered with the kubelet")};
+  if (standing_aside) {
+    return {true, absl::StrCat("another device plugin serves ", resource,
+                               " on this node (the plugin's host service?): standing aside")};
+  }
   if (known_devices == 0) return {true, kNoEfaReadiness};
   return {false, absl::StrCat(resource, " is not registered with the kubelet yet")};
 }
@@ -458,7 +462,7 @@ HttpResponse DaemonMonitor::Readyz() const {
   const Daemon* daemon = daemon_.load();
   if (daemon == nullptr) return Probe({false, "the daemon has not started"});
   return Probe(Readiness(daemon->registered(), daemon->known_devices(), daemon->guard_status(),
-                         daemon->resource_name()));
+                         daemon->resource_name(), daemon->standing_aside()));
 }
 
 std::map<std::string, HttpHandler> DaemonMonitor::Routes() const {

@@ -48,13 +48,15 @@ struct MonitorOptions {
 // Ready when the daemon serves as configured: the resource is registered
 // with the kubelet, or there is no EFA to register (a node without EFA is
 // in its steady state), or it is withdrawn because the EFA DRA driver is
-// present under --dra-policy=yield. Guard findings (MOFED on, the DRA
+// present under --dra-policy=yield, or it stands aside for another device
+// plugin serving its socket (the plugin's host service: its steady state
+// on such a node, Registrar::StartServer). Guard findings (MOFED on, the DRA
 // driver beside the plugin under ignore) are logs and metrics, and under
 // MOFED protect the devices' health: never unreadiness, which would stall
 // every rolling update on such nodes. The reason names `resource`, the
 // resource the daemon registers. Pure.
 ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& guards,
-                       const std::string& resource = kResourceName);
+                       const std::string& resource = kResourceName, bool standing_aside = false);
 
 class DaemonMonitor final : public RpcObserver {
  public:

@@ -46,6 +46,24 @@ bool IsSocket(const fs::path& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
+// Whether a server listens on the unix socket at `path`: a connection is
+// accepted, or refused only because its backlog is full (EAGAIN, from a
+// non-blocking connect). A socket file left by a server that ended refuses
+// (ECONNREFUSED).
+bool Listening(const fs::path& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.native().size() >= sizeof addr.sun_path) return false;
+  std::memcpy(addr.sun_path, path.c_str(), path.native().size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  const bool listening =
+      ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 ||
+      errno == EAGAIN || errno == EINPROGRESS;
+  ::close(fd);
+  return listening;
+}
+
 }  // namespace
 
 Registrar::Registrar(Options options, DevicePluginService* service)
@@ -102,6 +120,25 @@ absl::Status Registrar::StartServer() {
   const fs::path socket = plugin_socket();
   std::error_code ec;
   fs::create_directories(socket.parent_path(), ec);
+  // Another device plugin serving our socket: the host service of this
+  // plugin (a .deb or .rpm) while this one runs in the chart's pod, or the
+  // other way round. Replacing its socket would register the resource
+  // twice, each registration taking the kubelet from the other; this one
+  // stands aside instead and looks again with the registration's backoff,
+  // so that it takes over once the other stops (its socket then refuses or
+  // is gone).
+  if (IsSocket(socket) && Listening(socket)) {
+    if (!standing_aside_) {
+      spdlog::warn(
+          "another device plugin serves {} (efa-k8s-device-plugin's host service, or its pod): "
+          "standing aside, neither serving nor registering while it runs; this one takes over "
+          "when it stops",
+          socket.string());
+    }
+    standing_aside_ = true;
+    return absl::AlreadyExistsError(
+        absl::StrCat(socket.string(), ": another device plugin serves it"));
+  }
   // A stale socket from an earlier run; anything else in the way (a
   // directory, a read-only file system) is the cause to report.
   if (!fs::remove(socket, ec) && ec && ec != std::errc::no_such_file_or_directory) {
@@ -137,6 +174,8 @@ absl::Status Registrar::StartServer() {
     fs::remove(socket, ec);
     return absl::FailedPreconditionError(absl::StrCat(socket.string(), ": ", problem));
   }
+  if (standing_aside_) spdlog::info("the other device plugin left {}", socket.string());
+  standing_aside_ = false;
   spdlog::info("serving the device plugin API on {}", socket.string());
   return absl::OkStatus();
 }
@@ -162,7 +201,10 @@ void Registrar::Register() {
       server_.reset();
     }
     if (absl::Status served = StartServer(); !served.ok()) {
-      RetryLater(absl::StrCat("cannot serve the device plugin API: ", served.message()));
+      // Standing aside was logged once, not at every look.
+      RetryLater(absl::IsAlreadyExists(served)
+                     ? ""
+                     : absl::StrCat("cannot serve the device plugin API: ", served.message()));
       return;
     }
   }
@@ -193,7 +235,7 @@ void Registrar::Register() {
 void Registrar::RetryLater(std::string_view why) {
   backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(250), kMaxBackoff);
   next_attempt_ = options_.clock->Now() + backoff_;
-  spdlog::warn("{}; retrying in {} ms", why, backoff_.count());
+  if (!why.empty()) spdlog::warn("{}; retrying in {} ms", why, backoff_.count());
 }
 
 }  // namespace efa::plugin

@@ -52,6 +52,9 @@ class Registrar {
   // Whether the latest registration stands (no reason to register again
   // came since).
   bool registered() const { return registered_; }
+  // Whether another device plugin serves the socket, so that this one
+  // neither serves nor registers (StartServer).
+  bool standing_aside() const { return standing_aside_; }
   // When the next attempt is due.
   Clock::time_point next_attempt() const { return next_attempt_; }
   // Marks the resource unregistered and the next attempt due now, logging
@@ -60,7 +63,10 @@ class Registrar {
   void RegisterAgainNow(Reason reason);
 
   // Serves the device plugin API on a fresh socket (mode 0600); the error
-  // names the socket and the cause.
+  // names the socket and the cause. When another server accepts
+  // connections on the socket (the plugin's host service while this one
+  // runs in the chart's pod, or the other way round) it is left alone:
+  // AlreadyExists, logged once until serving starts.
   absl::Status StartServer();
   // Ends the streams, stops serving and removes the socket. Idempotent.
   void StopServer();
@@ -76,13 +82,14 @@ class Registrar {
   int kubelet_restarts() const { return kubelet_restarts_.load(); }
 
  private:
-  // Schedules the next attempt with backoff, logging `why`.
+  // Schedules the next attempt with backoff, logging `why` unless empty.
   void RetryLater(std::string_view why);
 
   const Options options_;
   DevicePluginService* const service_;
   std::unique_ptr<grpc::Server> server_;
   bool registered_ = false;
+  bool standing_aside_ = false;
   Clock::time_point next_attempt_;
   std::chrono::milliseconds backoff_{0};  // doubles while attempts fail
   std::atomic<int> registrations_{0};

@@ -33,6 +33,7 @@ tests=(
   clang libclang-rt-14-dev catch2 libbenchmark-dev util-linux python3-yaml unzip
   python3-prometheus-client
   prometheus  # promtool for the alert rules tests
+  rpm cpio systemd  # the host install's packages: rpmbuild, rpm2cpio, systemd-analyze
 )
 lint=(clang-format clang-tidy shellcheck)
 

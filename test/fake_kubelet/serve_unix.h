@@ -3,8 +3,11 @@
 // plugin.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
@@ -39,6 +42,23 @@ inline absl::StatusOr<std::unique_ptr<grpc::Server>> ServeOnUnixSocket(
         absl::StrCat(path.string(), ": cannot serve gRPC here (see the gRPC log above)"));
   }
   return server;
+}
+
+// A unix socket listening at `path` that never accepts: to a client, a
+// server that is there (connections wait in its backlog). Returns its
+// descriptor, -1 on failure.
+inline int ListenOnUnixSocket(const std::filesystem::path& path) {
+  if (!CheckUnixSocketPath(path).ok()) return -1;
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.native().size());
+  if (fd < 0 || ::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::listen(fd, 16) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace efa::testing

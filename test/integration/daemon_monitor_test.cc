@@ -400,6 +400,13 @@ TEST_CASE("Readiness follows serving as configured, not guard findings", "[monit
   ProbeVerdict v = Readiness(false, 4, clear);
   CHECK_FALSE(v.ok);
   CHECK(v.reason == "vpc.amazonaws.com/efa is not registered with the kubelet yet");
+  // Standing aside for another device plugin on its socket: the steady
+  // state of the chart's pod beside the plugin's host service.
+  v = Readiness(false, 4, clear, "vpc.amazonaws.com/efa", /*standing_aside=*/true);
+  CHECK(v.ok);
+  CHECK(v.reason ==
+        "another device plugin serves vpc.amazonaws.com/efa on this node (the plugin's host "
+        "service?): standing aside");
 
   // A MOFED conflict (warn or protect) is logs, metrics and device health.
   GuardStatus mofed;

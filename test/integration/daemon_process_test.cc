@@ -2,6 +2,7 @@
 // its metrics under sharing, scraped over HTTP.
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -42,6 +43,7 @@ using efa::sim::SimRoot;
 using efa::testing::ChildProcess;
 using efa::testing::DaemonRun;
 using efa::testing::HttpGet;
+using efa::testing::ListenOnUnixSocket;
 using efa::testing::ReadFile;
 using efa::testing::TestNode;
 
@@ -170,6 +172,49 @@ TEST_CASE("The daemon binary removes a stale socket before serving",
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, 10s));
   node.process().Signal(SIGINT);
   CHECK(node.process().Wait(10s) == 0);
+}
+
+TEST_CASE(
+    "The daemon binary stands aside while another device plugin serves its socket, and takes "
+    "over when it stops",
+    "[daemon][process][concurrency]") {
+  // Another device plugin on the socket: the plugin's host service, say,
+  // while this daemon runs in the chart's pod.
+  TestNode node({.machine = "p4d.24xlarge", .pod_resources = false, .run = DaemonRun::kLater});
+  fs::create_directories(node.device_plugin_dir());
+  const fs::path socket = node.device_plugin_dir() / "aws-efa-device-plugin.sock";
+  const int other = ListenOnUnixSocket(socket);
+  REQUIRE(other >= 0);
+  struct stat before {};
+  REQUIRE(::stat(socket.c_str(), &before) == 0);
+  node.StartBinary({"--log-level", "info", "--metrics-address", "127.0.0.1:0", "--probe-address",
+                    "", "--rescan-interval", "1s"});
+  REQUIRE(node.WaitLog("standing aside, neither serving nor registering while it runs"));
+  // Ready (its steady state on such a node: a DaemonSet rollout must not
+  // wait for it) from the owner loop's next pass, unregistered, the
+  // other's socket left in place.
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  auto ready = HttpGet(node.LoggedPort(kMetrics), "/readyz");
+  while (ready.status != 200 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+    ready = HttpGet(node.LoggedPort(kMetrics), "/readyz");
+  }
+  CHECK(ready.status == 200);
+  CHECK(absl::StrContains(ready.body, "another device plugin serves vpc.amazonaws.com/efa"));
+  CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 1, 3s));
+  struct stat still {};
+  REQUIRE(::stat(socket.c_str(), &still) == 0);
+  CHECK(still.st_ino == before.st_ino);
+
+  // The other stops and its socket goes, as this daemon's does on SIGTERM:
+  // this one serves and registers.
+  ::close(other);
+  fs::remove(socket);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, 15s));
+  CHECK(node.WaitLog("the other device plugin left"));
+  // Said once, not at every look.
+  CHECK(node.LogLines("another device plugin serves") == 1);
+  CHECK(node.process().Stop(kDeadline) == 0);
 }
 
 TEST_CASE(
@@ -375,15 +420,8 @@ TEST_CASE(
   TestNode node({.machine = "no-efa", .kubelet = false, .run = DaemonRun::kLater});
   SimRoot& sim = node.sim();
   fs::create_directories(node.device_plugin_dir());
-  const int kubelet = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int kubelet = ListenOnUnixSocket(node.device_plugin_dir() / "kubelet.sock");
   REQUIRE(kubelet >= 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string path = (node.device_plugin_dir() / "kubelet.sock").string();
-  REQUIRE(efa::testing::CheckUnixSocketPath(path).ok());
-  std::memcpy(addr.sun_path, path.c_str(), path.size());
-  REQUIRE(::bind(kubelet, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(kubelet, 16) == 0);
   node.StartBinary({"--log-level", "info", "--metrics-address", "127.0.0.1:0", "--probe-address",
                     "127.0.0.1:0", "--rescan-interval", "100ms"});
   REQUIRE(node.WaitLog("no EFA on this node; idle until one appears"));

@@ -1,9 +1,13 @@
 // The registrar's backoff: which reasons to register again start it over.
 #include "plugin/registrar.h"
 
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
 
+#include "test/fake_kubelet/serve_unix.h"
 #include "test/support/fake_clock.h"
 #include "test/support/temp_dir.h"
 
@@ -60,4 +64,29 @@ TEST_CASE("Registering again for the same kubelet keeps the backoff, for a new o
     CHECK(node.registrar.next_attempt() == node.clock.Now());
     CHECK(node.FailOnce() == milliseconds(250));
   }
+}
+
+TEST_CASE("The registrar stands aside while another server listens on its socket", "[registrar]") {
+  namespace fs = std::filesystem;
+  NoKubelet node;
+  const fs::path socket = node.registrar.plugin_socket();
+  fs::create_directories(socket.parent_path());
+  // Another device plugin (the plugin's host service beside its pod).
+  const int other = efa::testing::ListenOnUnixSocket(socket);
+  REQUIRE(other >= 0);
+  CHECK(absl::IsAlreadyExists(node.registrar.StartServer()));
+  CHECK(node.registrar.standing_aside());
+  CHECK(fs::is_socket(socket));  // left alone
+  // Registering looks again later, with the backoff, and registers nothing.
+  CHECK(node.FailOnce() == milliseconds(250));
+  CHECK(node.registrar.standing_aside());
+
+  // Its server ended without removing the socket file: a stale socket,
+  // replaced.
+  ::close(other);
+  REQUIRE(fs::is_socket(socket));
+  REQUIRE(node.registrar.StartServer().ok());
+  CHECK_FALSE(node.registrar.standing_aside());
+  node.registrar.StopServer();
+  CHECK_FALSE(fs::exists(socket));
 }
