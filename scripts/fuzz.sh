@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Builds the fuzz targets of test/fuzz with clang (libFuzzer, AddressSanitizer,
-# UndefinedBehaviorSanitizer; preset "fuzz", tree build/fuzz) and runs each.
+# UndefinedBehaviorSanitizer) and runs each. They are built in the asan
+# preset's tree, build/asan (EFA_FUZZ), beside the suite that
+# `scripts/sanitizers.sh asan` runs: after that stage only the fuzz targets'
+# own files compile.
 #   scripts/fuzz.sh                  10 seconds per target (the CI run)
 #   scripts/fuzz.sh 300              300 seconds per target
 #   scripts/fuzz.sh --runs 1000000   1,000,000 executions per target (the long run)
 #   scripts/fuzz.sh 60 kubelet_checkpoint config_yaml    only these targets
 # Each target starts from its seed corpus, test/fuzz/corpus/<name> (never
-# written), plus what earlier runs kept in build/fuzz/corpus/<name>, where new
-# inputs go; a crashing input is saved in build/fuzz/artifacts/<name>/.
+# written), plus what earlier runs kept in build/asan/fuzz/corpus/<name>, where
+# new inputs go; a crashing input is saved in build/asan/fuzz/artifacts/<name>/.
 # Prints one line per target (executions, executions per second, corpus
 # inputs/bytes, crashes) and exits 1 when any target crashed, leaked, timed
 # out or ran out of memory. EFA_FUZZ_JOBS: build jobs (default: all cores).
@@ -31,8 +34,9 @@ if [ $# -gt 0 ]; then
 fi
 
 scripts/install-deps.sh
-cmake --preset fuzz >/dev/null
-build=build/fuzz
+cmake --preset asan >/dev/null
+build=build/asan
+work=$build/fuzz
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   for f in test/fuzz/*_fuzz.cc; do
@@ -44,9 +48,9 @@ cmake --build "$build" -j"${EFA_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]/%/_
 
 failed=0
 for name in "${targets[@]}"; do
-  corpus="$build/corpus/$name"
-  artifacts="$build/artifacts/$name"
-  log="$build/logs/$name.log"
+  corpus="$work/corpus/$name"
+  artifacts="$work/artifacts/$name"
+  log="$work/logs/$name.log"
   mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
   before=$(find "$artifacts" -type f | wc -l)
   echo "fuzz: running $name (${limit[*]})" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sanitizer stages of the test suite (`scripts/test.sh --all` runs them
 # after the ci preset):
-#   asan  the whole suite but e2e, packaging and bench, built with GCC's
+#   asan  the whole suite but e2e, packaging and bench, built with clang's
 #         AddressSanitizer + UndefinedBehaviorSanitizer (preset asan, -O1),
 #         two tests at a time
 #   tsan  the concurrency tests (Catch2 tag [concurrency]: every test with
@@ -9,7 +9,8 @@
 #         tsan), with abseil rebuilt with TSan (scripts/tsan-abseil.sh) so
 #         absl::Mutex is seen in our code and in gRPC
 #   fuzz  every libFuzzer target for EFA_FUZZ_SECONDS (default 10) seconds
-#         (scripts/fuzz.sh)
+#         (scripts/fuzz.sh), built in the asan stage's tree: after it, only
+#         the fuzz targets' own files compile
 #   scripts/sanitizers.sh [asan|tsan|fuzz]...   (default: all three)
 # Every process the tests start (the daemon binary too) writes its reports
 # to build/<preset>/sanitizer-reports/; a report fails the stage even when

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds kubelet, kube-apiserver, kube-controller-manager, kube-scheduler and
-# kubectl v1.20.2 from Debian 12's `kubernetes` source package, for the
-# end-to-end suite (test/e2e/run.sh; the controller manager's DaemonSet
-# controller and the scheduler run the Helm chart's DaemonSet).
+# Builds kubelet, kube-apiserver, kube-controller-manager and kube-scheduler
+# v1.20.2 from Debian 12's `kubernetes` source package, and takes kubectl
+# v1.20.2 from Debian's binary package of that source, kubernetes-client,
+# for the end-to-end suite (test/e2e/run.sh; the controller manager's
+# DaemonSet controller and the scheduler run the Helm chart's DaemonSet).
 #
 #   test/e2e/build-kubernetes.sh [--with-helm]
 #
@@ -12,6 +13,7 @@
 #   gopath/src/k8s.io/kubernetes   the unpacked tree (Debian patches applied)
 #   gocache/           Go's build cache (about 2 GB; makes rebuilds take seconds)
 #   bin/               the binaries above (and helm, kubectl-v1.34)
+#   kubectl-deb/       kubernetes-client's .deb while its kubectl is taken out
 # Each step is skipped when its result is already there, so a warm run only
 # checks stamps. One run at a time per cache: a second waits for the first
 # (.ci/run starts one in the background, the e2e suite's own call then waits
@@ -108,20 +110,54 @@ gen_openapi() {
     || die "make gen_openapi left no pkg/generated/openapi/zz_generated.openapi.go"
 }
 
-readonly COMMANDS=(kubelet kube-apiserver kube-controller-manager kube-scheduler kubectl)
+readonly COMMANDS=(kubelet kube-apiserver kube-controller-manager kube-scheduler)
+
+# kubectl: Debian 12's kubernetes-client, built by Debian from the source
+# package above (1.20.5+really1.20.2: kubectl v1.20.2, Go 1.19.8), instead of
+# compiling it here (BENCHMARKS.md, "CI time": the CPU it saves). Only its
+# binary is taken, into bin/: the package is not installed, since a machine
+# of this kind has Google Cloud's kubectl package, which owns
+# /usr/bin/kubectl too. Fails (the caller then builds kubectl) when the
+# package cannot be fetched or its kubectl does not report $K8S_VERSION.
+kubectl_is_wanted() {
+  [ -x "$1" ] && [ "$("$1" version --client --short 2>/dev/null)" = "Client Version: $K8S_VERSION" ]
+}
+fetch_kubectl() {
+  kubectl_is_wanted "$CACHE/bin/kubectl" && return 0
+  local work="$CACHE/kubectl-deb"
+  rm -rf "$work"; mkdir -p "$work" "$CACHE/bin"
+  # As root (the cache is root's); on failure the indexes are updated once.
+  local apt="$HERE/../../scripts/apt-get.sh"
+  local get=(download -qq -o APT::Sandbox::User=root kubernetes-client)
+  (cd "$work" && "$apt" "${get[@]}") \
+    || { "$apt" update -qq && (cd "$work" && "$apt" "${get[@]}"); } \
+    || { say "note: apt-get download kubernetes-client failed"; return 1; }
+  dpkg-deb -x "$work"/kubernetes-client_*.deb "$work/root" \
+    || { say "note: cannot unpack $(basename "$work"/kubernetes-client_*.deb)"; return 1; }
+  if ! kubectl_is_wanted "$work/root/usr/bin/kubectl"; then
+    say "note: Debian's kubectl reports '$("$work/root/usr/bin/kubectl" version --client --short 2>&1 | head -n1)', not $K8S_VERSION"
+    return 1
+  fi
+  install -m 0755 "$work/root/usr/bin/kubectl" "$CACHE/bin/kubectl.tmp"
+  mv "$CACHE/bin/kubectl.tmp" "$CACHE/bin/kubectl"
+  rm -rf "$work"
+  say "kubectl $K8S_VERSION from Debian's kubernetes-client"
+}
 
 build_binaries() {
   local tree="$CACHE/gopath/src/k8s.io/kubernetes"
   local stamp="$CACHE/bin/.efa-e2e-built"
-  local want cmd missing=()
+  local want cmd commands=("${COMMANDS[@]}") missing=()
   want="$K8S_VERSION $(cat "$tree/.efa-e2e-unpacked") $(go version)"
+  # Debian's kubectl, else it is built with the others.
+  fetch_kubectl || { say "building kubectl instead"; rm -f "$CACHE/bin/kubectl"; commands+=(kubectl); }
   # A binary of another version or Go is rebuilt; one built already is kept.
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] || rm -f "$stamp"
-  for cmd in "${COMMANDS[@]}"; do
+  for cmd in "${commands[@]}"; do
     [ -f "$stamp" ] && [ -x "$CACHE/bin/$cmd" ] || missing+=("$cmd")
   done
   if [ ${#missing[@]} -eq 0 ]; then
-    say "${COMMANDS[*]} $K8S_VERSION already built"
+    say "${commands[*]} $K8S_VERSION already built"
     return 0
   fi
   go_env
@@ -136,18 +172,25 @@ build_binaries() {
     ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   done
-  mkdir -p "$CACHE/bin"
-  local cgo
+  # One go build for all of them, with one cgo setting. The kubelet is built
+  # with cgo, as upstream's and Debian's (gonvml's NVML, glibc's resolver);
+  # a package is compiled again for each CGO_ENABLED of what it imports, so
+  # with the others at CGO_ENABLED=0, 789 of the 1,214 packages they share
+  # with the kubelet (those importing net or os/user, `go list -deps`) were
+  # compiled twice. With cgo they link against the machine's glibc, as
+  # Debian's kubernetes packages do (they only run here).
+  local out="$CACHE/bin/.tmp"
+  rm -rf "$out"; mkdir -p "$out"
+  say "go build ${missing[*]/#/./cmd/} (CGO_ENABLED=1)"
+  (cd "$tree" && CGO_ENABLED=1 go build -p 2 -tags selinux,notest -ldflags "$ldflags" \
+      -o "$out/" "${missing[@]/#/./cmd/}") > "$CACHE/build.log" 2>&1 \
+    || { tail -n 30 "$CACHE/build.log" >&2; die "go build ${missing[*]/#/./cmd/} failed (log: $CACHE/build.log)"; }
   for cmd in "${missing[@]}"; do
-    cgo=0; [ "$cmd" = kubelet ] && cgo=1
-    say "go build ./cmd/$cmd (CGO_ENABLED=$cgo)"
-    (cd "$tree" && CGO_ENABLED=$cgo go build -p 2 -tags selinux,notest -ldflags "$ldflags" \
-        -o "$CACHE/bin/$cmd.tmp" "./cmd/$cmd") > "$CACHE/build-$cmd.log" 2>&1 \
-      || { tail -n 30 "$CACHE/build-$cmd.log" >&2; die "go build ./cmd/$cmd failed (log: $CACHE/build-$cmd.log)"; }
-    mv "$CACHE/bin/$cmd.tmp" "$CACHE/bin/$cmd"
+    mv "$out/$cmd" "$CACHE/bin/$cmd"
   done
-  "$CACHE/bin/kubectl" version --client --short 2>/dev/null | grep -q "$K8S_VERSION" \
-    || die "built kubectl does not report $K8S_VERSION (version ldflags not applied?)"
+  rmdir "$out"
+  kubectl_is_wanted "$CACHE/bin/kubectl" \
+    || die "kubectl does not report $K8S_VERSION (version ldflags not applied?)"
   echo "$want" > "$stamp"
 }
 
