@@ -31,7 +31,9 @@ run_preset() {
   local preset=$1 targets=$2
   shift 2
   local reports="$PWD/build/$preset/sanitizer-reports"
-  cmake --preset "$preset" >/dev/null
+  # A tree configured by an older preset (the asan preset was GCC's) cannot
+  # change compiler in place: configured afresh.
+  cmake --preset "$preset" >/dev/null 2>&1 || { rm -rf "build/$preset"; cmake --preset "$preset" >/dev/null; }
   # shellcheck disable=SC2086 # the target list is split on purpose
   cmake --build --preset "$preset" -j2 ${targets:+--target $targets}
   rm -rf "$reports" && mkdir -p "$reports"
