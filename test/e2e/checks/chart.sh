@@ -253,7 +253,10 @@ Seccomp: 2"
   info "$pod: Running, Ready, /healthz and /readyz 200, uid 0 with no capability, no_new_privs, seccomp filter, read-only root"
   e2e_wait_for 60 "node allocatable $EFA to be $EFA_TOTAL" node_efa_is allocatable "$EFA_TOTAL" \
     || why "with the chart's pod running allocatable $EFA is '$(node_field allocatable)', expected $EFA_TOTAL" || return 1
-  e2e_kubectl logs -n "$CHART_NS" "$pod" 2>/dev/null | grep -qF "registered $EFA with the kubelet" \
+  # Allocatable may still count the replaced pod's registration (the
+  # kubelet keeps an endpoint's devices for a grace period): wait for this
+  # pod's own, which comes once the socket it replaces stops answering.
+  e2e_wait_for 60 "$pod to log its registration" pod_logged "$CHART_NS" "$pod" "registered $EFA with the kubelet" \
     || why "the chart's pod did not log its registration: $(e2e_kubectl logs -n "$CHART_NS" "$pod" 2>&1 | tail -n 5 | paste -sd' ')" || return 1
   CHART_POD="$pod"
 }

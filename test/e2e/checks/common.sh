@@ -8,6 +8,9 @@ node_field() {  # node_field capacity|allocatable
   e2e_kubectl get node "$E2E_NODE" -o "jsonpath={.status.$1.vpc\.amazonaws\.com/efa}" 2>/dev/null
 }
 node_efa_is() { [ "$(node_field "$1")" = "$2" ]; }
+# pod_logged NAMESPACE POD TEXT: whether the pod's log has TEXT (the whole
+# log read: grep -q would end kubectl early, a failure under pipefail).
+pod_logged() { e2e_kubectl logs -n "$1" "$2" 2>/dev/null | grep -F "$3" >/dev/null; }
 
 # How often the daemon has registered, from its log.
 registrations() { grep -c "registered $EFA with the kubelet" "$E2E_LOGS/efa-plugin.log" 2>/dev/null || true; }
