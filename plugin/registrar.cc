@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
@@ -49,19 +50,25 @@ bool IsSocket(const fs::path& path) {
 // Whether a server listens on the unix socket at `path`: a connection is
 // accepted, or refused only because its backlog is full (EAGAIN, from a
 // non-blocking connect). A socket file left by a server that ended refuses
-// (ECONNREFUSED).
-bool Listening(const fs::path& path) {
+// (ECONNREFUSED), a removed one is absent (ENOENT): no one. Any other
+// failure (EMFILE for our own socket, ...) tells nothing and is returned.
+absl::StatusOr<bool> Listening(const fs::path& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.native().size() >= sizeof addr.sun_path) return false;
   std::memcpy(addr.sun_path, path.c_str(), path.native().size());
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return false;
-  const bool listening =
-      ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 ||
-      errno == EAGAIN || errno == EINPROGRESS;
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot tell whether another device plugin serves ",
+                                               path.string(), ": socket: ", std::strerror(errno)));
+  }
+  const int connected = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  const int error = connected == 0 ? 0 : errno;
   ::close(fd);
-  return listening;
+  if (error == 0 || error == EAGAIN || error == EINPROGRESS) return true;
+  if (error == ECONNREFUSED || error == ENOENT) return false;
+  return absl::UnavailableError(absl::StrCat("cannot tell whether another device plugin serves ",
+                                             path.string(), ": connect: ", std::strerror(error)));
 }
 
 }  // namespace
@@ -127,7 +134,9 @@ absl::Status Registrar::StartServer() {
   // stands aside instead and looks again with the registration's backoff,
   // so that it takes over once the other stops (its socket then refuses or
   // is gone).
-  if (IsSocket(socket) && Listening(socket)) {
+  const absl::StatusOr<bool> listening = IsSocket(socket) ? Listening(socket) : false;
+  if (!listening.ok()) return listening.status();  // decides nothing: retried
+  if (*listening) {
     if (!standing_aside_) {
       spdlog::warn(
           "another device plugin serves {} (efa-k8s-device-plugin's host service, or its pod): "
