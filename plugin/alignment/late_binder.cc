@@ -316,8 +316,38 @@ LateBinder::Checkpointed LateBinder::ReadCheckpointed() const {
   return out;
 }
 
+bool LateBinder::HeldById(const Checkpointed& checkpointed, const std::string& claim,
+                          const Binding& binding) {
+  // Of a binding's resource, or of any EFA resource while that is unknown.
+  auto its = [&](const ContainerDevices& c) {
+    return binding.resource.empty() || c.efa_resource == binding.resource;
+  };
+  bool by_id = false;
+  auto it = checkpointed.claims.find(claim);
+  if (it != checkpointed.claims.end() && its(it->second)) {
+    if (!it->second.efas_by_id) return false;
+    by_id = true;
+  }
+  for (const ContainerDevices& c : checkpointed.other_name) {
+    if (!its(c) || ClaimName(c.efas) != claim) continue;
+    if (!c.efas_by_id) return false;
+    by_id = true;
+  }
+  return by_id;
+}
+
 void LateBinder::Adopt(const Checkpointed& checkpointed) {
-  for (auto& [claim, binding] : bindings_) {
+  for (auto next = bindings_.begin(); next != bindings_.end();) {
+    const auto current = next++;  // Release erases it
+    // A late-bound container's Allocate answer names no device nodes: a
+    // container given the claim's IDs by ID is another one, admitted after
+    // the kubelet freed them (a pod deleted, the next admitted under best
+    // effort): the binding's container is gone.
+    if (HeldById(checkpointed, current->first, current->second)) {
+      Release(current, "the kubelet gave its devices to a container it answered by ID");
+      continue;
+    }
+    auto& [claim, binding] = *current;
     // Unknown, or named by pod-resources before the checkpoint had it.
     if (!binding.owner.empty() && !absl::StartsWith(binding.owner, "pod ")) continue;
     auto it = checkpointed.claims.find(claim);
@@ -356,8 +386,7 @@ std::map<std::string, int> LateBinder::Taken(const Checkpointed& checkpointed,
     for (const auto& [efa, uses] : held) taken[efa] += uses;
   };
   for (const auto& [claim, c] : checkpointed.claims) {
-    if (!c.efas_by_id || except.count(claim) || bindings_.count(claim)) continue;
-    held_by_id(c);
+    if (c.efas_by_id && !except.count(claim)) held_by_id(c);
   }
   for (const ContainerDevices& c : checkpointed.other_name) {
     if (c.efas_by_id) held_by_id(c);

@@ -620,6 +620,33 @@ TEST_CASE("Late binding never binds the EFAs a best-effort container holds by ID
   CHECK(binder.counts().bound == 1);
 }
 
+TEST_CASE("A binding whose IDs the kubelet gave another pod by ID is released, its EFAs held",
+          "[late-binding][upgrade]") {
+  Node node;
+  // Late-bound: uid-5's tokens name the EFAs beside GPU 0 (group 0); it is
+  // bound beside GPU 3 (group 3).
+  const std::vector<std::string> old_tokens = node.Group(0);
+  node.WriteCheckpoint({Entry("uid-5", kGpu, {Uuid(kGpus[3])}), Entry("uid-5", kEfa, old_tokens)});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), old_tokens).ok());
+  REQUIRE(binder.BoundEfas(old_tokens) == node.Group(3));
+  // Switched to best effort, uid-5 deleted, uid-9 given the same IDs by ID
+  // (the kubelet freed them first); then back to late binding.
+  node.WriteCheckpoint({ByIdEntry("uid-9", kEfa, old_tokens)});
+  LateBinder after(node.Options());
+  REQUIRE(after.Recover().ok());
+  CHECK(after.Bindings().size() == 1);
+  // The next late-bound claim, beside GPU 0, is not given uid-9's EFAs.
+  const std::vector<std::string> tokens = node.Group(1);
+  node.WriteCheckpoint({ByIdEntry("uid-9", kEfa, old_tokens),
+                        Entry("uid-11", kGpu, {Uuid(kGpus[0])}), Entry("uid-11", kEfa, tokens)});
+  REQUIRE(after.PreStart(node.table(), tokens).ok());
+  CHECK(Disjoint(*after.BoundEfas(tokens), old_tokens));
+  // uid-5's binding is released at once, not kept for uid-9.
+  CHECK_FALSE(after.BoundEfas(old_tokens).has_value());
+  CHECK_FALSE(fs::exists(after.SpecPath(ClaimName(old_tokens))));
+}
+
 TEST_CASE("A held-by-ID EFA of an exclusive allocation is never shared by late binding",
           "[late-binding][upgrade]") {
   Node node(/*replicas=*/2);
