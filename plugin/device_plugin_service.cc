@@ -153,6 +153,7 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
   }
   (*response.mutable_envs())[kEnvDevices] = absl::StrJoin(names, ",");
   (*response.mutable_envs())[kEnvPciAddresses] = absl::StrJoin(addresses, ",");
+  (*response.mutable_envs())[kEnvSharingReplicas] = absl::StrCat(table.replicas);
   return response;
 }
 

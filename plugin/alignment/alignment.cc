@@ -4,7 +4,9 @@
 #include <charconv>
 #include <map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "plugin/alignment/cdi_spec.h"
 #include "topology/instance_type.h"
 
 namespace efa::plugin {
@@ -114,7 +116,14 @@ std::vector<ContainerDevices> CheckpointedContainers(const KubeletCheckpoint& ch
     c.pod_uid = e.pod_uid;
     c.container = e.container_name;
     for (const std::string& id : e.device_ids) AddDevice(e.resource_name, id, resources, c);
-    if (IsEfaResource(e.resource_name) && e.alloc_resp.devices_size() > 0) c.efas_by_id = true;
+    if (!IsEfaResource(e.resource_name) || e.alloc_resp.devices_size() == 0) continue;
+    c.efas_by_id = true;
+    const auto env = e.alloc_resp.envs().find(kEnvSharingReplicas);
+    int replicas = 0;
+    if (env != e.alloc_resp.envs().end() && absl::SimpleAtoi(env->second, &replicas) &&
+        replicas >= 1) {
+      c.replicas = replicas;
+    }
   }
   std::vector<ContainerDevices> out;
   for (auto& [key, c] : by_container) {

@@ -43,6 +43,10 @@ struct ContainerDevices {
   // nodes by ID (best effort, alignment off), not a CDI device (late
   // binding). The container then holds the EFAs its IDs name, in any mode.
   bool efas_by_id = false;
+  // From the checkpoint only, held by ID: sharing's replicas its answer was
+  // given under (kEnvSharingReplicas); 0 when it does not say (an answer of
+  // a daemon older than the variable).
+  int replicas = 0;
   std::string Name() const { return pod_namespace + "/" + pod_name + "/" + container; }
 };
 

@@ -35,6 +35,11 @@ inline constexpr char kCdiVersion[] = "0.5.0";
 // comma-separated, in PCI order.
 inline constexpr char kEnvDevices[] = "EFA_DEVICES";
 inline constexpr char kEnvPciAddresses[] = "EFA_PCI_ADDRESSES";
+// Given by Allocate with device nodes: how many containers may share each of
+// them (sharing's replicas then; 1 is exclusive). The kubelet keeps the
+// answer in its checkpoint for the container's life: what a later
+// configuration must not exceed for these EFAs.
+inline constexpr char kEnvSharingReplicas[] = "EFA_SHARING_REPLICAS";
 // Spec files are <prefix><claim><suffix>.
 inline constexpr char kCdiSpecPrefix[] = "vpc.amazonaws.com-efa_";
 inline constexpr char kCdiSpecSuffix[] = ".json";

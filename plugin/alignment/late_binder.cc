@@ -69,6 +69,21 @@ topology::AllocationRequest FreeEfas(const topology::DeviceTable& table,
   return request;
 }
 
+// How many containers may share the EFAs a container holds by `ids`:
+// `recorded` (its Allocate answer's kEnvSharingReplicas) when known, else
+// the fewest replicas the IDs can have been given under (a replica ID's
+// index + 1, a plain ID's 1).
+int AdmittedReplicas(const std::vector<std::string>& ids, int recorded) {
+  if (recorded > 0) return recorded;
+  int fewest = 1;
+  for (const std::string& id : ids) {
+    if (const auto replica = topology::ParseReplicaId(id)) {
+      fewest = std::max(fewest, replica->replica + 1);
+    }
+  }
+  return fewest;
+}
+
 // The EFAs device IDs name.
 std::set<std::string> NamedEfas(const std::vector<std::string>& ids) {
   std::set<std::string> named;
@@ -172,7 +187,7 @@ absl::Status LateBinder::RecoverSpec(const fs::path& path, std::map<std::string,
     b.owner = record->owner;
     b.kubelet_ids = record->kubelet_ids;
     b.resource = record->resource;
-    b.exclusive = record->replicas == 1;
+    b.replicas = record->replicas;
   }
   out[claim] = std::move(b);
   return absl::OkStatus();
@@ -356,7 +371,7 @@ void LateBinder::Adopt(const Checkpointed& checkpointed) {
     binding.owner = c.pod_uid;
     binding.kubelet_ids = c.efas;
     binding.resource = c.efa_resource;
-    binding.exclusive = !topology::ParseReplicaId(c.efas.front()).has_value();
+    binding.replicas = AdmittedReplicas(c.efas, 0);
     spdlog::info("late binding: {} (EFAs {}) belongs to pod {} (from the kubelet checkpoint)",
                  claim, absl::StrJoin(binding.efas, ","), binding.owner);
     // A later release's spec is left as it wrote it.
@@ -370,26 +385,31 @@ void LateBinder::Adopt(const Checkpointed& checkpointed) {
 std::map<std::string, int> LateBinder::Taken(const Checkpointed& checkpointed,
                                              const std::set<std::string>& except,
                                              int replicas) const {
-  std::map<std::string, int> taken;
+  // EFA -> its holders, and the fewest replicas one of them was given it
+  // under: no more may share it while that one lives.
+  std::map<std::string, std::pair<int, int>> held;
+  auto hold = [&](const std::set<std::string>& efas, int admitted) {
+    for (const std::string& efa : efas) {
+      auto [it, added] = held.try_emplace(efa, 0, admitted);
+      ++it->second.first;
+      it->second.second = std::min(it->second.second, admitted);
+    }
+  };
   for (const auto& [claim, binding] : bindings_) {
-    if (except.count(claim)) continue;
-    for (const std::string& efa : binding.efas) taken[efa] += binding.exclusive ? replicas : 1;
+    if (!except.count(claim)) hold({binding.efas.begin(), binding.efas.end()}, binding.replicas);
   }
   // A container holds each EFA its IDs name once, however many of its
   // replicas it was given: sharing counts the containers on an EFA.
-  auto held_by_id = [&](const ContainerDevices& c) {
-    std::map<std::string, int> held;
-    for (const std::string& id : c.efas) {
-      const auto replica = topology::ParseReplicaId(id);
-      held[replica ? replica->ibdev : id] = replica ? 1 : replicas;
-    }
-    for (const auto& [efa, uses] : held) taken[efa] += uses;
-  };
   for (const auto& [claim, c] : checkpointed.claims) {
-    if (c.efas_by_id && !except.count(claim)) held_by_id(c);
+    if (c.efas_by_id && !except.count(claim))
+      hold(NamedEfas(c.efas), AdmittedReplicas(c.efas, c.replicas));
   }
   for (const ContainerDevices& c : checkpointed.other_name) {
-    if (c.efas_by_id) held_by_id(c);
+    if (c.efas_by_id) hold(NamedEfas(c.efas), AdmittedReplicas(c.efas, c.replicas));
+  }
+  std::map<std::string, int> taken;
+  for (const auto& [efa, holders] : held) {
+    taken[efa] = holders.first + replicas - std::min(replicas, holders.second);
   }
   return taken;
 }
@@ -398,9 +418,12 @@ std::map<std::string, std::string> LateBinder::Reserved() {
   std::map<std::string, std::string> reserved;
   if (options_.late_binding) return reserved;
   const Checkpointed checkpointed = ReadCheckpointed();
-  // IDs as the daemon advertises them now: held so, the kubelet counts them.
-  auto advertised = [&](const std::string& resource, const std::vector<std::string>& ids) {
-    if (resource != options_.resource_name) return false;
+  // IDs as the daemon advertises them now, given to be shared by as many
+  // (or more): held so, the kubelet counts them, and gives an EFA's other
+  // IDs to no more containers than its holders accepted.
+  auto advertised = [&](const std::string& resource, const std::vector<std::string>& ids,
+                        int replicas) {
+    if (resource != options_.resource_name || replicas < options_.replicas) return false;
     return std::all_of(ids.begin(), ids.end(), [&](const std::string& id) {
       const auto replica = topology::ParseReplicaId(id);
       return options_.replicas > 1 ? replica && replica->replica < options_.replicas : !replica;
@@ -414,7 +437,9 @@ std::map<std::string, std::string> LateBinder::Reserved() {
   }
   for (const auto& [claim, holder] : holders) {
     const ContainerDevices& c = *holder;
-    if (!c.efas_by_id || advertised(c.efa_resource, c.efas)) continue;
+    if (!c.efas_by_id || advertised(c.efa_resource, c.efas, AdmittedReplicas(c.efas, c.replicas))) {
+      continue;
+    }
     held_by_id.insert(claim);
     for (const std::string& id : c.efas) {
       const auto replica = topology::ParseReplicaId(id);
@@ -455,7 +480,7 @@ std::map<std::string, std::string> LateBinder::Reserved() {
     // others of a shared EFA would take them from a pod it may be
     // admitting (BindUnstarted binds such claims first).
     const std::set<std::string> named = NamedEfas(binding.kubelet_ids);
-    if (advertised(binding.resource, binding.kubelet_ids) &&
+    if (advertised(binding.resource, binding.kubelet_ids, binding.replicas) &&
         std::all_of(binding.efas.begin(), binding.efas.end(),
                     [&](const std::string& efa) { return named.count(efa) > 0; })) {
       continue;
@@ -606,7 +631,7 @@ absl::Status LateBinder::WriteSpec(const std::string& claim, const std::string& 
   const ClaimRecord record{.owner = binding.owner,
                            .kubelet_ids = binding.kubelet_ids,
                            .resource = binding.resource,
-                           .replicas = binding.exclusive ? 1 : options_.replicas,
+                           .replicas = binding.replicas,
                            .efas = binding.efas};
   // The record first: a spec on disk always has what recovers it beside it.
   const fs::path record_path = options_.cdi_dir / ClaimRecordFileName(claim);
@@ -895,7 +920,7 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   binding.spec = CdiSpecJson(claim.name, devices);
   binding.kubelet_ids = claim.kubelet_ids;
   binding.resource = claim.resource;
-  binding.exclusive = !shared;
+  binding.replicas = shared ? table.replicas : 1;
   if (absl::Status written = WriteSpec(claim.name, claim.described, binding); !written.ok()) {
     return written;
   }

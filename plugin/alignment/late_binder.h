@@ -226,10 +226,11 @@ class LateBinder {
     // unknown, as `owner`).
     std::vector<std::string> kubelet_ids;
     std::string resource;
-    // Bound for plain IDs (admitted while sharing's replicas were 1), or
-    // not known to be shared: then no other claim may share its EFAs,
-    // whatever the replicas now.
-    bool exclusive = true;
+    // How many claims may share its EFAs: sharing's replicas when it was
+    // bound; 1 when bound for plain IDs (admitted while the replicas were
+    // 1) or not known to be shared. A later configuration's replicas never
+    // put more claims on its EFAs while it lives.
+    int replicas = 1;
     // When the kubelet's records were first seen without its container.
     std::optional<std::chrono::steady_clock::time_point> absent_since;
   };
@@ -258,8 +259,9 @@ class LateBinder {
                        const Binding& binding);
   // EFA -> how many of its replicas are taken by bindings other than those
   // of `except` and by containers holding EFAs by ID: one each, however
-  // many of an EFA's replica IDs a container holds (exclusive holders take
-  // all `replicas`).
+  // many of an EFA's replica IDs a container holds; and when one of them
+  // was given it under fewer replicas than `replicas` (exclusive: 1), the
+  // difference too.
   std::map<std::string, int> Taken(const Checkpointed& checkpointed,
                                    const std::set<std::string>& except, int replicas) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -447,7 +447,8 @@ struct Container {
   // kubelet passes it on (late binding), and its device specs' host paths.
   std::string claim;
   std::vector<std::string> alloc_nodes;
-  int alloc_replicas = 1;  // sharing's replicas when it was allocated
+  int alloc_replicas = 1;     // sharing's replicas when it was allocated
+  int recorded_replicas = 0;  // its answer's EFA_SHARING_REPLICAS (0: none)
   // What the runtime gave it at its latest start (sorted): the answer's
   // device nodes and its CDI spec's; sharing's replicas when they were
   // given; the step and configuration.
@@ -461,6 +462,21 @@ struct Container {
   // What it holds now: what it was given at its latest start, else (never
   // started) what its Allocate answer gives it.
   const std::vector<std::string>& holds() const { return held.empty() ? alloc_nodes : held; }
+  // How many containers the daemon lets share what it holds
+  // (LateBinder::Taken): what it was given them under, where the daemon can
+  // know it (a by-ID answer's EFA_SHARING_REPLICAS, a binding's record);
+  // else (the base binary records neither) the fewest its IDs prove.
+  int Counted() const {
+    if (claim.empty() ? recorded_replicas > 0 : !bound_by_base) {
+      return held.empty() ? alloc_replicas : held_replicas;
+    }
+    int fewest = 1;
+    for (const std::string& id : ids) {
+      if (const auto replica = efa::topology::ParseReplicaId(id))
+        fewest = std::max(fewest, replica->replica + 1);
+    }
+    return fewest;
+  }
 };
 
 struct Pod {
@@ -478,7 +494,7 @@ struct Gone {
   std::string resource;
   std::vector<std::string> ids;
   std::vector<std::string> nodes;
-  int replicas = 1;
+  int replicas = 1;  // as the daemon counts it (Container::Counted)
   Clock::time_point when;
   std::string taken_over;  // "<ID> to <pod>/<container>" when one of its IDs went to another
   // Bound by the base binary, which writes the CDI spec but no claim record
@@ -846,8 +862,7 @@ std::optional<Violation> Node::Apply(const Step& step, size_t number) {
         const std::vector<std::string> holds = Holds(c);
         if (holds.empty()) continue;
         gone_.push_back(Gone{!c.claim.empty(), absl::StrCat(uid, "/", c.name), c.resource, c.ids,
-                             holds, c.held.empty() ? c.alloc_replicas : c.held_replicas,
-                             Clock::now(), "", c.claim, c.bound_by_base});
+                             holds, c.Counted(), Clock::now(), "", c.claim, c.bound_by_base});
       }
       std::erase_if(gone_, [&](const Gone& g) { return !Held(g); });
       pods_.erase(pods_.begin() + static_cast<std::ptrdiff_t>(*chosen));
@@ -1004,6 +1019,9 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
         c.alloc_nodes.push_back(spec.host_path());
       std::sort(c.alloc_nodes.begin(), c.alloc_nodes.end());
       c.alloc_replicas = daemon_config_.replicas;
+      const auto recorded = allocation.response.envs().find(efa::plugin::kEnvSharingReplicas);
+      if (recorded != allocation.response.envs().end())
+        c.recorded_replicas = std::stoi(recorded->second);
     }
     pod.containers.push_back(c);
     Container& added = pod.containers.back();
@@ -1197,7 +1215,7 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
     for (const Container& o : p->containers) {
       if (&o == &c || (!c.claim.empty() && o.claim == c.claim)) continue;
       for (const std::string& n : Holds(o)) {
-        holders[n].push_back(o.held.empty() ? o.alloc_replicas : o.held_replicas);
+        holders[n].push_back(o.Counted());
       }
     }
   }

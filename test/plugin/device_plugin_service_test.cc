@@ -88,9 +88,10 @@ TEST_CASE("Allocate gives exactly the requested uverbs nodes and names them in t
   CHECK(c.devices(0).permissions() == "rw");
   CHECK(c.devices(1).container_path() == "/dev/infiniband/uverbs3");
   CHECK(c.devices(1).host_path() == dev + "/uverbs3");
-  CHECK(c.envs().size() == 2);
+  CHECK(c.envs().size() == 3);
   CHECK(c.envs().at("EFA_DEVICES") == "rdmap79s0,rdmap82s0");
   CHECK(c.envs().at("EFA_PCI_ADDRESSES") == "0000:4f:00.0,0000:52:00.0");
+  CHECK(c.envs().at("EFA_SHARING_REPLICAS") == "1");
   CHECK(c.mounts_size() == 0);
   CHECK(c.cdi_devices_size() == 0);
 }

@@ -552,11 +552,14 @@ TEST_CASE("Sharing: EFA-only claims fill every EFA once before any twice, and ne
 
 namespace {
 
-// An entry whose Allocate answer gave device nodes by ID (best effort).
+// An entry whose Allocate answer gave device nodes by ID (best effort),
+// to be shared by `replicas` containers (0: an answer that does not say, a
+// daemon's older than EFA_SHARING_REPLICAS).
 FakeCheckpointEntry ByIdEntry(const std::string& uid, const std::string& resource,
-                              const std::vector<std::string>& ids) {
+                              const std::vector<std::string>& ids, int replicas = 0) {
   FakeCheckpointEntry e = Entry(uid, resource, ids);
   e.null_alloc_resp = false;
+  if (replicas > 0) (*e.alloc_resp.mutable_envs())[kEnvSharingReplicas] = absl::StrCat(replicas);
   for (const std::string& id : ids) {
     const auto replica = efa::topology::ParseReplicaId(id);
     auto* spec = e.alloc_resp.add_devices();
@@ -706,7 +709,7 @@ TEST_CASE("Sharing: a claim of plain IDs, admitted with one replica per EFA, is 
   shared.resize(30);
   const std::vector<std::string> plain = {"a", "b", "c", "d"};  // admitted before sharing
   const std::vector<std::string> replica = {"a::1", "b::1", "c::1", "d::1"};
-  node.WriteCheckpoint({ByIdEntry("old", kEfa, shared), Entry("plain", kEfa, plain),
+  node.WriteCheckpoint({ByIdEntry("old", kEfa, shared, 2), Entry("plain", kEfa, plain),
                         Entry("replica", kEfa, replica)});
   LateBinder binder(node.Options());
   REQUIRE(binder.Recover().ok());
@@ -731,7 +734,7 @@ TEST_CASE("Sharing: a container given both replica IDs of an EFA by ID holds it 
     }
   }
   const std::vector<std::string> tokens = {"t::0", "t::1", "t::2", "t::3", "t::4", "t::5"};
-  node.WriteCheckpoint({ByIdEntry("old", kEfa, ids), Entry("new", kSharedResourceName, tokens)});
+  node.WriteCheckpoint({ByIdEntry("old", kEfa, ids, 2), Entry("new", kSharedResourceName, tokens)});
   LateBinderOptions options = node.Options();
   options.resource_name = kSharedResourceName;
   LateBinder binder(options);
@@ -739,6 +742,75 @@ TEST_CASE("Sharing: a container given both replica IDs of an EFA by ID holds it 
   // Six EFAs: group 7's four and two beside the old container, not refused.
   REQUIRE(binder.PreStart(node.table(), tokens).ok());
   CHECK(binder.BoundEfas(tokens)->size() == 6);
+}
+
+TEST_CASE(
+    "Sharing: an EFA is shared by no more containers than any of its holders was given it for",
+    "[late-binding][upgrade]") {
+  Node node(/*replicas=*/4);
+  // Held by ID under replicas 2 (group 0's EFAs, once each: room for one
+  // more under 2, for three under the 4 of now), under 4 (group 1), and by
+  // an answer that does not say (group 2: "::0" proves only 1).
+  auto ids = [&](int g, int r) {
+    std::vector<std::string> out;
+    for (const auto& efa : node.Group(g)) out.push_back(efa + "::" + std::to_string(r));
+    return out;
+  };
+  const std::vector<std::string> tokens = {"t::0", "t::1", "t::2", "t::3", "t::4",  "t::5",
+                                           "t::6", "t::7", "t::8", "t::9", "t::10", "t::11"};
+  node.WriteCheckpoint({ByIdEntry("by-2", kEfa, ids(0, 0), 2),
+                        ByIdEntry("also-by-2", kEfa, ids(0, 1), 2),
+                        ByIdEntry("by-4", kEfa, ids(1, 0), 4), ByIdEntry("unsaid", kEfa, ids(2, 0)),
+                        Entry("new", kEfa, tokens)});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.Recover().ok());
+  // Group 0 has its 2 holders, group 2's holder may be alone: 20 EFAs.
+  REQUIRE(binder.PreStart(node.table(), tokens).ok());
+  const auto got = *binder.BoundEfas(tokens);
+  CHECK(got.size() == 12);
+  CHECK(Disjoint(got, node.Group(0)));
+  CHECK(Disjoint(got, node.Group(2)));
+}
+
+TEST_CASE("Sharing: a binding made under 2 replicas takes no third claim after a restart under 4",
+          "[late-binding][upgrade]") {
+  Node node(/*replicas=*/2);
+  Node four(/*replicas=*/4);  // the same machine, sharing's replicas raised
+  auto tokens = [](const std::string& prefix, int n) {
+    std::vector<std::string> out;
+    for (int r = 0; r < n; ++r) out.push_back(prefix + "::" + std::to_string(r));
+    return out;
+  };
+  {
+    LateBinder before(node.Options());
+    REQUIRE(before.PreStart(node.table(), tokens("a", 32)).ok());  // every EFA once
+  }
+  LateBinderOptions options = node.Options();
+  options.replicas = 4;
+  LateBinder after(options);
+  REQUIRE(after.Recover().ok());
+  REQUIRE(after.PreStart(four.table(), tokens("b", 32)).ok());  // every EFA twice
+  CHECK(absl::IsFailedPrecondition(after.PreStart(four.table(), tokens("c", 1))));
+}
+
+TEST_CASE("Without late binding, an EFA held under fewer replicas than now is withheld",
+          "[late-binding][upgrade]") {
+  Node node(/*replicas=*/4);
+  node.WriteCheckpoint({ByIdEntry("by-2", kEfa, {node.Group(0)[0] + "::1"}, 2),
+                        ByIdEntry("by-4", kEfa, {node.Group(1)[0] + "::3"}, 4),
+                        ByIdEntry("unsaid", kEfa, {node.Group(2)[0] + "::1"}),
+                        ByIdEntry("plain", kEfa, {node.Group(3)[0]}, 1)});
+  LateBinderOptions options = node.Options();
+  options.late_binding = false;
+  LateBinder binder(options);
+  const auto reserved = binder.Reserved();
+  CHECK(reserved.size() == 3);
+  CHECK(reserved.count(node.Group(0)[0]) == 1);
+  CHECK(reserved.count(node.Group(2)[0]) == 1);
+  CHECK(reserved.count(node.Group(3)[0]) == 1);
+  CHECK(reserved.at(node.Group(0)[0]) ==
+        absl::StrCat("held by pod by-2 as ", kEfa, " device ", node.Group(0)[0],
+                     "::1 (an earlier configuration) until its containers end"));
 }
 
 TEST_CASE("A claim is bound when a container holds the same IDs by ID under the other name",
