@@ -1263,6 +1263,10 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
     if (!spec.nodes.empty())
       deleted.push_back(absl::StrCat(claim, "'s spec ", Nodes(spec.nodes), " still on disk"));
   }
+  // A claim of plain IDs (admitted while the replicas were 1) is bound to
+  // EFAs no one holds, all it asks (LateBinder::Bind); one of replica IDs
+  // to as many EFAs with room as there are, at least one.
+  const bool exclusive = daemon_config_.replicas == 1 || c.alloc_replicas == 1;
   std::vector<std::string> free;
   for (const Efa& e : efas_) {
     if (!e.present) continue;
@@ -1273,9 +1277,9 @@ std::optional<Violation> Node::CheckRefusal(const Pod& pod, const Container& c,
       held_by = it->second.size();
       for (int r : it->second) limit = std::min(limit, r);
     }
-    if (static_cast<int>(held_by) < limit) free.push_back(DeviceNode(e));
+    if (exclusive ? held_by == 0 : static_cast<int>(held_by) < limit) free.push_back(DeviceNode(e));
   }
-  const size_t wanted = daemon_config_.replicas > 1 ? 1 : static_cast<size_t>(c.efas);
+  const size_t wanted = exclusive ? static_cast<size_t>(c.efas) : 1;
   if (free.size() < wanted) return std::nullopt;
   return Violation{
       "a start is refused for want of EFAs only when none is free",
