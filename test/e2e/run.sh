@@ -29,7 +29,7 @@
 # chart's pod from EFA_E2E_IMAGE_TAR, else from an image of this build's
 # binaries, scripts/image-rootfs.sh); reboot.sh 14 pods holding EFAs
 # (best effort, late binding, and one bound while the node is down) through
-# EFA_E2E_REBOOTS (default 3) simulated reboots (cluster.sh node-down and
+# EFA_E2E_REBOOTS (default 2) simulated reboots (cluster.sh node-down and
 # node-up), with the chart's DaemonSet (its pod as in 13) and with the
 # daemon run as packaging/'s unit runs it, started before the kubelet;
 # prints "reboot: N/M pods admitted again (INSTALL; ...)" and each reboot's
@@ -43,7 +43,7 @@
 # writes, or one of `podman save`; checks 9 and 10 are skipped, and say
 # so, without it: scripts/test.sh runs them with --all), EFA_E2E_BUILD_DIR (default
 # build/e2e; a configured dir is used as it is), EFA_E2E_JOBS (build jobs,
-# default 1), EFA_E2E_REBOOTS (check 14's reboots per install, default 3),
+# default 1), EFA_E2E_REBOOTS (check 14's reboots per install, default 2),
 # EFA_E2E_CACHE, EFA_E2E_STATE;
 # EFA_E2E_KEEP=1 leaves the cluster and the daemon running for debugging
 # (end them with `test/e2e/cluster.sh down`).

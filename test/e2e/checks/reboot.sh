@@ -39,7 +39,7 @@
 # its start and from kubelet.sock to the pods' admission and to the
 # plugin's registration (and, for the DaemonSet, to the daemon's first and
 # "registered" log lines): BENCHMARKS.md, "Reboot".
-readonly REBOOTS="${EFA_E2E_REBOOTS:-3}"
+readonly REBOOTS="${EFA_E2E_REBOOTS:-2}"
 readonly REBOOT_WAIT=60
 readonly HOST_CONFIG_DIR=/etc/efa-k8s-device-plugin
 # shellcheck disable=SC2154  # repo: run.sh's checkout
@@ -267,6 +267,7 @@ check_14_reboot() {
   if [ "$rc" -eq 0 ]; then reboot_host || rc=1; fi
   delete_all_pods || true
   e2e_stop efa-plugin 10
+  rm -f "$CDI_DIR"/vpc.amazonaws.com-efa*_claim-*.json
   [ "$RB_CONFIG_MADE" -eq 0 ] || rm -rf "$HOST_CONFIG_DIR"
   restart_host_daemon "$EFA_TOTAL" || rc=1
   [ "$rc" -eq 0 ] || return 1
