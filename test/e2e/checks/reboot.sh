@@ -94,8 +94,8 @@ readonly KL_REGISTERED="Got registration request from device plugin with resourc
 rfc3339_epoch() { date -d "$1" +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
-# The DaemonSet's pod: when its container started and its daemon registered
-# (kubectl logs --timestamps: the runtime's time of each line).
+# The DaemonSet's pod: when its daemon logged its first line and its
+# registration (kubectl logs --timestamps: the runtime's time of each line).
 chart_pod_times() {
   local pod="$1" logs first reg
   logs="$(e2e_kubectl logs -n "$CHART_NS" "$pod" --timestamps 2>/dev/null)"
