@@ -26,7 +26,7 @@
 # Environment: EFA_RELEASE_DIR (DIR), EFA_RELEASE_SKIP_IMAGE=1 (no image and
 # no packages, which come from the same podman builds: fast, and no root
 # needed), EFA_RELEASE_IMAGE_SH (the image script, default scripts/image.sh;
-# test/release/packages_test.sh gives a stand-in), HELM (default: helm on
+# test/release/artifacts_test.sh gives a stand-in), HELM (default: helm on
 # PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
