@@ -45,6 +45,22 @@ RUN set -e; \
     scripts/image-rootfs.sh "${triplet}" /rootfs \
       build/release/plugin/efa-k8s-device-plugin build/release/plugin/efa-k8s-device-plugin-idle
 
+# The host install's .deb and .rpm (packaging/) for TARGETARCH, from the
+# build stage's tree: its binaries as the image has them, cross-compiled the
+# same way. Built only when asked for (`podman build --target packages
+# --output type=local,dest=DIR`, scripts/image.sh with EFA_IMAGE_PACKAGES);
+# the image does not hold them. rpmbuild packages another architecture's
+# binaries with --target (cpack passes it), and dpkg-shlibdeps (which cpack
+# runs after `file`) reads them with the cross binutils and the target's
+# multiarch packages.
+FROM build AS package-build
+RUN scripts/apt-get.sh install -y -qq --no-install-recommends rpm file >/dev/null && \
+    cpack --preset release -B /packages && \
+    rm -rf /packages/_CPack_Packages
+
+FROM scratch AS packages
+COPY --from=package-build /packages/ /
+
 # Runtime stage: the two binaries, the shared libraries they and the
 # inventory's dlopen of libibverbs (with its EFA provider) load, and the
 # loader; no shell, no package manager. gRPC, protobuf, abseil, re2 and

@@ -25,6 +25,11 @@
 #   EFA_TEST_BIN      directory with this machine's efa-simnode and fake-kubelet
 #                     (default build/release/test, built when missing)
 #   EFA_WERROR        ON: the build stage compiles with -Werror (CI)
+#   EFA_IMAGE_PACKAGES  a directory: also write each architecture's host
+#                     install packages there (the Dockerfile's packages
+#                     stage: the .deb and .rpm of packaging/, made from the
+#                     same build stage as the image's binaries) and check each
+#                     one's architecture, version and binaries' machine
 #   EFA_CCACHE_DIR    the compiler cache the build stage compiles through,
 #                     mounted into it (default /var/cache/efa-ccache, the one
 #                     every build on this machine shares; "" for none)
@@ -250,6 +255,44 @@ if [ -n "$ccache_dir" ]; then
   cache_mount=(--volume "$ccache_dir:/var/cache/efa-ccache")
 fi
 
+# check_packages DIR ARCH: DIR holds exactly the .deb and the .rpm of ARCH
+# at this version, and their daemon is built for ARCH (the ELF header's
+# machine: it cannot run here under emulation without ARCH's libraries).
+check_packages() {
+  local dir="$1" arch="$2" rpm_arch machine deb rpm elf
+  case "$arch" in
+    arm64) rpm_arch=aarch64; machine=b7 ;;  # EM_AARCH64
+    amd64) rpm_arch=x86_64; machine=3e ;;   # EM_X86_64
+    *) die "no package check for $arch" ;;
+  esac
+  deb="$dir/efa-k8s-device-plugin_${version}_$arch.deb"
+  rpm="$dir/efa-k8s-device-plugin-$version-1.$rpm_arch.rpm"
+  if [ ! -f "$deb" ] || [ ! -f "$rpm" ]; then
+    die "the $arch packages stage wrote $(find "$dir" -mindepth 1 -printf '%f ')but not both ${deb##*/} and ${rpm##*/}"
+  fi
+  [ "$(dpkg-deb -f "$deb" Architecture) $(dpkg-deb -f "$deb" Version)" = "$arch $version" ] ||
+    die "${deb##*/} says architecture $(dpkg-deb -f "$deb" Architecture), version $(dpkg-deb -f "$deb" Version)"
+  [ "$(rpm -qp --qf '%{ARCH} %{VERSION}' "$rpm" 2>/dev/null)" = "$rpm_arch $version" ] ||
+    die "${rpm##*/} says $(rpm -qp --qf '%{ARCH} %{VERSION}' "$rpm" 2>/dev/null)"
+  # Whole files first: a reader that stops early would fail the pipe.
+  dpkg-deb --fsys-tarfile "$deb" | tar -xOf - ./usr/bin/efa-k8s-device-plugin > "$dir/daemon-from-deb"
+  rpm2cpio "$rpm" | cpio -i --quiet --to-stdout ./usr/bin/efa-k8s-device-plugin > "$dir/daemon-from-rpm"
+  for elf in "$dir/daemon-from-deb" "$dir/daemon-from-rpm"; do
+    [ "$(od -An -tx1 -j18 -N1 "$elf" | tr -d ' ')" = "$machine" ] ||
+      die "the daemon in the $arch ${elf##*-} is built for ELF machine 0x$(od -An -tx1 -j18 -N1 "$elf" | tr -d ' '), not 0x$machine"
+  done
+  rm -f "$dir/daemon-from-deb" "$dir/daemon-from-rpm"
+  echo "$arch packages: ${deb##*/} ($(stat -c %s "$deb") bytes), ${rpm##*/} ($(stat -c %s "$rpm") bytes)"
+}
+
+packages="${EFA_IMAGE_PACKAGES:-}"
+if [ -n "$packages" ]; then
+  mkdir -p "$packages"
+  for tool in dpkg-deb rpm rpm2cpio cpio; do
+    command -v "$tool" >/dev/null || die "EFA_IMAGE_PACKAGES needs $tool (scripts/install-deps.sh installs it)"
+  done
+fi
+
 podman manifest exists "$tag" 2>/dev/null && podman manifest rm "$tag" >/dev/null
 podman image exists "$tag" && podman rmi "$tag" >/dev/null
 images=()
@@ -262,6 +305,17 @@ for arch in "${arches[@]}"; do
   say "checking the $arch image"
   check_image "$tag-$arch" "$arch"
   images+=("$tag-$arch")
+  if [ -n "$packages" ]; then
+    # The same build arguments: the build stage is podman's cached one.
+    say "building the $arch packages (the Dockerfile's packages stage)"
+    podman build --pull=never --network host --platform "linux/$arch" "${cache_mount[@]}" \
+      --build-arg BUILDPLATFORM="linux/$host_arch" --build-arg VERSION="$version" \
+      --build-arg REVISION="$revision" --build-arg EFA_WERROR="${EFA_WERROR:-OFF}" \
+      --target packages --output "type=local,dest=$work/packages-$arch" . ||
+      die "podman build --target packages for $arch failed (its output is above)"
+    check_packages "$work/packages-$arch" "$arch"
+    mv "$work/packages-$arch"/*.deb "$work/packages-$arch"/*.rpm "$packages/"
+  fi
 done
 
 # The manifest list: one name for every architecture (the last run's is

@@ -8,7 +8,9 @@
 #                           podman for amd64 and arm64 (scripts/image.sh,
 #                           -Werror; runs both, arm64 under emulation; the
 #                           e2e then runs the chart's pod from it on the real
-#                           kubelet), the
+#                           kubelet) and the host install's .deb and .rpm of
+#                           both from the same builds (checked: architecture,
+#                           version, the daemon's machine), the
 #                           lifecycle soak (5,000 random steps of the daemon
 #                           binary on a simulated node, test/lifecycle), and
 #                           the sanitizer stages (scripts/sanitizers.sh: the
@@ -23,7 +25,7 @@ all=0
 for arg in "$@"; do
   case "$arg" in
     --all) all=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg' (--all or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -45,8 +47,8 @@ stage_begin "ci build"
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j2
 if [ "$all" = 1 ]; then
-  stage_begin "image (amd64, arm64)"
-  EFA_TEST_BIN=build/ci/test EFA_WERROR=ON scripts/image.sh
+  stage_begin "image and packages (amd64, arm64)"
+  EFA_TEST_BIN=build/ci/test EFA_WERROR=ON EFA_IMAGE_PACKAGES="$PWD/build/image/packages" scripts/image.sh
   export EFA_E2E_IMAGE_TAR="$PWD/build/image/efa-k8s-device-plugin.tar"
 fi
 # The e2e's Kubernetes build (test/e2e/build-kubernetes.sh), before CTest: on

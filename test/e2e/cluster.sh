@@ -8,6 +8,16 @@
 #   test/e2e/cluster.sh up               start it (builds Kubernetes first if needed)
 #   test/e2e/cluster.sh down             stop it and leave the machine clean
 #   test/e2e/cluster.sh restart-kubelet  stop the kubelet and start it again
+#   test/e2e/cluster.sh node-down        the node goes down as in a reboot: the
+#                                        kubelet and containerd stop, every
+#                                        container and shim is killed, and what
+#                                        lives on tmpfs (containerd's state, the
+#                                        CDI dir, pod volumes, kubepods cgroups)
+#                                        is gone; what lives on disk stays (the
+#                                        kubelet's dir and checkpoint, stale
+#                                        sockets included, containerd's root
+#                                        with its images and container records)
+#   test/e2e/cluster.sh node-up          containerd, then the kubelet, as at boot
 #   test/e2e/cluster.sh env              print KUBECONFIG=... for a shell
 #
 # `up` refuses to start over an existing cluster or a busy port. `down` is safe
@@ -324,6 +334,31 @@ restart_kubelet() {
   start_kubelet
 }
 
+# --- a simulated reboot -----------------------------------------------------
+# Everything a power cycle ends, in the order it would not matter: nothing is
+# asked to stop cleanly but the kubelet (which, stopped, touches nothing).
+node_down() {
+  if [ ! -f "$E2E_STATE/pids/kubelet" ] || [ ! -f "$E2E_STATE/pids/containerd" ]; then
+    e2e_die "no kubelet or containerd recorded: is the cluster up?"
+  fi
+  e2e_stop kubelet 30
+  kill_pod_processes
+  kill_leftover_shims
+  e2e_stop containerd 15 KILL
+  # tmpfs on a real node: /run (containerd's state with its sandboxes'
+  # network namespaces and containers' root file systems, the CDI dir) and
+  # the pods' volume mounts.
+  unmount_below "$CONTAINERD_DIR/state" "$E2E_KUBELET_DIR/pods"
+  rm -rf --one-file-system "$CONTAINERD_DIR/state" "$CONTAINERD_DIR/runc"
+  find "$E2E_CDI_DIR" -mindepth 1 -delete 2>/dev/null || true
+  remove_cgroups
+}
+
+node_up() {
+  start_containerd
+  start_kubelet
+}
+
 # --- teardown ---------------------------------------------------------------
 # Unmounts every mount at or below the given paths, deepest first.
 unmount_below() {
@@ -453,6 +488,8 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   restart-kubelet) restart_kubelet ;;
+  node-down) node_down ;;
+  node-up) node_up ;;
   env) echo "KUBECONFIG=$E2E_KUBECONFIG" ;;
-  *) echo "usage: $0 up|down|restart-kubelet|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|restart-kubelet|node-down|node-up|env" >&2; exit 2 ;;
 esac

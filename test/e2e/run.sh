@@ -27,7 +27,15 @@
 # binding -> sharing with the rename -> back) while pods hold EFAs, each
 # running container's device nodes checked from inside after each (the
 # chart's pod from EFA_E2E_IMAGE_TAR, else from an image of this build's
-# binaries, scripts/image-rootfs.sh). This file is the
+# binaries, scripts/image-rootfs.sh); reboot.sh 14 pods holding EFAs
+# (best effort, late binding, and one bound while the node is down) through
+# EFA_E2E_REBOOTS (default 2) simulated reboots (cluster.sh node-down and
+# node-up), with the chart's DaemonSet (its pod as in 13) and with the
+# daemon run as packaging/'s unit runs it, started before the kubelet;
+# prints "reboot: N/M pods admitted again (INSTALL; ...)" and each reboot's
+# times from the kubelet's start to the pods' admission and the plugin's
+# registration; asserts that with the host install every pod that ran
+# before a reboot is admitted again and runs. This file is the
 # runner: settings, reporting, setup, the order of the checks, teardown.
 # Also a CTest test (e2e_real_kubelet, label e2e), which sets
 # EFA_E2E_BUILD_DIR to its own build dir.
@@ -35,7 +43,8 @@
 # writes, or one of `podman save`; checks 9 and 10 are skipped, and say
 # so, without it: scripts/test.sh runs them with --all), EFA_E2E_BUILD_DIR (default
 # build/e2e; a configured dir is used as it is), EFA_E2E_JOBS (build jobs,
-# default 1), EFA_E2E_CACHE, EFA_E2E_STATE;
+# default 1), EFA_E2E_REBOOTS (check 14's reboots per install, default 2),
+# EFA_E2E_CACHE, EFA_E2E_STATE;
 # EFA_E2E_KEEP=1 leaves the cluster and the daemon running for debugging
 # (end them with `test/e2e/cluster.sh down`).
 set -uo pipefail
@@ -106,7 +115,7 @@ setup_failed() {
   echo "FAIL setup: $*"
   failed=$((failed + 1))
   local n
-  for n in 1 2 3 4 5 6 7 8 9 10 11 12 13; do
+  for n in 1 2 3 4 5 6 7 8 9 10 11 12 13 14; do
     echo "FAIL check $n: not run (setup failed)"
     failed=$((failed + 1))
   done
@@ -132,6 +141,8 @@ source "$here/checks/sharing.sh"
 source "$here/checks/late_binding.sh"
 # shellcheck source=SCRIPTDIR/checks/upgrade.sh
 source "$here/checks/upgrade.sh"
+# shellcheck source=SCRIPTDIR/checks/reboot.sh
+source "$here/checks/reboot.sh"
 
 # --- setup and teardown -----------------------------------------------------
 build_all() {
@@ -274,6 +285,7 @@ main() {
   run_check 11 "sharing: replicas $SHARING_REPLICAS show $((EFA_TOTAL * SHARING_REPLICAS)) EFAs; $SHARED_GPU_PODS GPU pods and $SHARED_EFA_PODS EFA-only pods run at once" check_11_sharing
   run_check 12 "late binding on containerd 1.7 (CDI annotation): $LATE_PODS pods of 1 GPU + 4 EFA get the EFAs beside their GPU; kept across a kubelet and a container restart; specs removed with their pods" check_12_late_binding
   run_check 13 "helm upgrade with changed values while pods hold EFAs (best effort -> late binding -> sharing renamed -> back): every running container keeps its device nodes, none is in two" check_13_upgrade_values
+  run_check 14 "reboots with pods holding EFAs: the race measured with the DaemonSet and the host install, which admits again every pod that ran" check_14_reboot
   if [ -n "${EFA_E2E_IMAGE_TAR:-}" ]; then
     run_check 9 "the Helm chart's pod runs on the kubelet and serves the node" check_9_chart_on_kubelet
     run_check 10 "helm upgrade replaces the running pod of AWS's chart with the chart's" check_10_upgrade_on_kubelet
