@@ -159,11 +159,12 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
 
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainerLate(
     const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request,
-    CdiHandover handover) {
+    CdiHandover handover, std::string_view resource) {
   if (auto checked = AllocateContainer(table, request); !checked.ok()) return checked.status();
   v1beta1::ContainerAllocateResponse response;
   const std::string claim = ClaimName(
-      std::vector<std::string>(request.devices_ids().begin(), request.devices_ids().end()));
+      std::vector<std::string>(request.devices_ids().begin(), request.devices_ids().end()),
+      resource);
   if (handover != CdiHandover::kAnnotation) {
     response.add_cdi_devices()->set_name(CdiDeviceName(claim));
   }
@@ -396,8 +397,9 @@ grpc::ServerUnaryReactor* DevicePluginService::Allocate(grpc::CallbackServerCont
   absl::flat_hash_set<std::string> requested;
   for (int i = 0; i < request->container_requests_size(); ++i) {
     const v1beta1::ContainerAllocateRequest& req = request->container_requests(i);
-    auto container = binder_ ? AllocateContainerLate(*devices, req, handover_)
-                             : AllocateContainer(*devices, req);
+    auto container = binder_
+                         ? AllocateContainerLate(*devices, req, handover_, options_.resource_name)
+                         : AllocateContainer(*devices, req);
     for (const std::string& id : req.devices_ids()) {
       if (!container.ok()) break;
       if (!requested.insert(id).second) {

@@ -88,13 +88,14 @@ absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainer(
 // environment come from the claim's CDI spec. Pure.
 absl::StatusOr<v1beta1::ContainerAllocateResponse> AllocateContainerLate(
     const topology::DeviceTable& table, const v1beta1::ContainerAllocateRequest& request,
-    CdiHandover handover);
+    CdiHandover handover, std::string_view resource = kResourceName);
 
 class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService {
  public:
   struct Options {
     bool report_numa = true;  // TopologyInfo on each device, for the Topology Manager
     int replicas = 1;         // device IDs per EFA (docs/alignment.md, "Sharing")
+    std::string resource_name = kResourceName;  // the name it serves (claim names)
   };
   explicit DevicePluginService(Options options);
   ~DevicePluginService() override;

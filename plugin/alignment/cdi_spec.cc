@@ -51,7 +51,7 @@ class TemporaryFile {
 
 }  // namespace
 
-std::string ClaimName(std::vector<std::string> kubelet_ids) {
+std::string ClaimName(std::vector<std::string> kubelet_ids, std::string_view resource) {
   std::sort(kubelet_ids.begin(), kubelet_ids.end());
   kubelet_ids.erase(std::unique(kubelet_ids.begin(), kubelet_ids.end()), kubelet_ids.end());
   uint64_t hash = 14695981039346656037ull;
@@ -59,6 +59,10 @@ std::string ClaimName(std::vector<std::string> kubelet_ids) {
     hash ^= c;
     hash *= 1099511628211ull;
   };
+  if (resource != kResourceName) {
+    for (unsigned char c : resource) add(c);
+    add(0);
+  }
   for (const std::string& id : kubelet_ids) {
     for (unsigned char c : id) add(c);
     add(0);  // IDs cannot hold a NUL byte here: the separator keeps sets apart

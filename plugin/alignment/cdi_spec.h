@@ -48,11 +48,17 @@ inline constexpr char kCdiSpecSuffix[] = ".json";
 inline constexpr char kCdiAnnotationPrefix[] = "cdi.k8s.io/";
 
 // The claim of a container's EFA allocation: "claim-" and 16 hex digits of
-// a 64-bit FNV-1a hash of the sorted device IDs the kubelet gave it. The
-// kubelet's live allocations are disjoint, so the ID set names one
-// allocation; independent of the IDs' order; stable across versions (it
-// names files that outlive the process).
-std::string ClaimName(std::vector<std::string> kubelet_ids);
+// a 64-bit FNV-1a hash of the sorted device IDs the kubelet gave it under
+// `resource`, and of `resource` when it is not vpc.amazonaws.com/efa. The
+// kubelet's live allocations of one resource are disjoint, so the ID set
+// names one allocation; but it counts each resource's IDs apart and gives
+// the same strings ("rdmap79s0::0") under both EFA names after sharing's
+// rename: the name keeps those claims (and their CDI devices) apart.
+// Independent of the IDs' order; stable across versions (it names files
+// that outlive the process): claims of vpc.amazonaws.com/efa are named as
+// they always were.
+std::string ClaimName(std::vector<std::string> kubelet_ids,
+                      std::string_view resource = kResourceName);
 
 // "vpc.amazonaws.com/efa=<claim>", the CDI device the kubelet passes on.
 std::string CdiDeviceName(const std::string& claim);

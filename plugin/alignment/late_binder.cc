@@ -286,9 +286,22 @@ bool LateBinder::recovered() const {
   return recovered_;
 }
 
+namespace {
+
+// The claim names of a container's EFAs: its claim's, and for the shared
+// resource name also the one daemons before ClaimName took the resource
+// into account named it (their bindings are that container's too).
+void AddClaimNames(const ContainerDevices& c, std::set<std::string>& names) {
+  names.insert(ClaimName(c.efas, c.efa_resource));
+  if (c.efa_resource != kResourceName) names.insert(ClaimName(c.efas));
+}
+
+}  // namespace
+
 std::set<std::string> LateBinder::Checkpointed::ClaimNames() const {
   std::set<std::string> names;
-  for (const auto& [claim, c] : claims) names.insert(claim);
+  for (const auto& [claim, c] : claims) AddClaimNames(c, names);
+  for (const ContainerDevices& c : other_name) AddClaimNames(c, names);
   return names;
 }
 
@@ -312,7 +325,7 @@ LateBinder::Checkpointed LateBinder::ReadCheckpointed() const {
     // A stale entry of a deleted pod never shares its IDs with a live one
     // of the same resource (the kubelet frees them first); a pod's
     // containers may (devicesToReuse).
-    auto [it, added] = out.claims.try_emplace(ClaimName(c.efas), c);
+    auto [it, added] = out.claims.try_emplace(ClaimName(c.efas, c.efa_resource), c);
     if (added) continue;
     if (it->second.efa_resource == c.efa_resource) {
       if (it->second.pod_uid != c.pod_uid) continue;
@@ -344,7 +357,7 @@ bool LateBinder::HeldById(const Checkpointed& checkpointed, const std::string& c
     by_id = true;
   }
   for (const ContainerDevices& c : checkpointed.other_name) {
-    if (!its(c) || ClaimName(c.efas) != claim) continue;
+    if (!its(c) || ClaimName(c.efas, c.efa_resource) != claim) continue;
     if (!c.efas_by_id) return false;
     by_id = true;
   }
@@ -433,7 +446,7 @@ std::map<std::string, std::string> LateBinder::Reserved() {
   std::vector<std::pair<std::string, const ContainerDevices*>> holders;
   for (const auto& [claim, c] : checkpointed.claims) holders.emplace_back(claim, &c);
   for (const ContainerDevices& c : checkpointed.other_name) {
-    holders.emplace_back(ClaimName(c.efas), &c);
+    holders.emplace_back(ClaimName(c.efas, c.efa_resource), &c);
   }
   for (const auto& [claim, holder] : holders) {
     const ContainerDevices& c = *holder;
@@ -524,7 +537,7 @@ std::optional<std::set<std::string>> LateBinder::LiveClaims(
 std::set<std::string> LateBinder::ListedClaims(const v1::ListPodResourcesResponse& list) const {
   std::set<std::string> claims;
   for (const ContainerDevices& c : ContainersWithDevices(list, options_.resources)) {
-    if (!c.efas.empty()) claims.insert(ClaimName(c.efas));
+    if (!c.efas.empty()) AddClaimNames(c, claims);
   }
   return claims;
 }
@@ -663,7 +676,7 @@ void LateBinder::RefreshStaleById(const Checkpointed& checkpointed,
 absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
                                   const std::vector<std::string>& kubelet_ids) {
   Claim claim;
-  claim.name = ClaimName(kubelet_ids);
+  claim.name = ClaimName(kubelet_ids, options_.resource_name);
   claim.kubelet_ids = kubelet_ids;
   claim.described = DescribeClaim(claim.name, kubelet_ids);
   if (kubelet_ids.empty()) {
@@ -699,6 +712,14 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   {
     absl::MutexLock lock(&mu_);
     Adopt(checkpointed);
+    // Bound by a daemon that named claims of the shared name as those of
+    // vpc.amazonaws.com/efa: its container's CDI device names that spec.
+    const std::string before = ClaimName(kubelet_ids);
+    if (auto it = bindings_.find(before); !bindings_.count(claim.name) && it != bindings_.end() &&
+                                          it->second.resource == options_.resource_name) {
+      claim.name = before;
+      claim.described = DescribeClaim(claim.name, kubelet_ids);
+    }
   }
   if (std::optional<absl::Status> kept = KeepBinding(claim)) {
     return kept->ok() ? *kept : Fail(*kept);
@@ -971,11 +992,16 @@ std::set<std::string> LateBinder::ReusedBy(const Claim& claim) const {
 
 std::optional<std::vector<std::string>> LateBinder::BoundEfas(
     const std::vector<std::string>& kubelet_ids) const {
-  const std::string claim = ClaimName(kubelet_ids);
   absl::MutexLock lock(&mu_);
-  auto it = bindings_.find(claim);
-  if (it == bindings_.end()) return std::nullopt;
-  return it->second.efas;
+  // The served name's claim first; the same IDs under the other name's, or
+  // named as before ClaimName took the resource into account.
+  const std::string_view served = options_.resource_name;
+  for (std::string_view resource :
+       {served, std::string_view(kSharedResourceName), std::string_view(kResourceName)}) {
+    if (auto it = bindings_.find(ClaimName(kubelet_ids, resource)); it != bindings_.end())
+      return it->second.efas;
+  }
+  return std::nullopt;
 }
 
 std::map<std::string, std::vector<std::string>> LateBinder::Bindings() const {

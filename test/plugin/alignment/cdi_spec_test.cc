@@ -37,6 +37,11 @@ TEST_CASE("A claim is named by the set of the kubelet's IDs, in any order", "[la
   CHECK(ClaimName({"rdmap80s0", "rdmap79s0"}) == "claim-24db4ff60c275c9d");
   CHECK(ClaimName({"rdmap80s0"}) == "claim-594ddaedef8ff370");
   CHECK(ClaimName({"ab", "c"}) != ClaimName({"a", "bc"}));
+  // The same IDs under the shared name (given after sharing's rename while
+  // a container holds them under the other) are another claim.
+  CHECK(ClaimName({"rdmap79s0::0"}, kResourceName) == ClaimName({"rdmap79s0::0"}));
+  CHECK(ClaimName({"rdmap79s0::0"}, kSharedResourceName) != ClaimName({"rdmap79s0::0"}));
+  CHECK(ClaimName({"rdmap80s0"}, kSharedResourceName) == "claim-f6d9699acdd2c451");
   CHECK(CdiDeviceName("claim-594ddaedef8ff370") == "vpc.amazonaws.com/efa=claim-594ddaedef8ff370");
   CHECK(CdiSpecFileName("claim-1") == "vpc.amazonaws.com-efa_claim-1.json");
   CHECK(ClaimOfSpecFile("vpc.amazonaws.com-efa_claim-1.json") == "claim-1");

@@ -19,6 +19,7 @@
 #include "test/sim/sim_root.h"
 #include "test/support/devices.h"
 #include "test/support/log_capture.h"
+#include "test/support/temp_dir.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
 #include "topology/replica_id.h"
@@ -813,13 +814,40 @@ TEST_CASE("Without late binding, an EFA held under fewer replicas than now is wi
                      "::1 (an earlier configuration) until its containers end"));
 }
 
+TEST_CASE("Two late-bound containers given the same IDs under both names keep apart specs",
+          "[late-binding][upgrade]") {
+  Node node(/*replicas=*/2);
+  // Late-bound under the shared name (renamed); then the rename is undone
+  // and the kubelet gives the same strings under vpc.amazonaws.com/efa.
+  const std::vector<std::string> ids = {node.Group(0)[0] + "::0", node.Group(0)[1] + "::0"};
+  node.WriteCheckpoint({Entry("a", kGpu, {Uuid(kGpus[3])}), Entry("a", kSharedResourceName, ids)});
+  LateBinderOptions shared = node.Options();
+  shared.resource_name = kSharedResourceName;
+  {
+    LateBinder before(shared);
+    REQUIRE(before.PreStart(node.table(), ids).ok());
+  }
+  const fs::path spec_a = node.cdi_dir() / CdiSpecFileName(ClaimName(ids, kSharedResourceName));
+  const std::string a_before = efa::testing::ReadFile(spec_a);
+  REQUIRE_FALSE(a_before.empty());
+  node.WriteCheckpoint({Entry("a", kGpu, {Uuid(kGpus[3])}), Entry("a", kSharedResourceName, ids),
+                        Entry("b", kGpu, {Uuid(kGpus[6])}), Entry("b", kEfa, ids)});
+  LateBinder after(node.Options());
+  REQUIRE(after.Recover().ok());
+  REQUIRE(after.PreStart(node.table(), ids).ok());
+  CHECK(after.Bindings().size() == 2);
+  // a's spec is as it was; b's is its own.
+  CHECK(efa::testing::ReadFile(spec_a) == a_before);
+  CHECK(fs::exists(node.cdi_dir() / CdiSpecFileName(ClaimName(ids))));
+}
+
 TEST_CASE("A claim is bound when a container holds the same IDs by ID under the other name",
           "[late-binding][upgrade]") {
   Node node(/*replicas=*/2);
   // Admitted best effort with replicas 2 under the first name; then helm
   // upgrade --set alignment.mode=late-binding,sharing.renameByDefault=true:
   // the kubelet counts each name's IDs apart and gives the same strings to
-  // a new container under the new name. Same IDs, same claim name.
+  // a new container under the new name. Same IDs, another claim name.
   const std::vector<std::string> ids = {node.Group(0)[0] + "::0", node.Group(0)[1] + "::0"};
   node.WriteCheckpoint({ByIdEntry("a-old", kEfa, ids), Entry("b-new", kSharedResourceName, ids)});
   LateBinderOptions options = node.Options();
@@ -831,7 +859,7 @@ TEST_CASE("A claim is bound when a container holds the same IDs by ID under the 
   CHECK(binder.counts().bound == 1);
   CHECK(binder.counts().kept == 0);
   REQUIRE(binder.BoundEfas(ids).has_value());
-  CHECK(fs::exists(binder.SpecPath(ClaimName(ids))));
+  CHECK(fs::exists(binder.SpecPath(ClaimName(ids, kSharedResourceName))));
   // The old container still holds one replica of each of its EFAs: a claim
   // wanting every replica of them cannot have them.
   std::vector<std::string> all;
