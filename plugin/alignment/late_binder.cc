@@ -542,12 +542,19 @@ std::set<std::string> LateBinder::ListedClaims(const v1::ListPodResourcesRespons
   return claims;
 }
 
-absl::StatusOr<std::map<std::string, int>> LateBinder::KubeletHeld() {
+absl::StatusOr<std::map<std::string, int>> LateBinder::KubeletHeld(
+    const Checkpointed& checkpointed) {
   const auto list = pod_resources_.List();
   if (!list.ok()) return list.status();
   std::map<std::string, std::set<std::string>> ids;  // EFA -> its IDs held
   for (const ContainerDevices& c : ContainersWithDevices(*list, options_.resources)) {
-    if (c.efa_resource != options_.resource_name) continue;
+    // Only containers the checkpoint as read has: List may be newer, and a
+    // container admitted since may hold its EFAs by ID, which Taken cannot
+    // count yet.
+    if (c.efa_resource != options_.resource_name ||
+        !checkpointed.claims.count(ClaimName(c.efas, c.efa_resource))) {
+      continue;
+    }
     for (const std::string& id : c.efas) {
       const auto replica = topology::ParseReplicaId(id);
       ids[replica ? replica->ibdev : id].insert(id);
@@ -791,7 +798,7 @@ void LateBinder::BindUnstarted(const topology::DeviceTable& table) {
         generation = generation_;
       }
       if (!named_only && !options_.late_binding && !kubelet_held) {
-        kubelet_held = KubeletHeld().value_or(std::map<std::string, int>{});
+        kubelet_held = KubeletHeld(checkpointed).value_or(std::map<std::string, int>{});
       }
       const Claim claim{.name = name,
                         .described = DescribeClaim(name, c.efas),

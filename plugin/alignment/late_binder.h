@@ -309,12 +309,12 @@ class LateBinder {
   // free (`named_only`: else none); else, when `kubelet_held` is given
   // (without late binding: the kubelet gives EFAs by ID), only EFAs all of
   // whose IDs it holds (EFA -> how many of its IDs pod-resources List holds
-  // under the name served).
+  // under the name served, for containers `checkpointed` has).
   struct Unstarted {
     bool named_only = false;
     const std::map<std::string, int>* kubelet_held = nullptr;
   };
-  absl::StatusOr<std::map<std::string, int>> KubeletHeld();
+  absl::StatusOr<std::map<std::string, int>> KubeletHeld(const Checkpointed& checkpointed);
   // Releases the bindings gone (`live`, when known) or taken over, then
   // binds the claim and writes its spec; the EFAs bound, in PCI order.
   // `unstarted` (BindUnstarted, above): a claim bound meanwhile keeps its
