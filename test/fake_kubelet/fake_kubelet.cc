@@ -41,6 +41,7 @@ FakeKubelet::FakeKubelet(Options options)
     : dir_(std::move(options.device_plugin_dir)),
       pod_resources_socket_(std::move(options.pod_resources_socket)),
       kubelet_1_20_(options.kubelet_1_20),
+      dynamic_resources_(options.dynamic_resources && !options.kubelet_1_20),
       endpoint_stop_grace_period_(options.endpoint_stop_grace_period) {}
 
 FakeKubelet::~FakeKubelet() {
