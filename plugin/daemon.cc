@@ -11,6 +11,7 @@
 
 #include "plugin/alignment/cdi_spec.h"
 #include "spdlog/spdlog.h"
+#include "topology/replica_id.h"
 #include "topology/uevents.h"
 
 namespace efa::plugin {
@@ -103,7 +104,7 @@ EfaCounterMonitorOptions Daemon::CounterOptions() {
   counters.health = options_.device_health;
   counters.holders = EfaCounterMonitor::PodResourcesHolders(
       options_.kubelet_dir / "pod-resources/kubelet.sock",
-      [this](const std::vector<std::string>& ids) { return PhysicalEfas(ids); });
+      [this](const std::vector<std::string>& ids) { return HeldEfas(ids); });
   counters.on_health_change = [this] {
     health_changed_ = true;
     Wake();
@@ -194,6 +195,21 @@ std::optional<std::vector<std::string>> Daemon::PhysicalEfas(
   if (auto bound = late_binder_->BoundEfas(ids)) return bound;
   if (late_binding()) return std::nullopt;
   return service_.Table()->PhysicalEfas(ids);
+}
+
+std::optional<std::vector<std::string>> Daemon::HeldEfas(
+    const std::vector<std::string>& ids) const {
+  if (auto bound = late_binder_->BoundEfas(ids)) return bound;
+  if (late_binding()) return std::nullopt;
+  // By the IDs' names, not the table served: withdrawn for the DRA driver
+  // it is empty, and the containers admitted before keep their EFAs.
+  std::vector<std::string> out;
+  for (const std::string& id : ids) {
+    const auto replica = topology::ParseReplicaId(id);
+    std::string efa = replica ? replica->ibdev : id;
+    if (std::find(out.begin(), out.end(), efa) == out.end()) out.push_back(std::move(efa));
+  }
+  return out;
 }
 
 void Daemon::Wake() { loop_.Wake(); }

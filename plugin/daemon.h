@@ -224,6 +224,11 @@ class Daemon {
   // the late-binding bindings (nullopt while not bound), else the IDs'
   // EFAs (replicas mapped to their EFA). Thread-safe.
   std::optional<std::vector<std::string>> PhysicalEfas(const std::vector<std::string>& ids) const;
+  // The EFAs a container holding `ids` of the EFA resource has, for its
+  // traffic: as PhysicalEfas, but an ID not bound by late binding names its
+  // EFA by itself (its ibdev, or a replica's), whatever is advertised now.
+  // Thread-safe.
+  std::optional<std::vector<std::string>> HeldEfas(const std::vector<std::string>& ids) const;
   // Run()'s steps. Opens the loop, the uevent socket and watches the
   // device-plugins dir; false (logged) when the loop cannot watch.
   bool OpenEventSources();
