@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
 #include "test/support/devices.h"
 #include "test/support/scrape.h"
@@ -362,4 +363,71 @@ TEST_CASE(
   CHECK(node.LogLines("EFA rdmap16s27 is unhealthy by its counters") == 1);
   CHECK(node.LogLines("EFA rdmap144s27 is unhealthy") == 0);
   CHECK(node.LogLines("EFA rdmap160s27 is unhealthy") == 0);
+}
+
+TEST_CASE(
+    "On a node moving to DRA the daemon binary yields and still serves every EFA's counters, per "
+    "pod for EFAs held by the device plugin and through ResourceClaims",
+    "[counters][daemon][process][dra]") {
+  CounterNode node({"--counter-interval", "1h"});
+  fs::create_directories(node.kubelet_dir() / "plugins_registry");
+  efa::testing::FakeDraDriver dranet(node.kubelet_dir() / "plugins_registry");
+  // Before the move: a pod of the device plugin. Then dra.net registers:
+  // the daemon withdraws the resource (no device left for the kubelet to
+  // give) but the running pod keeps its EFAs.
+  const std::vector<std::string> old_efas = node.Admit("old-0", 2);
+  dranet.Start();
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const std::vector<v1beta1::Device>& d) { return d.empty(); }, kDeadline));
+  // DRA gives the other two EFAs to a pod's claim, named as DRANET names
+  // them; a pod of DRANET itself holds a claim the kubelet lists without
+  // devices (DRANET's NodePrepareResources names none).
+  std::vector<std::string> free_efas;
+  for (const std::string& efa : kEfas) {
+    if (std::find(old_efas.begin(), old_efas.end(), efa) == old_efas.end()) {
+      free_efas.push_back(efa);
+    }
+  }
+  const std::map<std::string, std::string> dra_names = {{"rdmap16s27", "pci-0000-10-1b-0"},
+                                                        {"rdmap32s27", "pci-0000-20-1b-0"},
+                                                        {"rdmap144s27", "pci-0000-90-1b-0"},
+                                                        {"rdmap160s27", "pci-0000-a0-1b-0"}};
+  FakeKubelet::PreparedClaim claim{"efas", "ml", {{"dra.net", {}}}};
+  for (const std::string& efa : free_efas) {
+    claim.drivers["dra.net"].push_back({"node-a", dra_names.at(efa), {}});
+  }
+  REQUIRE(node.kubelet().PrepareClaim("new-0", "ml", "uid-new-0", claim, {"main"}).ok());
+  const FakeKubelet::PreparedClaim dranet_claim{"efa-dranet", "ml", {{"dra.net", {}}}};
+  REQUIRE(
+      node.kubelet().PrepareClaim("dranet-0", "ml", "uid-dranet-0", dranet_claim, {"main"}).ok());
+  uint64_t value = 1000;
+  for (const std::string& efa : kEfas) node.sim().SetCounter(efa, "tx_bytes", value++);
+
+  const Metrics m = node.Scrape();
+  CHECK(m.at("efa_device_plugin_withdrawn") == 1);
+  CHECK(m.at("efa_device_plugin_devices{health=\"healthy\"}") == 0);
+  // Every EFA's own counters, withdrawn or not.
+  CHECK(SeriesOf(m, "efa_tx_bytes_total") == 4);
+  for (size_t i = 0; i < kEfas.size(); ++i) {
+    CHECK(m.at(Series("efa_tx_bytes_total", kEfaLabels.at(kEfas[i]))) == 1000 + i);
+  }
+  // Per pod: the device plugin's pod as before, the claim's pod with the
+  // claim's and the device's names; nothing for the claim without devices.
+  CHECK(SeriesOf(m, "container_efa_tx_bytes_total") == 4);
+  for (const std::string& efa : old_efas) {
+    CHECK(m.count(Series("container_efa_tx_bytes_total", ContainerLabels("old-0", efa))) == 1);
+  }
+  for (const std::string& efa : free_efas) {
+    const std::string labels = absl::StrCat(
+        "namespace=\"ml\",pod=\"new-0\",container=\"main\",", kEfaLabels.at(efa),
+        ",dra_claim_name=\"efas\",dra_claim_namespace=\"ml\",dra_driver_name=\"dra.net\","
+        "dra_pool_name=\"node-a\",dra_device_name=\"",
+        dra_names.at(efa), "\"");
+    CAPTURE(labels);
+    REQUIRE(m.count(Series("container_efa_tx_bytes_total", labels)) == 1);
+    const auto at = std::find(kEfas.begin(), kEfas.end(), efa) - kEfas.begin();
+    CHECK(m.at(Series("container_efa_tx_bytes_total", labels)) == 1000 + at);
+  }
+  CHECK(node.LogLines(
+            "uses ResourceClaim ml/efa-dranet, which the kubelet lists without devices") == 1);
 }
