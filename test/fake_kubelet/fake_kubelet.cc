@@ -143,6 +143,8 @@ absl::Status FakeKubelet::Restart() {
     for (Pod& pod : pods_) unsynced_.push_back(std::move(pod));
     pods_.clear();
     pods_synced_ = false;
+    // A new device manager knows no device until its plugins list them.
+    all_devices_.clear();
   }
   if (absl::Status status = StartLocked(); !status.ok()) return status;
   if (!pod_resources_socket_.empty()) {

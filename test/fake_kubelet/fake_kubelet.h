@@ -398,6 +398,35 @@ class FakeKubelet {
                             const std::string& pod_uid, const PreparedClaim& claim,
                             const std::vector<std::string>& containers);
 
+  // --- The pod status (ResourceHealthStatus, KEP-4680). ---
+  //
+  // What the kubelet writes into status.containerStatuses[].
+  // allocatedResourcesStatus when its ResourceHealthStatus gate is on
+  // (alpha 1.31, beta and on 1.36): kubelet_pods.go generateAPIPodStatus
+  // (kubernetes/kubernetes 001a80e) calls the device manager's
+  // UpdateAllocatedResourcesStatus (pkg/kubelet/cm/devicemanager/manager.go,
+  // 7510f32) at every status sync. For each resource of the container, one
+  // entry per device ID it holds: the Health of that ID in the latest
+  // ListAndWatch list of the resource (allDevices), "Unhealthy" for any
+  // value but "Healthy", and "Healthy" when the latest list does not have
+  // the ID at all (or the resource has sent none since the kubelet started).
+  // A plugin whose stream ended leaves its last list as it was.
+  struct ResourceHealth {
+    std::string resource_id;
+    std::string health;  // "Healthy" or "Unhealthy"
+    bool operator==(const ResourceHealth&) const = default;
+  };
+  struct ResourceStatus {
+    std::string name;                       // the resource name
+    std::vector<ResourceHealth> resources;  // by device ID
+    bool operator==(const ResourceStatus&) const = default;
+  };
+  // The container's allocatedResourcesStatus, resources by name (a Go map
+  // there), device IDs sorted (a Go map there too); empty for a container
+  // holding no device.
+  std::vector<ResourceStatus> AllocatedResourcesStatus(const std::string& pod_uid,
+                                                       const std::string& container) const;
+
   // The devices of `resource` allocated to the container, in Allocate order
   // (empty if none).
   std::vector<std::string> container_devices(const std::string& pod_uid,
@@ -626,6 +655,9 @@ class FakeKubelet {
   // next UpdateAllocatedDevices (CollectRemovedLocked).
   std::set<std::string> removed_ ABSL_GUARDED_BY(mu_);
   std::vector<DeviceEntry> entries_ ABSL_GUARDED_BY(mu_);
+  // The device manager's allDevices: resource -> device ID -> health, from
+  // the latest ListAndWatch message since the (re)start.
+  std::map<std::string, std::map<std::string, std::string>> all_devices_ ABSL_GUARDED_BY(mu_);
   // The DRA manager's claim infos, by "namespace/name".
   std::map<std::string, ClaimInfo> claim_infos_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> extra_entries_ ABSL_GUARDED_BY(mu_);

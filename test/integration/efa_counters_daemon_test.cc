@@ -87,6 +87,17 @@ class CounterNode : public TestNode {
   bool WaitScrape(const std::function<bool(const Metrics&)>& want) {
     return efa::testing::WaitScrape(port_, want);
   }
+  // Keep-alives are judged once seen advancing: waits for two reads of
+  // `efa`'s keep_alive_rcvd that differ.
+  bool WaitKeepAlivesAdvancing(const std::string& efa) {
+    const std::string series = Series("efa_keep_alive_rcvd_total", kEfaLabels.at(efa));
+    double seen = 0;
+    return WaitScrape([&](const Metrics& m) {
+             seen = m.count(series) ? m.at(series) : 0;
+             return seen > 0;
+           }) &&
+           WaitScrape([&](const Metrics& m) { return m.count(series) && m.at(series) > seen; });
+  }
   // The EFAs of an admitted container of one pod.
   std::vector<std::string> Admit(const std::string& pod, int efas) {
     auto admitted = kubelet().AdmitContainer(pod, "default", "uid-" + pod, "main", {{kEfa, efas}});
@@ -324,17 +335,7 @@ TEST_CASE(
                                                           {"rdmap144s27", "Healthy"},
                                                           {"rdmap160s27", "Healthy"}};
   REQUIRE(node.WaitHealth(all_healthy));
-  // Keep-alives are judged once seen advancing: two reads that differ.
-  const std::string first_keep_alive =
-      Series("efa_keep_alive_rcvd_total", kEfaLabels.at("rdmap16s27"));
-  double seen = 0;
-  REQUIRE(node.WaitScrape([&](const Metrics& m) {
-    seen = m.count(first_keep_alive) ? m.at(first_keep_alive) : 0;
-    return seen > 0;
-  }));
-  REQUIRE(node.WaitScrape([&](const Metrics& m) {
-    return m.count(first_keep_alive) && m.at(first_keep_alive) > seen;
-  }));
+  REQUIRE(node.WaitKeepAlivesAdvancing("rdmap16s27"));
 
   // The first EFA's keep-alives stop. No scrape: the daemon reads by itself.
   keep_alive.Pause(0, true);
@@ -430,4 +431,64 @@ TEST_CASE(
   }
   CHECK(node.LogLines(
             "uses ResourceClaim ml/efa-dranet, which the kubelet lists without devices") == 1);
+}
+
+TEST_CASE(
+    "The kubelet's pod status shows a removed EFA and one its counters hold Unhealthy in the "
+    "container holding it, by device IDs that survive the daemon's restart",
+    "[counters][health][daemon][process][status]") {
+  const std::vector<std::string> flags = {"--device-health",
+                                          "--device-health-keep-alive-timeout",
+                                          "2s",
+                                          "--device-health-hold-down",
+                                          "1h",
+                                          "--counter-interval",
+                                          "100ms"};
+  CounterNode node(flags);
+  Ticker keep_alive(node.sim(), "keep_alive_rcvd", kEfas);
+  REQUIRE(node.WaitKeepAlivesAdvancing(kEfas[1]));
+  const std::vector<std::string> train = node.Admit("train-0", 2);
+  const std::vector<std::string> infer = node.Admit("infer-0", 2);
+  REQUIRE(train == std::vector<std::string>{kEfas[0], kEfas[1]});
+  REQUIRE(infer == std::vector<std::string>{kEfas[2], kEfas[3]});
+  using Status = std::vector<FakeKubelet::ResourceStatus>;
+  auto status = [&](const std::string& pod) {
+    return node.kubelet().AllocatedResourcesStatus("uid-" + pod, "main");
+  };
+  CHECK(status("train-0") == Status{{kEfa, {{kEfas[0], "Healthy"}, {kEfas[1], "Healthy"}}}});
+  CHECK(status("infer-0") == Status{{kEfa, {{kEfas[2], "Healthy"}, {kEfas[3], "Healthy"}}}});
+
+  // infer-0's second EFA stops sending keep-alives; train-0's first is
+  // removed (its verbs device gone).
+  keep_alive.Pause(3, true);
+  REQUIRE(node.WaitHealth({{kEfas[3], "Unhealthy"}}));
+  keep_alive.Pause(0, true);  // no driver to count them once it is gone
+  fs::remove(node.sim().sys() / "class/infiniband" / kEfas[0]);
+  REQUIRE(node.WaitHealth({{kEfas[0], "Unhealthy"}}));
+  const Status train_status{{kEfa, {{kEfas[0], "Unhealthy"}, {kEfas[1], "Healthy"}}}};
+  const Status infer_status{{kEfa, {{kEfas[2], "Healthy"}, {kEfas[3], "Unhealthy"}}}};
+  CHECK(status("train-0") == train_status);
+  CHECK(status("infer-0") == infer_status);
+
+  // The daemon restarts. Its device IDs are the EFAs' names (not an order
+  // or a counter): the EFAs it finds keep theirs. What a new process cannot
+  // know shows as the kubelet's default, Healthy: the removed EFA, which it
+  // never found and so does not list (the kubelet keeps no health for an ID
+  // its latest list lacks), and the stalled keep-alives, judged only once
+  // seen advancing (docs/observability.md says both).
+  std::vector<std::string> ids_before;
+  for (const auto& d : node.kubelet().devices(kEfa)) ids_before.push_back(d.id());
+  REQUIRE(ids_before == kEfas);
+  const int messages = node.kubelet().list_and_watch_messages(kEfa);
+  REQUIRE(node.KillBinary());
+  node.StartBinary({"--metrics-address", "127.0.0.1:0", "--probe-address", "", flags[0], flags[1],
+                    flags[2], flags[3], flags[4], flags[5], flags[6]});
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  // The new process's first list.
+  REQUIRE(node.kubelet().WaitForListAndWatchMessages(kEfa, messages + 1, kDeadline));
+  std::vector<std::string> ids_after;
+  for (const auto& d : node.kubelet().devices(kEfa)) ids_after.push_back(d.id());
+  CHECK(ids_after == std::vector<std::string>{kEfas[1], kEfas[2], kEfas[3]});
+  CHECK(status("train-0") == Status{{kEfa, {{kEfas[0], "Healthy"}, {kEfas[1], "Healthy"}}}});
+  CHECK(status("infer-0") == Status{{kEfa, {{kEfas[2], "Healthy"}, {kEfas[3], "Healthy"}}}});
 }
