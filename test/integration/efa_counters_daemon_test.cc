@@ -435,7 +435,7 @@ TEST_CASE(
 
 TEST_CASE(
     "The kubelet's pod status shows a removed EFA and one its counters hold Unhealthy in the "
-    "container holding it, by device IDs that survive the daemon's restart",
+    "container holding it, by device IDs that survive the daemon's restart, the removed one too",
     "[counters][health][daemon][process][status]") {
   const std::vector<std::string> flags = {"--device-health",
                                           "--device-health-keep-alive-timeout",
@@ -471,11 +471,11 @@ TEST_CASE(
   CHECK(status("infer-0") == infer_status);
 
   // The daemon restarts. Its device IDs are the EFAs' names (not an order
-  // or a counter): the EFAs it finds keep theirs. What a new process cannot
-  // know shows as the kubelet's default, Healthy: the removed EFA, which it
-  // never found and so does not list (the kubelet keeps no health for an ID
-  // its latest list lacks), and the stalled keep-alives, judged only once
-  // seen advancing (docs/observability.md says both).
+  // or a counter): the EFAs it finds keep theirs, and the removed EFA, which
+  // it cannot find, it lists Unhealthy under its name since the kubelet's
+  // checkpoint says train-0 holds it (an ID missing from the list would read
+  // Healthy). The stalled keep-alives a new process cannot know: judged only
+  // once seen advancing (docs/observability.md).
   std::vector<std::string> ids_before;
   for (const auto& d : node.kubelet().devices(kEfa)) ids_before.push_back(d.id());
   REQUIRE(ids_before == kEfas);
@@ -488,7 +488,19 @@ TEST_CASE(
   REQUIRE(node.kubelet().WaitForListAndWatchMessages(kEfa, messages + 1, kDeadline));
   std::vector<std::string> ids_after;
   for (const auto& d : node.kubelet().devices(kEfa)) ids_after.push_back(d.id());
-  CHECK(ids_after == std::vector<std::string>{kEfas[1], kEfas[2], kEfas[3]});
-  CHECK(status("train-0") == Status{{kEfa, {{kEfas[0], "Healthy"}, {kEfas[1], "Healthy"}}}});
+  CHECK(ids_after == ids_before);
+  CHECK(status("train-0") == train_status);
   CHECK(status("infer-0") == Status{{kEfa, {{kEfas[2], "Healthy"}, {kEfas[3], "Healthy"}}}});
+  CHECK(node.LogLines(absl::StrCat("EFA ", kEfas[0],
+                                   " is listed Unhealthy: not found since the daemon started, but "
+                                   "pod uid-train-0 container \"main\" holds it (kubelet "
+                                   "checkpoint)")) == 1);
+  // Once no container holds it, it is listed no more.
+  REQUIRE(node.kubelet().RemovePod("uid-train-0").ok());
+  CHECK(node.kubelet().WaitForDevices(
+      kEfa,
+      [](const std::vector<v1beta1::Device>& devices) {
+        return devices.size() == 3 && HealthOf(devices, kEfas[0]) == "absent";
+      },
+      kDeadline));
 }
