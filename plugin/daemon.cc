@@ -7,10 +7,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "plugin/alignment/cdi_spec.h"
 #include "spdlog/spdlog.h"
+#include "topology/replica_id.h"
 #include "topology/uevents.h"
 
 namespace efa::plugin {
@@ -84,7 +89,10 @@ Daemon::Daemon(DaemonOptions options)
            .on_inventory = options_.on_inventory,
            .clock = options_.clock,
            .watches = &watches_,
-           .reserved = [this]() -> const std::map<std::string, std::string>& { return reserved_; }},
+           .reserved = [this]() -> const std::map<std::string, std::string>& { return reserved_; },
+           .held_missing = [this]() -> const std::map<std::string, std::string>& {
+             return held_missing_;
+           }},
           &service_, &guards_, counters_.get()) {
   SetUpAlignment();
   service_.SetRpcObserver(options_.rpc_observer);
@@ -103,7 +111,7 @@ EfaCounterMonitorOptions Daemon::CounterOptions() {
   counters.health = options_.device_health;
   counters.holders = EfaCounterMonitor::PodResourcesHolders(
       options_.kubelet_dir / "pod-resources/kubelet.sock",
-      [this](const std::vector<std::string>& ids) { return PhysicalEfas(ids); });
+      [this](const std::vector<std::string>& ids) { return HeldEfas(ids); });
   counters.on_health_change = [this] {
     health_changed_ = true;
     Wake();
@@ -194,6 +202,21 @@ std::optional<std::vector<std::string>> Daemon::PhysicalEfas(
   if (auto bound = late_binder_->BoundEfas(ids)) return bound;
   if (late_binding()) return std::nullopt;
   return service_.Table()->PhysicalEfas(ids);
+}
+
+std::optional<std::vector<std::string>> Daemon::HeldEfas(
+    const std::vector<std::string>& ids) const {
+  if (auto bound = late_binder_->BoundEfas(ids)) return bound;
+  if (late_binding()) return std::nullopt;
+  // By the IDs' names, not the table served: withdrawn for the DRA driver
+  // it is empty, and the containers admitted before keep their EFAs.
+  std::vector<std::string> out;
+  for (const std::string& id : ids) {
+    const auto replica = topology::ParseReplicaId(id);
+    std::string efa = replica ? replica->ibdev : id;
+    if (std::find(out.begin(), out.end(), efa) == out.end()) out.push_back(std::move(efa));
+  }
+  return out;
 }
 
 void Daemon::Wake() { loop_.Wake(); }
@@ -368,8 +391,12 @@ void Daemon::ReleaseGone() {
   }
   bound_under_other_name_ = renamed;
   if (tracker_.has_devices()) late_binder_->BindUnstarted(*service_.Table());
+  const bool missing_changed = UpdateHeldMissing();
   std::map<std::string, std::string> reserved = late_binder_->Reserved();
-  if (reserved == reserved_) return;
+  if (reserved == reserved_) {
+    if (missing_changed) tracker_.Publish();
+    return;
+  }
   if (reserved.empty()) {
     spdlog::info("no EFA is held under an earlier configuration any more");
   } else {
@@ -384,6 +411,63 @@ void Daemon::ReleaseGone() {
     for (const auto& [efa, why] : reserved_) reserved_efas_.insert(efa);
   }
   tracker_.Publish();
+}
+
+bool Daemon::UpdateHeldMissing() {
+  std::optional<std::map<std::string, std::string>> missing = HeldMissing();
+  if (!missing || *missing == held_missing_) return false;
+  for (const auto& [efa, why] : *missing) {
+    if (!held_missing_.count(efa)) spdlog::warn("EFA {} is listed Unhealthy: {}", efa, why);
+  }
+  held_missing_ = *std::move(missing);
+  return true;
+}
+
+namespace {
+
+// EFA -> PCI address, from an Allocate answer's EFA_DEVICES and
+// EFA_PCI_ADDRESSES (the same order); empty when it has not both, alike.
+std::map<std::string, std::string> AllocatedPciAddresses(
+    const v1beta1::ContainerAllocateResponse& response) {
+  auto env = [&](const char* name) -> std::vector<std::string> {
+    auto it = response.envs().find(name);
+    if (it == response.envs().end() || it->second.empty()) return {};
+    return absl::StrSplit(it->second, ',');
+  };
+  const std::vector<std::string> names = env(kEnvDevices);
+  const std::vector<std::string> addresses = env(kEnvPciAddresses);
+  std::map<std::string, std::string> out;
+  if (names.size() != addresses.size()) return out;
+  for (size_t i = 0; i < names.size(); ++i) out.emplace(names[i], addresses[i]);
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::map<std::string, std::string>> Daemon::HeldMissing() const {
+  std::map<std::string, std::string> missing;
+  if (late_binding()) return missing;
+  const auto checkpoint =
+      aligner_ ? aligner_->Checkpoint()
+               : std::make_shared<const CheckpointCache::Result>(
+                     ReadCheckpoint(options_.kubelet_dir / "device-plugins" / kCheckpointFile));
+  if (!checkpoint->ok()) return std::nullopt;
+  for (const CheckpointEntry& e : (*checkpoint)->entries) {
+    if (e.resource_name != options_.resource_name) continue;
+    // The EFAs' PCI addresses, from the Allocate answer: an EFA found under
+    // another name since (udev renamed efa_0) is not missing.
+    const std::map<std::string, std::string> pci_of = AllocatedPciAddresses(e.alloc_resp);
+    for (const std::string& id : e.device_ids) {
+      const auto replica = topology::ParseReplicaId(id);
+      const std::string efa = replica ? replica->ibdev : id;
+      auto pci = pci_of.find(efa);
+      if (tracker_.Knows(efa) || pci == pci_of.end() || tracker_.KnowsPci(pci->second)) continue;
+      missing.emplace(
+          efa, absl::StrCat("not found since the daemon started, but pod ", e.pod_uid,
+                            " container \"", e.container_name, "\" holds it (kubelet checkpoint)"));
+    }
+  }
+  return missing;
 }
 
 void Daemon::RecoverBindings() {

@@ -217,6 +217,9 @@ class Daemon {
   // Releases the bindings confirmed gone, schedules the next look at those
   // still being confirmed, and advertises the EFAs reserved now.
   void ReleaseGone();
+  // Takes HeldMissing() when it could be read, logging each EFA newly listed
+  // so; returns whether it changed (then the caller publishes).
+  bool UpdateHeldMissing();
   // Reads the bindings back from the CDI dir (LateBinder::Recover): before
   // the first registration, and again at each periodic pass until whole.
   void RecoverBindings();
@@ -224,6 +227,16 @@ class Daemon {
   // the late-binding bindings (nullopt while not bound), else the IDs'
   // EFAs (replicas mapped to their EFA). Thread-safe.
   std::optional<std::vector<std::string>> PhysicalEfas(const std::vector<std::string>& ids) const;
+  // The EFAs a container holding `ids` of the EFA resource has, for its
+  // traffic: as PhysicalEfas, but an ID not bound by late binding names its
+  // EFA by itself (its ibdev, or a replica's), whatever is advertised now.
+  // Thread-safe.
+  std::optional<std::vector<std::string>> HeldEfas(const std::vector<std::string>& ids) const;
+  // The EFAs of the resource served that the kubelet's checkpoint says a
+  // container holds and that this process has not found (ibdev -> why);
+  // nullopt when the checkpoint cannot be read (nothing is concluded). None
+  // with late binding (the kubelet's IDs there are tokens, not EFAs).
+  std::optional<std::map<std::string, std::string>> HeldMissing() const;
   // Run()'s steps. Opens the loop, the uevent socket and watches the
   // device-plugins dir; false (logged) when the loop cannot watch.
   bool OpenEventSources();
@@ -301,7 +314,8 @@ class Daemon {
   int kubelet_watch_ = -1;  // the device-plugins dir; -1: on timers
   // kubelet.sock at the latest look on timers (none before the first).
   std::optional<FileIdentity> kubelet_socket_seen_;
-  std::map<std::string, std::string> reserved_;  // LateBinder::Reserved, advertised
+  std::map<std::string, std::string> reserved_;      // LateBinder::Reserved, advertised
+  std::map<std::string, std::string> held_missing_;  // HeldMissing(), advertised
 };
 
 }  // namespace efa::plugin

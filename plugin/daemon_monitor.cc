@@ -31,6 +31,21 @@ std::vector<prometheus::ClientMetric::Label> ContainerLabels(const EfaHolder& h)
   return {{"namespace", h.pod_namespace}, {"pod", h.pod}, {"container", h.container}};
 }
 
+// For an EFA the container holds through a ResourceClaim, the claim's and
+// the device's names, as dcgm-exporter labels the GPUs of DRA claims
+// (NVIDIA/dcgm-exporter internal/pkg/transformation/const.go).
+void AddDraLabels(const EfaHolder& h, const std::string& ibdev,
+                  std::vector<prometheus::ClientMetric::Label>& labels) {
+  auto dra = h.dra.find(ibdev);
+  if (dra == h.dra.end()) return;
+  const DraDevice& d = dra->second;
+  labels.push_back({"dra_claim_name", d.claim_name});
+  labels.push_back({"dra_claim_namespace", d.claim_namespace});
+  labels.push_back({"dra_driver_name", d.driver});
+  labels.push_back({"dra_pool_name", d.pool});
+  labels.push_back({"dra_device_name", d.device});
+}
+
 // The devices the daemon advertises, by health.
 struct AdvertisedHealth {
   int healthy = 0, unhealthy = 0;
@@ -214,6 +229,7 @@ void CollectCounterValues(const EfaCounterSnapshot& snapshot,
         if (efa == by_ibdev.end() || !efa->second->counters.values[i]) continue;
         auto labels = ContainerLabels(container.holder);
         for (auto& label : EfaLabels(efa->second->device)) labels.push_back(std::move(label));
+        AddDraLabels(container.holder, ibdev, labels);
         AddSample(held, static_cast<double>(*efa->second->counters.values[i]), std::move(labels));
       }
     }

@@ -197,9 +197,22 @@ void DeviceTracker::Publish() {
       }
     }
   }
+  if (options_.held_missing) {
+    for (const auto& [ibdev, why] : options_.held_missing()) {
+      if (Knows(ibdev)) continue;
+      topology::EfaDevice& ghost = devices.emplace_back();
+      ghost.ibdev = ibdev;
+      ghost.health_problem = why;
+    }
+  }
   std::sort(devices.begin(), devices.end(),
             [](const auto& a, const auto& b) { return a.pci < b.pci; });
   service_->SetDevices(guards_->Apply(std::move(devices)), model_, model_stale_);
+}
+
+bool DeviceTracker::Knows(const std::string& ibdev) const {
+  return std::any_of(known_.begin(), known_.end(),
+                     [&](const auto& entry) { return entry.second.ibdev == ibdev; });
 }
 
 bool DeviceTracker::UpdateModel() {

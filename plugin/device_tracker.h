@@ -45,6 +45,11 @@ class DeviceTracker {
     // (ibdev -> why; LateBinder::Reserved): advertised Unhealthy, so that
     // no new container is given them. Null: none.
     std::function<const std::map<std::string, std::string>&()> reserved = nullptr;
+    // EFAs a running container holds by the kubelet's record that this
+    // process has not found (ibdev -> why): listed Unhealthy under their
+    // names, as the process that saw them go did, so that the kubelet's
+    // record of the container (its pod status) keeps saying so. Null: none.
+    std::function<const std::map<std::string, std::string>&()> held_missing = nullptr;
   };
   // Listings ("list") and device reads ("read") that failed for a reason
   // that says nothing about the devices (topology::DiscoveryError).
@@ -89,6 +94,10 @@ class DeviceTracker {
 
   // Whether an EFA was ever seen, and how many (each listed since).
   bool has_devices() const { return !known_.empty(); }
+  // Whether an EFA called `ibdev`, or at PCI address `pci` ("0000:4f:00.0"),
+  // was seen since start.
+  bool Knows(const std::string& ibdev) const;
+  bool KnowsPci(const std::string& pci) const { return known_.count(pci) > 0; }
   int known_count() const { return static_cast<int>(known_.size()); }
   // Whether the latest discovery was complete.
   bool complete() const { return inventory_.complete(); }

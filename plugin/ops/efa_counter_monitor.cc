@@ -16,7 +16,41 @@ std::string FormatDuration(std::chrono::milliseconds d) {
   return absl::FormatDuration(absl::Milliseconds(d.count()));
 }
 
+// The containers of `list` using ResourceClaims, each with its claims'
+// devices (a claim listed without devices as one entry with an empty
+// driver and device). As the kubelet fills it (pkg/kubelet/cm
+// container_manager_linux.go GetDynamicResources): one DynamicResource per
+// claim the container names, one ClaimResource per device the driver's
+// NodePrepareResources answered (none when it answered none).
+std::vector<EfaHolder> DraHolders(const v1::ListPodResourcesResponse& list) {
+  std::vector<EfaHolder> out;
+  for (const auto& pod : list.pod_resources()) {
+    for (const auto& container : pod.containers()) {
+      if (container.dynamic_resources().empty()) continue;
+      EfaHolder h{pod.namespace_(), pod.name(), container.name(), {}};
+      for (const auto& claim : container.dynamic_resources()) {
+        if (claim.claim_resources().empty()) {
+          h.dra_devices.push_back({claim.claim_name(), claim.claim_namespace(), "", "", ""});
+        }
+        for (const auto& r : claim.claim_resources()) {
+          h.dra_devices.push_back({claim.claim_name(), claim.claim_namespace(), r.driver_name(),
+                                   r.pool_name(), r.device_name()});
+        }
+      }
+      out.push_back(std::move(h));
+    }
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string DraDeviceName(const topology::PciAddress& pci) {
+  std::string name = "pci-" + pci.ToString();
+  std::replace_if(
+      name.begin() + 4, name.end(), [](char c) { return c == ':' || c == '.'; }, '-');
+  return name;
+}
 
 EfaCounterMonitor::EfaCounterMonitor(EfaCounterMonitorOptions options)
     : options_(std::move(options)) {}
@@ -93,7 +127,7 @@ std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample() {
       auto it = pci_rank.find(efa);
       return it == pci_rank.end() ? pci_rank.size() : it->second;
     };
-    std::vector<EfaHolder> holders_in_pci_order = holders_;
+    std::vector<EfaHolder> holders_in_pci_order = ResolveDra(holders_, *snapshot);
     for (EfaHolder& h : holders_in_pci_order) {
       std::stable_sort(
           h.efas.begin(), h.efas.end(),
@@ -214,6 +248,43 @@ void EfaCounterMonitor::NoteUnreadable(EfaCounterSnapshot& snapshot) {
       files, *first);
 }
 
+std::vector<EfaHolder> EfaCounterMonitor::ResolveDra(std::vector<EfaHolder> holders,
+                                                     const EfaCounterSnapshot& snapshot) {
+  std::map<std::string, std::string> efa_by_name;  // DRANET's device name -> ibdev
+  for (const auto& efa : snapshot.efas) {
+    efa_by_name.emplace(DraDeviceName(efa.device.pci), efa.device.ibdev);
+  }
+  std::set<std::string> deviceless;
+  std::vector<EfaHolder> out;
+  for (EfaHolder& h : holders) {
+    std::vector<DraDevice> efas;
+    for (DraDevice& d : h.dra_devices) {
+      if (d.device.empty()) {
+        const std::string claim = d.claim_namespace + "/" + d.claim_name;
+        deviceless.insert(claim);
+        if (deviceless_claims_.count(claim)) continue;
+        spdlog::info(
+            "pod {}/{} container {} uses ResourceClaim {}, which the kubelet lists without "
+            "devices (its driver named none when it prepared the claim): its traffic cannot be "
+            "told apart from the node's",
+            h.pod_namespace, h.pod, h.container, claim);
+        continue;
+      }
+      auto efa = efa_by_name.find(d.device);
+      if (efa == efa_by_name.end()) continue;  // not an EFA of this node
+      if (std::find(h.efas.begin(), h.efas.end(), efa->second) == h.efas.end()) {
+        h.efas.push_back(efa->second);
+      }
+      h.dra[efa->second] = d;
+      efas.push_back(std::move(d));
+    }
+    h.dra_devices = std::move(efas);
+    if (!h.efas.empty()) out.push_back(std::move(h));
+  }
+  deviceless_claims_ = std::move(deviceless);
+  return out;
+}
+
 std::vector<EfaCounterSnapshot::Container> EfaCounterMonitor::JudgeIdle(
     const std::vector<EfaHolder>& holders, Clock::time_point now) {
   std::vector<EfaCounterSnapshot::Container> out;
@@ -270,11 +341,22 @@ EfaHoldersFn EfaCounterMonitor::PodResourcesHolders(
     auto list = client->List();
     if (!list.ok()) return list.status();
     std::vector<EfaHolder> out;
+    std::map<std::string, size_t> index;  // Name() -> position in `out`
     const AcceleratorResources none{{}, {}, {}, 0};
     for (const ContainerDevices& c : ContainersWithDevices(*list, none)) {
       std::optional<std::vector<std::string>> efas = physical(c.efas);
       if (!efas || efas->empty()) continue;
       out.push_back({c.pod_namespace, c.pod_name, c.container, *std::move(efas)});
+      index.emplace(out.back().Name(), out.size() - 1);
+    }
+    // During a move a container may hold EFAs both ways.
+    for (EfaHolder& h : DraHolders(*list)) {
+      auto it = index.find(h.Name());
+      if (it != index.end()) {
+        out[it->second].dra_devices = std::move(h.dra_devices);
+      } else {
+        out.push_back(std::move(h));
+      }
     }
     return out;
   };

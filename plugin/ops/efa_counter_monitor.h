@@ -31,8 +31,27 @@
 #include "absl/synchronization/mutex.h"
 #include "topology/efa_counters.h"
 #include "topology/efa_device.h"
+#include "topology/pci_address.h"
 
 namespace efa::plugin {
+
+// A device a container holds through a ResourceClaim (DRA), as the
+// kubelet's pod-resources API names it (dynamic_resources).
+struct DraDevice {
+  std::string claim_name;
+  std::string claim_namespace;
+  std::string driver;
+  std::string pool;
+  std::string device;
+  bool operator==(const DraDevice&) const = default;
+};
+
+// The name DRANET gives the device of PCI function `pci` in its
+// ResourceSlices: "pci-" and the address with ':' and '.' replaced by '-'
+// ("0000:10:1b.0" -> "pci-0000-10-1b-0"; kubernetes-sigs/dranet f258477,
+// pkg/names/names.go NormalizePCIAddress, used for every PCI network device
+// and standalone RDMA device in pkg/inventory/db.go). Pure.
+std::string DraDeviceName(const topology::PciAddress& pci);
 
 // A container and the physical EFAs it holds now.
 struct EfaHolder {
@@ -40,6 +59,11 @@ struct EfaHolder {
   std::string pod;
   std::string container;
   std::vector<std::string> efas;  // ibdev names (in a snapshot: in PCI order)
+  // The DRA devices it holds, as listed. In a snapshot: those that are one
+  // of the node's EFAs (by DraDeviceName), their EFAs added to `efas`.
+  std::vector<DraDevice> dra_devices = {};
+  // In a snapshot: ibdev -> the claim's device it holds the EFA through.
+  std::map<std::string, DraDevice> dra = {};
   std::string Name() const { return pod_namespace + "/" + pod + "/" + container; }
 };
 
@@ -115,7 +139,9 @@ class EfaCounterMonitor {
 
   // Holders from the kubelet's pod-resources API at `socket` (List, rate
   // limited): the containers holding EFAs (either resource name), their device IDs mapped to
-  // physical EFAs by `physical` (nullopt: not bound yet, left out).
+  // physical EFAs by `physical` (nullopt: not bound yet, left out), and the
+  // containers using ResourceClaims, with the claims' devices as listed
+  // (Sample keeps those that are EFAs).
   static EfaHoldersFn PodResourcesHolders(
       const std::filesystem::path& socket,
       std::function<std::optional<std::vector<std::string>>(const std::vector<std::string>&)>
@@ -149,6 +175,11 @@ class EfaCounterMonitor {
   // Counts the snapshot's unreadable files (into unreadable_total) and logs
   // their cause once while it lasts, and when it ends.
   void NoteUnreadable(EfaCounterSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
+  // The holders' claimed DRA devices that are EFAs of `snapshot`, added to
+  // their EFAs; a claim listed without devices is logged once.
+  std::vector<EfaHolder> ResolveDra(std::vector<EfaHolder> holders,
+                                    const EfaCounterSnapshot& snapshot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // Judges the idle EFAs of each holder and logs what changed.
   std::vector<EfaCounterSnapshot::Container> JudgeIdle(const std::vector<EfaHolder>& holders,
                                                        Clock::time_point now)
@@ -163,6 +194,8 @@ class EfaCounterMonitor {
   std::vector<EfaHolder> holders_ ABSL_GUARDED_BY(read_mu_);                   // the last known
   int64_t unreadable_total_ ABSL_GUARDED_BY(read_mu_) = 0;
   std::string unreadable_cause_ ABSL_GUARDED_BY(read_mu_);  // as logged; "" while none
+  // Claims listed without devices, as logged ("namespace/claim").
+  std::set<std::string> deviceless_claims_ ABSL_GUARDED_BY(read_mu_);
 
   mutable absl::Mutex mu_;
   std::vector<topology::EfaDevice> devices_ ABSL_GUARDED_BY(mu_);

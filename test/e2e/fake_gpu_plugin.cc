@@ -52,6 +52,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
+#include "test/e2e/term_signals.h"
 
 namespace {
 
@@ -374,12 +375,7 @@ int main(int argc, char** argv) {
   }
 
   // Signals are taken synchronously by the main loop below.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  sigset_t signals = efa::e2e::BlockTermSignals();
 
   const fs::path dir = fs::path(kubelet_dir) / "device-plugins";
   const fs::path socket = dir / socket_name;

@@ -41,6 +41,7 @@ FakeKubelet::FakeKubelet(Options options)
     : dir_(std::move(options.device_plugin_dir)),
       pod_resources_socket_(std::move(options.pod_resources_socket)),
       kubelet_1_20_(options.kubelet_1_20),
+      dynamic_resources_(options.dynamic_resources && !options.kubelet_1_20),
       endpoint_stop_grace_period_(options.endpoint_stop_grace_period) {}
 
 FakeKubelet::~FakeKubelet() {
@@ -142,6 +143,8 @@ absl::Status FakeKubelet::Restart() {
     for (Pod& pod : pods_) unsynced_.push_back(std::move(pod));
     pods_.clear();
     pods_synced_ = false;
+    // A new device manager knows no device until its plugins list them.
+    all_devices_.clear();
   }
   if (absl::Status status = StartLocked(); !status.ok()) return status;
   if (!pod_resources_socket_.empty()) {

@@ -49,7 +49,7 @@
 // (Start, Restart, Stop, EndStream, StartPodResources, StopPodResources, the
 // destructor) are serialized among themselves; they must not be called from a
 // predicate given to WaitForDevices. Admissions (AdmitContainer,
-// StartContainer, RemovePod, SyncPods) are serialized among themselves, as
+// StartContainer, PrepareClaim, RemovePod, SyncPods) are serialized among themselves, as
 // the kubelet admits one pod at a time; Start, Restart and Stop wait for the
 // one in progress, so none of these may be called from a plugin's handler
 // while it serves an admission.
@@ -124,6 +124,10 @@ class FakeKubelet {
     // and the checkpoint's RegisteredDevices leave it out. Its containers'
     // allocations stay (podDevices and the checkpoint) while they live.
     std::chrono::milliseconds endpoint_stop_grace_period = std::chrono::minutes(5);
+    // The KubeletPodResourcesDynamicResources gate (alpha 1.27-1.33, beta
+    // and on from 1.34): List shows each container's ResourceClaims
+    // (dynamic_resources). Off with kubelet_1_20 whatever it says (no DRA).
+    bool dynamic_resources = true;
   };
 
   // Options for a kubelet directory: <kubelet_dir>/device-plugins and
@@ -348,11 +352,80 @@ class FakeKubelet {
     // that can be long.
     kAsKubelet,
   };
-  // The pod was deleted: it leaves pod-resources at once; its devices are
+  // The pod was deleted: it leaves pod-resources at once, and its claims are
+  // unprepared (a claim no other pod uses leaves the DRA manager); its devices are
   // freed and its entries leave the checkpoint as `when` says. NOT_FOUND for
   // an unknown pod; the checkpoint write's error otherwise.
   absl::Status RemovePod(const std::string& pod_uid,
                          CheckpointWrite when = CheckpointWrite::kAtOnce);
+
+  // --- Dynamic resources: the kubelet's DRA manager in miniature. ---
+  //
+  // As pkg/kubelet/cm/dra/manager.go (kubernetes/kubernetes 001332b)
+  // prepareResources: a ResourceClaim the pod uses is prepared once per node
+  // (its claim info cached by namespace/name, every pod using it referenced),
+  // each driver of its allocation is asked NodePrepareResources, and every
+  // device the driver answers is recorded (info.addDevice: pool, device, CDI
+  // IDs). A driver may answer none: DRANET (kubernetes-sigs/dranet f258477,
+  // pkg/driver/dra_hooks.go prepareResourceClaim) returns an empty
+  // PrepareResult, so the kubelet knows the claim and its driver and no
+  // device. The claim info is dropped when the last pod using it is removed
+  // (unprepareResources), and survives a restart (its checkpoint,
+  // dra_manager_state).
+
+  // One device a driver's NodePrepareResources answered for a claim.
+  struct PreparedDevice {
+    std::string pool;
+    std::string device;
+    std::vector<std::string> cdi_ids;
+  };
+  // A claim as the DRA manager caches it once prepared: per driver of its
+  // allocation, the devices the driver answered (possibly none).
+  struct PreparedClaim {
+    std::string name;
+    std::string claim_namespace;
+    std::map<std::string, std::vector<PreparedDevice>> drivers;
+  };
+  // The pod (added to the pod manager when new, as an admission does) uses
+  // `claim` (pod.spec.resourceClaims, in call order), prepared now unless a
+  // claim of that namespace and name is prepared already (then only
+  // referenced), and its containers `containers` name it in
+  // resources.claims (each added to the pod when new, holding no device of
+  // a plugin). INVALID_ARGUMENT for an empty pod UID, claim name or
+  // namespace, or a claim in another namespace than the pod; FAILED_PRECONDITION
+  // between Restart and SyncPods.
+  absl::Status PrepareClaim(const std::string& pod_name, const std::string& pod_namespace,
+                            const std::string& pod_uid, const PreparedClaim& claim,
+                            const std::vector<std::string>& containers);
+
+  // --- The pod status (ResourceHealthStatus, KEP-4680). ---
+  //
+  // What the kubelet writes into status.containerStatuses[].
+  // allocatedResourcesStatus when its ResourceHealthStatus gate is on
+  // (alpha 1.31, beta and on 1.36): kubelet_pods.go generateAPIPodStatus
+  // (kubernetes/kubernetes 001a80e) calls the device manager's
+  // UpdateAllocatedResourcesStatus (pkg/kubelet/cm/devicemanager/manager.go,
+  // 7510f32) at every status sync. For each resource of the container, one
+  // entry per device ID it holds: the Health of that ID in the latest
+  // ListAndWatch list of the resource (allDevices), "Unhealthy" for any
+  // value but "Healthy", and "Healthy" when the latest list does not have
+  // the ID at all (or the resource has sent none since the kubelet started).
+  // A plugin whose stream ended leaves its last list as it was.
+  struct ResourceHealth {
+    std::string resource_id;
+    std::string health;  // "Healthy" or "Unhealthy"
+    bool operator==(const ResourceHealth&) const = default;
+  };
+  struct ResourceStatus {
+    std::string name;                       // the resource name
+    std::vector<ResourceHealth> resources;  // by device ID
+    bool operator==(const ResourceStatus&) const = default;
+  };
+  // The container's allocatedResourcesStatus, resources by name (a Go map
+  // there), device IDs sorted (a Go map there too); empty for a container
+  // holding no device.
+  std::vector<ResourceStatus> AllocatedResourcesStatus(const std::string& pod_uid,
+                                                       const std::string& container) const;
 
   // The devices of `resource` allocated to the container, in Allocate order
   // (empty if none).
@@ -451,6 +524,8 @@ class FakeKubelet {
     std::string name;
     bool init = false;
     std::vector<std::pair<std::string, int>> requests;
+    // The pod's claims it names in resources.claims.
+    std::set<std::string> claims = {};
   };
   // A pod the kubelet was given, with the containers admitted so far.
   struct Pod {
@@ -458,7 +533,14 @@ class FakeKubelet {
     std::string name;
     std::string pod_namespace;
     std::vector<Container> containers;
+    // pod.spec.resourceClaims: the claims' names, in order.
+    std::vector<std::string> claims = {};
     const Container* Find(const std::string& container) const;
+  };
+  // The DRA manager's claim info: the claim and the pods using it.
+  struct ClaimInfo {
+    PreparedClaim claim;
+    std::set<std::string> pod_uids;
   };
 
   // One container's devices of one resource: a checkpoint entry.
@@ -507,6 +589,13 @@ class FakeKubelet {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillAllocatableLocked(v1::AllocatableResourcesResponse* response) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The container's dynamic_resources, as GetDynamicResources fills them.
+  void FillDynamicResourcesLocked(const Pod& pod, const Container& container,
+                                  v1::ContainerResources* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // unprepareResources for a removed pod: drops its references, and the
+  // claim infos no pod references any more.
+  void UnprepareClaimsLocked(const std::string& pod_uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Handles one Register call (called by RegistrationService).
   grpc::Status Register(const v1beta1::RegisterRequest& request);
@@ -529,6 +618,7 @@ class FakeKubelet {
   const std::filesystem::path dir_;
   const std::filesystem::path pod_resources_socket_;
   const bool kubelet_1_20_;
+  const bool dynamic_resources_;
   const std::chrono::milliseconds endpoint_stop_grace_period_;
 
   // Serializes admissions (AdmitContainer, StartContainer, RemovePod) and
@@ -565,6 +655,11 @@ class FakeKubelet {
   // next UpdateAllocatedDevices (CollectRemovedLocked).
   std::set<std::string> removed_ ABSL_GUARDED_BY(mu_);
   std::vector<DeviceEntry> entries_ ABSL_GUARDED_BY(mu_);
+  // The device manager's allDevices: resource -> device ID -> health, from
+  // the latest ListAndWatch message since the (re)start.
+  std::map<std::string, std::map<std::string, std::string>> all_devices_ ABSL_GUARDED_BY(mu_);
+  // The DRA manager's claim infos, by "namespace/name".
+  std::map<std::string, ClaimInfo> claim_infos_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> extra_entries_ ABSL_GUARDED_BY(mu_);
 
   // The pod-resources server is up (calls waiting out a delay end when not).

@@ -498,6 +498,8 @@ absl::Status FakeKubelet::RemovePod(const std::string& pod_uid, CheckpointWrite 
   std::erase_if(pods_, is_it);
   std::erase_if(unsynced_, is_it);
   removed_.insert(pod_uid);
+  // The pod's claims are unprepared once it has terminated.
+  UnprepareClaimsLocked(pod_uid);
   if (when == CheckpointWrite::kAsKubelet || !pods_synced_) return absl::OkStatus();
   CollectRemovedLocked();
   return WriteCheckpointLocked();

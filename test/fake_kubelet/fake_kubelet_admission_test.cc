@@ -58,31 +58,38 @@ grpc::Status ListPodResources(const fs::path& socket, v1::ListPodResourcesRespon
   return stub->List(&context, v1::ListPodResourcesRequest(), response);
 }
 
+// The container as List shows it, or null when not listed.
+const v1::ContainerResources* FindListed(const v1::ListPodResourcesResponse& response,
+                                         const std::string& pod, const std::string& container) {
+  for (const auto& p : response.pod_resources()) {
+    if (p.name() != pod) continue;
+    for (const auto& c : p.containers()) {
+      if (c.name() == container) return &c;
+    }
+  }
+  return nullptr;
+}
+
 // What List says of one container: "absent" when the pod or container is not
 // listed, else "resource=id,id;..." over its device entries in order.
 std::string Listed(const v1::ListPodResourcesResponse& response, const std::string& pod,
                    const std::string& container) {
-  for (const auto& p : response.pod_resources()) {
-    if (p.name() != pod) continue;
-    for (const auto& c : p.containers()) {
-      if (c.name() != container) continue;
-      std::string out;
-      for (const auto& devices : c.devices()) {
-        if (!out.empty()) out += ";";
-        out += devices.resource_name() + "=";
-        for (int i = 0; i < devices.device_ids_size(); ++i) {
-          out += (i > 0 ? "," : "") + devices.device_ids(i);
-        }
-        if (devices.has_topology()) {
-          for (const auto& node : devices.topology().nodes()) {
-            out += "@" + std::to_string(node.id());
-          }
-        }
+  const v1::ContainerResources* c = FindListed(response, pod, container);
+  if (c == nullptr) return "absent";
+  std::string out;
+  for (const auto& devices : c->devices()) {
+    if (!out.empty()) out += ";";
+    out += devices.resource_name() + "=";
+    for (int i = 0; i < devices.device_ids_size(); ++i) {
+      out += (i > 0 ? "," : "") + devices.device_ids(i);
+    }
+    if (devices.has_topology()) {
+      for (const auto& node : devices.topology().nodes()) {
+        out += "@" + std::to_string(node.id());
       }
-      return out;
     }
   }
-  return "absent";
+  return out;
 }
 
 Json ReadJson(const fs::path& path) {
@@ -1125,4 +1132,84 @@ TEST_CASE(
   auto other = node.kubelet().AdmitContainer("pod", "ns", "uid-1", "other", {{kEfa, 1}});
   REQUIRE(other.ok());
   CHECK(other->allocations[0].device_ids == std::vector<std::string>{"efa1"});
+}
+
+namespace {
+
+// The container's dynamic_resources as List shows them, in text form;
+// "absent" when the pod or container is not listed.
+std::string ListedClaims(const v1::ListPodResourcesResponse& response, const std::string& pod,
+                         const std::string& container) {
+  const v1::ContainerResources* c = FindListed(response, pod, container);
+  if (c == nullptr) return "absent";
+  std::string out;
+  for (const auto& r : c->dynamic_resources()) out += "{" + r.ShortDebugString() + "}";
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("FakeKubelet lists the ResourceClaims each container uses, as the kubelet does",
+          "[fake_kubelet][dra]") {
+  Node node;
+  // A node in the middle of a move: a pod holding EFAs by the device plugin,
+  // a pod holding EFAs through a claim of a driver that names its devices,
+  // a pod of DRANET (which names none) and a GPU claim of two devices.
+  auto old_pod = node.kubelet().AdmitContainer("old", "default", "uid-old", "main", {{kEfa, 2}});
+  REQUIRE(old_pod.ok());
+  using Claim = FakeKubelet::PreparedClaim;
+  const Claim efas{
+      "efas",
+      "ml",
+      {{"dra.net", {{"node-a", "pci-0000-10-1b-0", {}}, {"node-a", "pci-0000-20-1b-0", {}}}}}};
+  REQUIRE(node.kubelet().PrepareClaim("new", "ml", "uid-new", efas, {"main"}).ok());
+  const Claim dranet{"efa-dranet", "ml", {{"dra.net", {}}}};
+  REQUIRE(node.kubelet().PrepareClaim("dranet", "ml", "uid-dranet", dranet, {"main"}).ok());
+  const Claim gpus{"gpus",
+                   "ml",
+                   {{"gpu.nvidia.com",
+                     {{"node-a", "gpu-0", {"k8s.gpu.nvidia.com/device=gpu-0"}},
+                      {"node-a", "gpu-1", {"k8s.gpu.nvidia.com/device=gpu-1"}}}}}};
+  // The second pod of the shared claim is only referenced.
+  REQUIRE(node.kubelet().PrepareClaim("new", "ml", "uid-new", gpus, {"main", "sidecar"}).ok());
+
+  v1::ListPodResourcesResponse response;
+  REQUIRE(node.List(&response).ok());
+  CHECK(ListedClaims(response, "old", "main").empty());
+  CHECK(Listed(response, "old", "main").starts_with(std::string(kEfa) + "="));
+  const std::string dra_efas =
+      "{claim_name: \"efas\" claim_namespace: \"ml\" claim_resources { driver_name: \"dra.net\" "
+      "pool_name: \"node-a\" device_name: \"pci-0000-10-1b-0\" } claim_resources { driver_name: "
+      "\"dra.net\" pool_name: \"node-a\" device_name: \"pci-0000-20-1b-0\" }}";
+  // The second GPU's entry carries the first's CDI device too, as the
+  // kubelet's GetDynamicResources fills it.
+  const std::string dra_gpus =
+      "{claim_name: \"gpus\" claim_namespace: \"ml\" claim_resources { cdi_devices { name: "
+      "\"k8s.gpu.nvidia.com/device=gpu-0\" } driver_name: \"gpu.nvidia.com\" pool_name: "
+      "\"node-a\" device_name: \"gpu-0\" } claim_resources { cdi_devices { name: "
+      "\"k8s.gpu.nvidia.com/device=gpu-0\" } cdi_devices { name: "
+      "\"k8s.gpu.nvidia.com/device=gpu-1\" } driver_name: \"gpu.nvidia.com\" pool_name: "
+      "\"node-a\" device_name: \"gpu-1\" }}";
+  CHECK(ListedClaims(response, "new", "main") == dra_efas + dra_gpus);
+  CHECK(ListedClaims(response, "new", "sidecar") == dra_gpus);
+  CHECK(ListedClaims(response, "dranet", "main") ==
+        "{claim_name: \"efa-dranet\" claim_namespace: \"ml\"}");
+
+  // A pod referencing a claim of another namespace is refused.
+  CHECK(node.kubelet().PrepareClaim("x", "default", "uid-x", efas, {"main"}).code() ==
+        absl::StatusCode::kInvalidArgument);
+  // Removing the pod unprepares its claims: the DRANET pod's claim is gone.
+  REQUIRE(node.kubelet().RemovePod("uid-dranet").ok());
+  REQUIRE(node.List(&response).ok());
+  CHECK(ListedClaims(response, "dranet", "main") == "absent");
+  CHECK(ListedClaims(response, "new", "main") == dra_efas + dra_gpus);
+}
+
+TEST_CASE("Kubelet 1.20 lists no ResourceClaims", "[fake_kubelet][dra]") {
+  Node node(false, /*kubelet_1_20=*/true);
+  const FakeKubelet::PreparedClaim claim{"efas", "ml", {{"dra.net", {{"node-a", "pci-0", {}}}}}};
+  REQUIRE(node.kubelet().PrepareClaim("new", "ml", "uid-new", claim, {"main"}).ok());
+  v1::ListPodResourcesResponse response;
+  REQUIRE(node.List(&response).ok());
+  CHECK(ListedClaims(response, "new", "main").empty());
 }

@@ -9,6 +9,8 @@
 //   fake_kubelet_admission.cc      pod admission (the device manager)
 //   fake_kubelet_checkpoint.cc     kubelet_internal_checkpoint
 //   fake_kubelet_pod_resources.cc  the pod-resources API
+//   fake_kubelet_dra.cc            the DRA manager: prepared claims, dynamic_resources
+//   fake_kubelet_status.cc         the pod status of devices: allocatedResourcesStatus
 #pragma once
 
 #include <chrono>

@@ -122,6 +122,7 @@ void FakeKubelet::FillListLocked(v1::ListPodResourcesResponse* response) const {
                                  container_resources->mutable_devices());
         }
       }
+      FillDynamicResourcesLocked(pod, container, container_resources);
     }
   }
 }

@@ -138,6 +138,10 @@ void FakeKubelet::Watch(Stream* stream) {
     resource.streaming = true;
     resource.devices.assign(response.devices().begin(), response.devices().end());
     ++resource.messages;
+    // genericDeviceUpdateCallback: allDevices[resource] is the latest list.
+    auto& all = all_devices_[stream->resource];
+    all.clear();
+    for (const auto& device : response.devices()) all[device.id()] = device.health();
     // The kubelet's genericDeviceUpdateCallback rewrites the checkpoint on
     // every device list, so the file also holds whatever the device manager
     // has recorded by then, a container half-way through admission included.

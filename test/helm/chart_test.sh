@@ -210,8 +210,9 @@ expect default 'c["livenessProbe"]["httpGet"]' '{"path": "/healthz", "port": "pr
 expect default 'c["readinessProbe"]["httpGet"]' '{"path": "/readyz", "port": "probes"}'
 expect default 'len(ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"])' '64'
 # Scheduling: no instance-type list; Linux nodes of the image's architectures
-# (amd64, arm64), not Fargate, hybrid or EKS Auto Mode (AWS's own EFA plugin runs there).
-expect default 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}]}]'
+# (amd64, arm64), not Fargate, hybrid or EKS Auto Mode (AWS's own EFA plugin runs there),
+# nor the node pools labelled as moved to the EFA DRA driver.
+expect default 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}, {"key": "efa-k8s-device-plugin/efa-driver", "operator": "NotIn", "values": ["dra"]}]}]'
 expect default '"node.kubernetes.io/instance-type" in str(ds)' 'false'
 expect default '[t["key"] for t in pod["tolerations"]]' '["CriticalAddonsOnly", "nvidia.com/gpu", "aws.amazon.com/neuron", "aws.amazon.com/efa"]'
 expect default 'pod["priorityClassName"]' 'system-node-critical'
@@ -419,13 +420,24 @@ checks nodeselector-file
 # AWS's supportedInstanceLabels: one term per key, each the placement
 # requirements and "key In values"; keys defaults to the instance-type label.
 expect_render instances --set-json 'supportedInstanceLabels.values=["p5.48xlarge","trn2.48xlarge"]'
-expect instances 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}, {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "trn2.48xlarge"]}]}]'
+expect instances 'terms' '[{"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}, {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}, {"key": "eks.amazonaws.com/compute-type", "operator": "NotIn", "values": ["fargate", "hybrid", "auto"]}, {"key": "efa-k8s-device-plugin/efa-driver", "operator": "NotIn", "values": ["dra"]}, {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge", "trn2.48xlarge"]}]}]'
 checks instances
 expect_render instances-keys --set-json 'supportedInstanceLabels.keys=["node.kubernetes.io/instance-type","beta.kubernetes.io/instance-type"]' \
   --set-json 'supportedInstanceLabels.values=["p5.48xlarge"]' --set-json 'placement.excludeComputeTypes=[]' \
   --set-json 'placement.architectures=["amd64"]'
-expect instances-keys '[[(e["key"], e["operator"], e["values"]) for e in t["matchExpressions"]] for t in terms]' '[[["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64"]], ["node.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]], [["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64"]], ["beta.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]]]'
+expect instances-keys '[[(e["key"], e["operator"], e["values"]) for e in t["matchExpressions"]] for t in terms]' '[[["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64"]], ["efa-k8s-device-plugin/efa-driver", "NotIn", ["dra"]], ["node.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]], [["kubernetes.io/os", "In", ["linux"]], ["kubernetes.io/arch", "In", ["amd64"]], ["efa-k8s-device-plugin/efa-driver", "NotIn", ["dra"]], ["beta.kubernetes.io/instance-type", "In", ["p5.48xlarge"]]]]'
 checks instances-keys
+
+# Node pools moved to DRA: the DaemonSet keeps off nodes by a label of the
+# operator's choosing; key "" runs it there too (it yields to the driver).
+expect_render dra-label --set placement.draNodeLabel.key=example.com/efa-stack \
+  --set-json 'placement.draNodeLabel.values=["dranet","dra"]'
+expect dra-label 'terms[0]["matchExpressions"][-1]' '{"key": "example.com/efa-stack", "operator": "NotIn", "values": ["dranet", "dra"]}'
+checks dra-label
+expect_render dra-label-off --set placement.draNodeLabel.key=
+expect dra-label-off '[e["key"] for e in terms[0]["matchExpressions"]]' '["kubernetes.io/os", "kubernetes.io/arch", "eks.amazonaws.com/compute-type"]'
+checks dra-label-off
+expect_reject dra-label-empty "at '/placement/draNodeLabel/values': minItems: got 0, want 1" --set-json 'placement.draNodeLabel.values=[]'
 
 # EKS Auto Mode nodes admitted on request.
 expect_render automode --set-json 'placement.excludeComputeTypes=["fargate","hybrid"]'

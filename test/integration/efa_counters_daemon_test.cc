@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "test/fake_kubelet/fake_kubelet.h"
+#include "test/plugin/guard_fakes.h"
 #include "test/sim/sim_root.h"
 #include "test/support/devices.h"
 #include "test/support/scrape.h"
@@ -85,6 +86,17 @@ class CounterNode : public TestNode {
   // Scrapes until `want` holds (each scrape may read the counters anew).
   bool WaitScrape(const std::function<bool(const Metrics&)>& want) {
     return efa::testing::WaitScrape(port_, want);
+  }
+  // Keep-alives are judged once seen advancing: waits for two reads of
+  // `efa`'s keep_alive_rcvd that differ.
+  bool WaitKeepAlivesAdvancing(const std::string& efa) {
+    const std::string series = Series("efa_keep_alive_rcvd_total", kEfaLabels.at(efa));
+    double seen = 0;
+    return WaitScrape([&](const Metrics& m) {
+             seen = m.count(series) ? m.at(series) : 0;
+             return seen > 0;
+           }) &&
+           WaitScrape([&](const Metrics& m) { return m.count(series) && m.at(series) > seen; });
   }
   // The EFAs of an admitted container of one pod.
   std::vector<std::string> Admit(const std::string& pod, int efas) {
@@ -323,17 +335,7 @@ TEST_CASE(
                                                           {"rdmap144s27", "Healthy"},
                                                           {"rdmap160s27", "Healthy"}};
   REQUIRE(node.WaitHealth(all_healthy));
-  // Keep-alives are judged once seen advancing: two reads that differ.
-  const std::string first_keep_alive =
-      Series("efa_keep_alive_rcvd_total", kEfaLabels.at("rdmap16s27"));
-  double seen = 0;
-  REQUIRE(node.WaitScrape([&](const Metrics& m) {
-    seen = m.count(first_keep_alive) ? m.at(first_keep_alive) : 0;
-    return seen > 0;
-  }));
-  REQUIRE(node.WaitScrape([&](const Metrics& m) {
-    return m.count(first_keep_alive) && m.at(first_keep_alive) > seen;
-  }));
+  REQUIRE(node.WaitKeepAlivesAdvancing("rdmap16s27"));
 
   // The first EFA's keep-alives stop. No scrape: the daemon reads by itself.
   keep_alive.Pause(0, true);
@@ -362,4 +364,143 @@ TEST_CASE(
   CHECK(node.LogLines("EFA rdmap16s27 is unhealthy by its counters") == 1);
   CHECK(node.LogLines("EFA rdmap144s27 is unhealthy") == 0);
   CHECK(node.LogLines("EFA rdmap160s27 is unhealthy") == 0);
+}
+
+TEST_CASE(
+    "On a node moving to DRA the daemon binary yields and still serves every EFA's counters, per "
+    "pod for EFAs held by the device plugin and through ResourceClaims",
+    "[counters][daemon][process][dra]") {
+  CounterNode node({"--counter-interval", "1h"});
+  fs::create_directories(node.kubelet_dir() / "plugins_registry");
+  efa::testing::FakeDraDriver dranet(node.kubelet_dir() / "plugins_registry");
+  // Before the move: a pod of the device plugin. Then dra.net registers:
+  // the daemon withdraws the resource (no device left for the kubelet to
+  // give) but the running pod keeps its EFAs.
+  const std::vector<std::string> old_efas = node.Admit("old-0", 2);
+  dranet.Start();
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const std::vector<v1beta1::Device>& d) { return d.empty(); }, kDeadline));
+  // DRA gives the other two EFAs to a pod's claim, named as DRANET names
+  // them; a pod of DRANET itself holds a claim the kubelet lists without
+  // devices (DRANET's NodePrepareResources names none).
+  std::vector<std::string> free_efas;
+  for (const std::string& efa : kEfas) {
+    if (std::find(old_efas.begin(), old_efas.end(), efa) == old_efas.end()) {
+      free_efas.push_back(efa);
+    }
+  }
+  const std::map<std::string, std::string> dra_names = {{"rdmap16s27", "pci-0000-10-1b-0"},
+                                                        {"rdmap32s27", "pci-0000-20-1b-0"},
+                                                        {"rdmap144s27", "pci-0000-90-1b-0"},
+                                                        {"rdmap160s27", "pci-0000-a0-1b-0"}};
+  FakeKubelet::PreparedClaim claim{"efas", "ml", {{"dra.net", {}}}};
+  for (const std::string& efa : free_efas) {
+    claim.drivers["dra.net"].push_back({"node-a", dra_names.at(efa), {}});
+  }
+  REQUIRE(node.kubelet().PrepareClaim("new-0", "ml", "uid-new-0", claim, {"main"}).ok());
+  const FakeKubelet::PreparedClaim dranet_claim{"efa-dranet", "ml", {{"dra.net", {}}}};
+  REQUIRE(
+      node.kubelet().PrepareClaim("dranet-0", "ml", "uid-dranet-0", dranet_claim, {"main"}).ok());
+  uint64_t value = 1000;
+  for (const std::string& efa : kEfas) node.sim().SetCounter(efa, "tx_bytes", value++);
+
+  const Metrics m = node.Scrape();
+  CHECK(m.at("efa_device_plugin_withdrawn") == 1);
+  CHECK(m.at("efa_device_plugin_devices{health=\"healthy\"}") == 0);
+  // Every EFA's own counters, withdrawn or not.
+  CHECK(SeriesOf(m, "efa_tx_bytes_total") == 4);
+  for (size_t i = 0; i < kEfas.size(); ++i) {
+    CHECK(m.at(Series("efa_tx_bytes_total", kEfaLabels.at(kEfas[i]))) == 1000 + i);
+  }
+  // Per pod: the device plugin's pod as before, the claim's pod with the
+  // claim's and the device's names; nothing for the claim without devices.
+  CHECK(SeriesOf(m, "container_efa_tx_bytes_total") == 4);
+  for (const std::string& efa : old_efas) {
+    CHECK(m.count(Series("container_efa_tx_bytes_total", ContainerLabels("old-0", efa))) == 1);
+  }
+  for (const std::string& efa : free_efas) {
+    const std::string labels = absl::StrCat(
+        "namespace=\"ml\",pod=\"new-0\",container=\"main\",", kEfaLabels.at(efa),
+        ",dra_claim_name=\"efas\",dra_claim_namespace=\"ml\",dra_driver_name=\"dra.net\","
+        "dra_pool_name=\"node-a\",dra_device_name=\"",
+        dra_names.at(efa), "\"");
+    CAPTURE(labels);
+    REQUIRE(m.count(Series("container_efa_tx_bytes_total", labels)) == 1);
+    const auto at = std::find(kEfas.begin(), kEfas.end(), efa) - kEfas.begin();
+    CHECK(m.at(Series("container_efa_tx_bytes_total", labels)) == 1000 + at);
+  }
+  CHECK(node.LogLines(
+            "uses ResourceClaim ml/efa-dranet, which the kubelet lists without devices") == 1);
+}
+
+TEST_CASE(
+    "The kubelet's pod status shows a removed EFA and one its counters hold Unhealthy in the "
+    "container holding it, by device IDs that survive the daemon's restart, the removed one too",
+    "[counters][health][daemon][process][status]") {
+  const std::vector<std::string> flags = {"--device-health",
+                                          "--device-health-keep-alive-timeout",
+                                          "2s",
+                                          "--device-health-hold-down",
+                                          "1h",
+                                          "--counter-interval",
+                                          "100ms"};
+  CounterNode node(flags);
+  Ticker keep_alive(node.sim(), "keep_alive_rcvd", kEfas);
+  REQUIRE(node.WaitKeepAlivesAdvancing(kEfas[1]));
+  const std::vector<std::string> train = node.Admit("train-0", 2);
+  const std::vector<std::string> infer = node.Admit("infer-0", 2);
+  REQUIRE(train == std::vector<std::string>{kEfas[0], kEfas[1]});
+  REQUIRE(infer == std::vector<std::string>{kEfas[2], kEfas[3]});
+  using Status = std::vector<FakeKubelet::ResourceStatus>;
+  auto status = [&](const std::string& pod) {
+    return node.kubelet().AllocatedResourcesStatus("uid-" + pod, "main");
+  };
+  CHECK(status("train-0") == Status{{kEfa, {{kEfas[0], "Healthy"}, {kEfas[1], "Healthy"}}}});
+  CHECK(status("infer-0") == Status{{kEfa, {{kEfas[2], "Healthy"}, {kEfas[3], "Healthy"}}}});
+
+  // infer-0's second EFA stops sending keep-alives; train-0's first is
+  // removed (its verbs device gone).
+  keep_alive.Pause(3, true);
+  REQUIRE(node.WaitHealth({{kEfas[3], "Unhealthy"}}));
+  keep_alive.Pause(0, true);  // no driver to count them once it is gone
+  fs::remove(node.sim().sys() / "class/infiniband" / kEfas[0]);
+  REQUIRE(node.WaitHealth({{kEfas[0], "Unhealthy"}}));
+  const Status train_status{{kEfa, {{kEfas[0], "Unhealthy"}, {kEfas[1], "Healthy"}}}};
+  const Status infer_status{{kEfa, {{kEfas[2], "Healthy"}, {kEfas[3], "Unhealthy"}}}};
+  CHECK(status("train-0") == train_status);
+  CHECK(status("infer-0") == infer_status);
+
+  // The daemon restarts. Its device IDs are the EFAs' names (not an order
+  // or a counter): the EFAs it finds keep theirs, and the removed EFA, which
+  // it cannot find, it lists Unhealthy under its name since the kubelet's
+  // checkpoint says train-0 holds it (an ID missing from the list would read
+  // Healthy). The stalled keep-alives a new process cannot know: judged only
+  // once seen advancing (docs/observability.md).
+  std::vector<std::string> ids_before;
+  for (const auto& d : node.kubelet().devices(kEfa)) ids_before.push_back(d.id());
+  REQUIRE(ids_before == kEfas);
+  const int messages = node.kubelet().list_and_watch_messages(kEfa);
+  REQUIRE(node.KillBinary());
+  node.StartBinary({"--metrics-address", "127.0.0.1:0", "--probe-address", "", flags[0], flags[1],
+                    flags[2], flags[3], flags[4], flags[5], flags[6]});
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  // The new process's first list.
+  REQUIRE(node.kubelet().WaitForListAndWatchMessages(kEfa, messages + 1, kDeadline));
+  std::vector<std::string> ids_after;
+  for (const auto& d : node.kubelet().devices(kEfa)) ids_after.push_back(d.id());
+  CHECK(ids_after == ids_before);
+  CHECK(status("train-0") == train_status);
+  CHECK(status("infer-0") == Status{{kEfa, {{kEfas[2], "Healthy"}, {kEfas[3], "Healthy"}}}});
+  CHECK(node.LogLines(absl::StrCat("EFA ", kEfas[0],
+                                   " is listed Unhealthy: not found since the daemon started, but "
+                                   "pod uid-train-0 container \"main\" holds it (kubelet "
+                                   "checkpoint)")) == 1);
+  // Once no container holds it, it is listed no more.
+  REQUIRE(node.kubelet().RemovePod("uid-train-0").ok());
+  CHECK(node.kubelet().WaitForDevices(
+      kEfa,
+      [](const std::vector<v1beta1::Device>& devices) {
+        return devices.size() == 3 && HealthOf(devices, kEfas[0]) == "absent";
+      },
+      kDeadline));
 }

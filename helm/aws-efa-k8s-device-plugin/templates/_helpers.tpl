@@ -198,6 +198,11 @@ each adding "key In values" to them.
 {{- with $p.excludeComputeTypes }}
 {{- $base = append $base (dict "key" "eks.amazonaws.com/compute-type" "operator" "NotIn" "values" .) }}
 {{- end }}
+{{- with $p.draNodeLabel }}
+{{- if .key }}
+{{- $base = append $base (dict "key" .key "operator" "NotIn" "values" .values) }}
+{{- end }}
+{{- end }}
 {{- $base = concat $base $p.matchExpressions }}
 {{- $terms := list }}
 {{- $instances := .Values.supportedInstanceLabels }}

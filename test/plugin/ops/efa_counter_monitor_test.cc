@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -467,4 +468,57 @@ TEST_CASE("Counter files the daemon cannot read hold no EFA Unhealthy; the devic
     node.monitor->Sample();
     CHECK(node.monitor->HealthProblems().empty());
   }
+}
+
+TEST_CASE("DRANET names an EFA by its PCI address", "[counters][dra]") {
+  const auto pci = efa::topology::PciAddress::Parse("0000:9a:1b.0");
+  REQUIRE(pci);
+  CHECK(DraDeviceName(*pci) == "pci-0000-9a-1b-0");
+}
+
+TEST_CASE("EFAs held through ResourceClaims are found by their DRA device names",
+          "[counters][dra]") {
+  EfaCounterMonitorOptions options;
+  options.interval = 1s;
+  Node node(options);
+  LogCapture log;
+  const DraDevice efa1{"efas", "ml", "dra.net", "node-a", "pci-0000-20-1b-0"};
+  const DraDevice efa2{"efas", "ml", "dra.net", "node-a", "pci-0000-90-1b-0"};
+  // During a move: one container by the device plugin, one through a claim
+  // (with a GPU of another driver, and an EFA name of no EFA here), one of
+  // DRANET's claims, which the kubelet lists without devices.
+  node.holders = {
+      {"default", "old-0", "main", {kEfa0}},
+      {"ml",
+       "new-0",
+       "main",
+       {},
+       {efa2,
+        {"gpus", "ml", "gpu.nvidia.com", "node-a", "gpu-0"},
+        efa1,
+        {"efas", "ml", "dra.net", "node-a", "pci-0000-ff-1b-0"}}},
+      {"ml", "dranet-0", "main", {}, {{"efa-dranet", "ml", "", "", ""}}},
+  };
+  auto s = node.monitor->Sample();
+  REQUIRE(s->containers.size() == 2);
+  CHECK(s->containers[0].holder.Name() == "default/old-0/main");
+  CHECK(s->containers[0].holder.efas == std::vector<std::string>{kEfa0});
+  CHECK(s->containers[0].holder.dra.empty());
+  const EfaHolder& held = s->containers[1].holder;
+  CHECK(held.Name() == "ml/new-0/main");
+  CHECK(held.efas == std::vector<std::string>{kEfa1, kEfa2});  // in PCI order
+  CHECK(held.dra == std::map<std::string, DraDevice>{{kEfa1, efa1}, {kEfa2, efa2}});
+  CHECK(log.Take() ==
+        std::vector<std::string>{
+            "[info] pod ml/dranet-0 container main uses ResourceClaim ml/efa-dranet, which the "
+            "kubelet lists without devices (its driver named none when it prepared the claim): "
+            "its traffic cannot be told apart from the node's"});
+  // Said once while the claim is listed.
+  node.now += 1s;
+  CHECK(node.monitor->Sample()->containers.size() == 2);
+  CHECK(log.Take().empty());
+  // Idle detection covers EFAs held through claims as any other.
+  node.now += 10min;
+  s = node.monitor->Sample();
+  CHECK(s->containers[1].idle == std::vector<std::string>{kEfa1, kEfa2});
 }
