@@ -130,8 +130,6 @@ listing() {
     -o -path /var/lib/systemd/catalog \) -prune -o -print | sort
 }
 # kubelet ARGS...: the fake kubelet on the host, serving the shared dir.
-kubelet() { "$FAKE_KUBELET" --dir "$work/kubelet/device-plugins" --timeout 60s "$@" 2>&1; }
-
 # CAP_SYS_ADMIN: without it systemd in a container sets up no mount
 # namespace for a service and ignores ProtectSystem=, ReadWritePaths= and
 # PrivateTmp= without a word (the service runs in PID 1's namespace); a
@@ -199,7 +197,9 @@ inside systemctl restart "$PKG"
 # for 4 EFAs and keeps serving (--hold); then /readyz in the container.
 register() {
   local deadline=$((SECONDS + 60)) out readyz
-  kubelet --allocate 4 --hold >"$work/kubelet.out" &
+  # The binary itself in the background ($! is what the kill below ends).
+  "$FAKE_KUBELET" --dir "$work/kubelet/device-plugins" --timeout 60s --allocate 4 --hold \
+    >"$work/kubelet.out" 2>&1 &
   fake_pid=$!
   until grep -q "holding until SIGTERM" "$work/kubelet.out"; do
     if [ "$SECONDS" -ge "$deadline" ] || ! kill -0 "$fake_pid" 2>/dev/null; then break; fi
