@@ -84,6 +84,16 @@ int AdmittedReplicas(const std::vector<std::string>& ids, int recorded) {
   return fewest;
 }
 
+// Whether a binding holds some of the claim's IDs, of the same resource
+// when both are known (the other name may advertise the same strings).
+bool HoldsIdsOf(const std::vector<std::string>& held, const std::string& resource,
+                const std::vector<std::string>& ids, const std::string& ids_resource) {
+  if (!ids_resource.empty() && !resource.empty() && resource != ids_resource) return false;
+  return std::any_of(held.begin(), held.end(), [&](const std::string& id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  });
+}
+
 // The EFAs device IDs name.
 std::set<std::string> NamedEfas(const std::vector<std::string>& ids) {
   std::set<std::string> named;
@@ -344,24 +354,36 @@ LateBinder::Checkpointed LateBinder::ReadCheckpointed() const {
   return out;
 }
 
-bool LateBinder::HeldById(const Checkpointed& checkpointed, const std::string& claim,
-                          const Binding& binding) {
+bool LateBinder::TakenOverById(const Checkpointed& checkpointed, const std::string& claim,
+                               const Binding& binding) {
   // Of a binding's resource, or of any EFA resource while that is unknown.
   auto its = [&](const ContainerDevices& c) {
     return binding.resource.empty() || c.efa_resource == binding.resource;
   };
-  bool by_id = false;
-  auto it = checkpointed.claims.find(claim);
-  if (it != checkpointed.claims.end() && its(it->second)) {
-    if (!it->second.efas_by_id) return false;
-    by_id = true;
+  // Its claim's IDs, held only by containers answered by ID.
+  bool by_id = false, late = false;
+  auto look = [&](const ContainerDevices& c) {
+    if (!its(c) || ClaimName(c.efas, c.efa_resource) != claim) return;
+    (c.efas_by_id ? by_id : late) = true;
+  };
+  // Or one of its IDs held by ID by another pod's container: the kubelet
+  // gives an ID to one live pod at a time (as ReleaseTakenOver).
+  const bool owner_known = !binding.owner.empty() && !absl::StartsWith(binding.owner, "pod ");
+  bool other_pod = false;
+  auto another = [&](const ContainerDevices& c) {
+    other_pod =
+        other_pod || (owner_known && c.efas_by_id && c.pod_uid != binding.owner &&
+                      HoldsIdsOf(binding.kubelet_ids, binding.resource, c.efas, c.efa_resource));
+  };
+  for (const auto& [name, c] : checkpointed.claims) {
+    look(c);
+    another(c);
   }
   for (const ContainerDevices& c : checkpointed.other_name) {
-    if (!its(c) || ClaimName(c.efas, c.efa_resource) != claim) continue;
-    if (!c.efas_by_id) return false;
-    by_id = true;
+    look(c);
+    another(c);
   }
-  return by_id;
+  return (by_id && !late) || other_pod;
 }
 
 void LateBinder::Adopt(const Checkpointed& checkpointed) {
@@ -371,7 +393,7 @@ void LateBinder::Adopt(const Checkpointed& checkpointed) {
     // container given the claim's IDs by ID is another one, admitted after
     // the kubelet freed them (a pod deleted, the next admitted under best
     // effort): the binding's container is gone.
-    if (HeldById(checkpointed, current->first, current->second)) {
+    if (TakenOverById(checkpointed, current->first, current->second)) {
       Release(current, "the kubelet gave its devices to a container it answered by ID");
       continue;
     }
@@ -958,19 +980,7 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   return efas;
 }
 
-namespace {
-
-// Whether a binding holds some of the claim's IDs, of the same resource
-// when both are known (the other name may advertise the same strings).
-bool HoldsIdsOf(const std::vector<std::string>& held, const std::string& resource,
-                const std::vector<std::string>& ids, const std::string& ids_resource) {
-  if (!ids_resource.empty() && !resource.empty() && resource != ids_resource) return false;
-  return std::any_of(held.begin(), held.end(), [&](const std::string& id) {
-    return std::find(ids.begin(), ids.end(), id) != ids.end();
-  });
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void LateBinder::ReleaseTakenOver(const Claim& claim) {
   // A binding of another pod that held one of these IDs is gone: the

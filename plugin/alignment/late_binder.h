@@ -253,10 +253,12 @@ class LateBinder {
   // from the checkpoint's container holding their claim.
   // Releases those whose claim's IDs the checkpoint shows given by ID.
   void Adopt(const Checkpointed& checkpointed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the checkpoint's only containers holding `claim`'s IDs under
-  // `binding`'s resource were answered by ID (so not late-bound).
-  static bool HeldById(const Checkpointed& checkpointed, const std::string& claim,
-                       const Binding& binding);
+  // Whether the kubelet gave `binding`'s IDs to another container: the
+  // checkpoint's only containers holding `claim`'s IDs under its resource
+  // were answered by ID (so are not late-bound), or another pod's container
+  // holds one of them by ID.
+  static bool TakenOverById(const Checkpointed& checkpointed, const std::string& claim,
+                            const Binding& binding);
   // EFA -> how many of its replicas are taken by bindings other than those
   // of `except` and by containers holding EFAs by ID: one each, however
   // many of an EFA's replica IDs a container holds; and when one of them

@@ -624,16 +624,25 @@ TEST_CASE("Late binding never binds the EFAs a best-effort container holds by ID
   CHECK(binder.counts().bound == 1);
 }
 
+namespace {
+
+// uid-5, late-bound by a daemon now gone: its tokens name the EFAs beside
+// GPU 0 (group 0); it is bound beside GPU 3 (group 3). Returns its tokens.
+std::vector<std::string> BindUid5(const Node& node) {
+  const std::vector<std::string> tokens = node.Group(0);
+  node.WriteCheckpoint({Entry("uid-5", kGpu, {Uuid(kGpus[3])}), Entry("uid-5", kEfa, tokens)});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), tokens).ok());
+  REQUIRE(binder.BoundEfas(tokens) == node.Group(3));
+  return tokens;
+}
+
+}  // namespace
+
 TEST_CASE("A binding whose IDs the kubelet gave another pod by ID is released, its EFAs held",
           "[late-binding][upgrade]") {
   Node node;
-  // Late-bound: uid-5's tokens name the EFAs beside GPU 0 (group 0); it is
-  // bound beside GPU 3 (group 3).
-  const std::vector<std::string> old_tokens = node.Group(0);
-  node.WriteCheckpoint({Entry("uid-5", kGpu, {Uuid(kGpus[3])}), Entry("uid-5", kEfa, old_tokens)});
-  LateBinder binder(node.Options());
-  REQUIRE(binder.PreStart(node.table(), old_tokens).ok());
-  REQUIRE(binder.BoundEfas(old_tokens) == node.Group(3));
+  const std::vector<std::string> old_tokens = BindUid5(node);
   // Switched to best effort, uid-5 deleted, uid-9 given the same IDs by ID
   // (the kubelet freed them first); then back to late binding.
   node.WriteCheckpoint({ByIdEntry("uid-9", kEfa, old_tokens)});
@@ -649,6 +658,23 @@ TEST_CASE("A binding whose IDs the kubelet gave another pod by ID is released, i
   // uid-5's binding is released at once, not kept for uid-9.
   CHECK_FALSE(after.BoundEfas(old_tokens).has_value());
   CHECK_FALSE(fs::exists(after.SpecPath(ClaimName(old_tokens))));
+}
+
+TEST_CASE("A binding one of whose IDs another pod holds by ID is released at once",
+          "[late-binding][upgrade]") {
+  Node node;
+  const std::vector<std::string> old_tokens = BindUid5(node);
+  // uid-5 deleted; under best effort uid-9 is given one of its IDs by ID
+  // (and another EFA): uid-5's container is gone, its EFAs free at once.
+  node.WriteCheckpoint({ByIdEntry("uid-9", kEfa, {old_tokens[1], node.Group(5)[0]}, 1)});
+  LateBinderOptions options = node.Options();
+  options.late_binding = false;
+  LateBinder after(options);
+  REQUIRE(after.Recover().ok());
+  REQUIRE(after.Bindings().size() == 1);
+  CHECK(after.Reserved().count(node.Group(3)[0]) == 0);
+  CHECK(after.Bindings().empty());
+  CHECK(after.counts().released == 1);
 }
 
 TEST_CASE("A held-by-ID EFA of an exclusive allocation is never shared by late binding",
