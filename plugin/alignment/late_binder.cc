@@ -403,6 +403,15 @@ void LateBinder::Adopt(const Checkpointed& checkpointed) {
     auto it = checkpointed.claims.find(claim);
     if (it == checkpointed.claims.end()) continue;
     const ContainerDevices& c = it->second;
+    // Recovered without a record (written before records were): its
+    // container is this one only if no other pod's binding holds one of its
+    // EFAs where either may not share; else it is a gone container's spec,
+    // left behind (a read-only CDI dir), whose IDs the kubelet gave anew.
+    if (binding.owner.empty() &&
+        ExclusivelyBoundElsewhere(claim, binding.efas, AdmittedReplicas(c.efas, 0), c.pod_uid)) {
+      Release(current, "recovered without its record; its EFAs are another pod's binding's");
+      continue;
+    }
     binding.owner = c.pod_uid;
     binding.kubelet_ids = c.efas;
     binding.resource = c.efa_resource;
@@ -415,6 +424,19 @@ void LateBinder::Adopt(const Checkpointed& checkpointed) {
       spdlog::warn("late binding: {}", std::string(written.message()));
     }
   }
+}
+
+bool LateBinder::ExclusivelyBoundElsewhere(const std::string& claim,
+                                           const std::vector<std::string>& efas, int replicas,
+                                           const std::string& pod) const {
+  for (const auto& [name, other] : bindings_) {
+    if (name == claim || other.owner.empty() || other.owner == pod) continue;
+    if (replicas > 1 && other.replicas > 1) continue;  // both shared
+    for (const std::string& efa : efas) {
+      if (std::find(other.efas.begin(), other.efas.end(), efa) != other.efas.end()) return true;
+    }
+  }
+  return false;
 }
 
 std::map<std::string, int> LateBinder::Taken(const Checkpointed& checkpointed,

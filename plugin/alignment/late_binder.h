@@ -259,6 +259,11 @@ class LateBinder {
   // holds one of them by ID.
   static bool TakenOverById(const Checkpointed& checkpointed, const std::string& claim,
                             const Binding& binding);
+  // Whether a binding of another pod (owner known) than `pod` holds one of
+  // `efas`, where it or `claim` (given them under `replicas`) may not share.
+  bool ExclusivelyBoundElsewhere(const std::string& claim, const std::vector<std::string>& efas,
+                                 int replicas, const std::string& pod) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // EFA -> how many of its replicas are taken by bindings other than those
   // of `except` and by containers holding EFAs by ID: one each, however
   // many of an EFA's replica IDs a container holds; and when one of them

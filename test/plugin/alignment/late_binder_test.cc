@@ -239,6 +239,38 @@ TEST_CASE("Recovery keeps two specs that bind one EFA, and reports it",
   CHECK(fs::is_empty(node.cdi_dir()));
 }
 
+namespace {
+
+fs::path binder_spec(const Node& node, const std::vector<std::string>& ids) {
+  return node.cdi_dir() / CdiSpecFileName(ClaimName(ids));
+}
+
+}  // namespace
+
+TEST_CASE("Two record-less specs binding one EFA are not both adopted by new pods",
+          "[late-binding][upgrade]") {
+  Node node;
+  fs::create_directories(node.cdi_dir());
+  // Left behind by a daemon that wrote no records (gone containers' specs,
+  // a read-only CDI dir); the kubelet gives their IDs to two new pods.
+  const std::vector<std::string> ids_a = {node.Group(0)[0]}, ids_b = {node.Group(1)[0]};
+  const std::vector<efa::topology::EfaDevice> a = node.Devices({node.Group(5)[0]});
+  const std::vector<efa::topology::EfaDevice> b = node.Devices({node.Group(5)[0]});
+  std::ofstream(binder_spec(node, ids_a)) << CdiSpecJson(ClaimName(ids_a), a);
+  std::ofstream(binder_spec(node, ids_b)) << CdiSpecJson(ClaimName(ids_b), b);
+  node.WriteCheckpoint({Entry("new-a", kEfa, ids_a), Entry("new-b", kEfa, ids_b)});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.Recover().ok());
+  REQUIRE(binder.PreStart(node.table(), ids_a).ok());
+  REQUIRE(binder.PreStart(node.table(), ids_b).ok());
+  // new-a keeps the spec its IDs name; new-b's is released, and it is
+  // bound afresh: the EFA is in one binding.
+  CHECK(binder.BoundEfas(ids_a) == std::vector<std::string>{node.Group(5)[0]});
+  REQUIRE(binder.BoundEfas(ids_b).has_value());
+  const auto b_now = *binder.BoundEfas(ids_b);
+  CHECK(std::find(b_now.begin(), b_now.end(), node.Group(5)[0]) == b_now.end());
+}
+
 TEST_CASE("Recovery refuses a spec over its size bound, naming it, and keeps the others",
           "[late-binding]") {
   Node node;
