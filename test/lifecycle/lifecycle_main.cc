@@ -638,6 +638,8 @@ class Node {
   // its deletion or of the latest event that starts the daemon's
   // confirmation over (gone_clock_).
   bool Held(const Gone& g) const;
+  // A deleted or refused pod's containers that hold EFAs, to gone_.
+  void RecordGone(const Pod& pod);
 
   const Config config_;
   std::string binary_;
@@ -858,13 +860,7 @@ std::optional<Violation> Node::Apply(const Step& step, size_t number) {
       if (!chosen) return skip("no pod");
       const std::string uid = pods_[*chosen].uid;
       action_ += " " + uid;
-      for (const Container& c : pods_[*chosen].containers) {
-        const std::vector<std::string> holds = Holds(c);
-        if (holds.empty()) continue;
-        gone_.push_back(Gone{!c.claim.empty(), absl::StrCat(uid, "/", c.name), c.resource, c.ids,
-                             holds, c.Counted(), Clock::now(), "", c.claim, c.bound_by_base});
-      }
-      std::erase_if(gone_, [&](const Gone& g) { return !Held(g); });
+      RecordGone(pods_[*chosen]);
       pods_.erase(pods_.begin() + static_cast<std::ptrdiff_t>(*chosen));
       if (absl::Status s = kubelet_.RemovePod(uid, FakeKubelet::CheckpointWrite::kAsKubelet);
           !s.ok()) {
@@ -973,6 +969,9 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
         ++counts["admissions refused: node full"];
         action_ += " (refused: node full)";
         if (!pod.containers.empty()) {
+          // Its init container's entries stay in the checkpoint until the
+          // kubelet writes it again, as a deleted pod's do.
+          RecordGone(pod);
           (void)kubelet_.RemovePod(pod.uid, FakeKubelet::CheckpointWrite::kAsKubelet);
         }
         return std::nullopt;
@@ -1064,6 +1063,16 @@ std::optional<Violation> Node::Start(Pod& pod, Container& c) {
   ++counts["starts failed"];
   action_ += absl::StrCat(" (", pod.uid, "/", c.name, " not started: ", status.message(), ")");
   return CheckRefusal(pod, c, status);
+}
+
+void Node::RecordGone(const Pod& pod) {
+  for (const Container& c : pod.containers) {
+    const std::vector<std::string> holds = Holds(c);
+    if (holds.empty()) continue;
+    gone_.push_back(Gone{!c.claim.empty(), absl::StrCat(pod.uid, "/", c.name), c.resource, c.ids,
+                         holds, c.Counted(), Clock::now(), "", c.claim, c.bound_by_base});
+  }
+  std::erase_if(gone_, [&](const Gone& g) { return !Held(g); });
 }
 
 bool Node::Held(const Gone& g) const {
@@ -1495,39 +1504,45 @@ std::optional<Violation> Node::CheckAdvertised() {
     index[efas_[i].kernel_name] = i;
   }
   // EFAs a live container holds (or a deleted pod's, not released yet): the
-  // daemon may withhold them (advertise them Unhealthy).
-  std::set<std::string> held;
-  for (const Pod& pod : pods_) {
-    for (const Container& c : pod.containers) {
-      const std::vector<std::string> holds = Holds(c);
-      held.insert(holds.begin(), holds.end());
-    }
-  }
-  for (const Gone& g : gone_) {
-    if (Held(g)) held.insert(g.nodes.begin(), g.nodes.end());
-  }
-  // A spec on disk that no live container's claim names (one a read-only
-  // CDI dir kept after its release): the daemon recovers it at its start
-  // and keeps it until it confirms the container gone (Held).
-  if (Clock::now() - gone_clock_ <= kReleaseWindow) {
-    std::set<std::string> live_claims;
+  // daemon may withhold them (advertise them Unhealthy). Read at each look:
+  // the daemon binds a claim admitted under late binding and never started
+  // on its own passes (LateBinder::BindUnstarted), at any time.
+  auto held_now = [&] {
+    std::set<std::string> held;
     for (const Pod& pod : pods_) {
-      for (const Container& c : pod.containers) live_claims.insert(c.claim);
+      for (const Container& c : pod.containers) {
+        const std::vector<std::string> holds = Holds(c);
+        held.insert(holds.begin(), holds.end());
+      }
     }
-    std::error_code ec;
-    for (fs::directory_iterator it(cdi_dir_, ec), end; !ec && it != end; it.increment(ec)) {
-      Container orphan;
-      orphan.claim = efa::plugin::ClaimOfSpecFile(it->path().filename().string());
-      if (orphan.claim.empty() || live_claims.count(orphan.claim)) continue;
-      const std::vector<std::string> nodes = Resolve(orphan).nodes;
-      held.insert(nodes.begin(), nodes.end());
+    for (const Gone& g : gone_) {
+      if (Held(g)) held.insert(g.nodes.begin(), g.nodes.end());
     }
-  }
+    // A spec on disk that no live container's claim names (one a read-only
+    // CDI dir kept after its release): the daemon recovers it at its start
+    // and keeps it until it confirms the container gone (Held).
+    if (Clock::now() - gone_clock_ <= kReleaseWindow) {
+      std::set<std::string> live_claims;
+      for (const Pod& pod : pods_) {
+        for (const Container& c : pod.containers) live_claims.insert(c.claim);
+      }
+      std::error_code ec;
+      for (fs::directory_iterator it(cdi_dir_, ec), end; !ec && it != end; it.increment(ec)) {
+        Container orphan;
+        orphan.claim = efa::plugin::ClaimOfSpecFile(it->path().filename().string());
+        if (orphan.claim.empty() || live_claims.count(orphan.claim)) continue;
+        const std::vector<std::string> nodes = Resolve(orphan).nodes;
+        held.insert(nodes.begin(), nodes.end());
+      }
+    }
+    return held;
+  };
   const int replicas = daemon_config_.replicas;
   const std::string resource = daemon_config_.resource();
   std::string wrong;
   auto matches = [&](const std::vector<v1beta1::Device>& devices) {
     std::vector<std::string> problems;
+    const std::set<std::string> held = held_now();
     std::vector<std::set<int>> seen(efas_.size());
     for (const auto& d : devices) {
       std::string name = d.id();
