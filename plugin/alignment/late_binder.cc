@@ -120,11 +120,14 @@ enum class Offer { kNamed, kHeld, kAll, kWait };
 // available (kNamed); else nothing (`named_only`: kWait), or, given
 // `kubelet_held` (EFA -> its IDs the kubelet holds), the named and those
 // whose `replicas` IDs the kubelet all holds (kHeld); else all (kAll).
+// The EFAs its IDs name count only when the kubelet holds them
+// (`named_held`: late binding, or they are the IDs the kubelet is told of
+// now); else it gives those EFAs' IDs of now to others meanwhile.
 Offer OfferUnstarted(const std::vector<std::string>& kubelet_ids, bool named_only,
-                     const std::map<std::string, int>* kubelet_held, int replicas,
+                     const std::map<std::string, int>* kubelet_held, bool named_held, int replicas,
                      std::vector<std::string>& available) {
-  const std::set<std::string> named = NamedEfas(kubelet_ids);
-  if (std::all_of(named.begin(), named.end(), [&](const std::string& efa) {
+  const std::set<std::string> named = named_held ? NamedEfas(kubelet_ids) : std::set<std::string>{};
+  if (!named.empty() && std::all_of(named.begin(), named.end(), [&](const std::string& efa) {
         return std::find(available.begin(), available.end(), efa) != available.end();
       })) {
     available.assign(named.begin(), named.end());
@@ -471,21 +474,22 @@ std::map<std::string, int> LateBinder::Taken(const Checkpointed& checkpointed,
   return taken;
 }
 
+bool LateBinder::AdvertisedId(const std::string& id) const {
+  const auto replica = topology::ParseReplicaId(id);
+  return options_.replicas > 1 ? replica && replica->replica < options_.replicas : !replica;
+}
+
+bool LateBinder::AdvertisedNow(const std::string& resource, const std::vector<std::string>& ids,
+                               int replicas) const {
+  if (resource != options_.resource_name || replicas < options_.replicas) return false;
+  return std::all_of(ids.begin(), ids.end(),
+                     [&](const std::string& id) { return AdvertisedId(id); });
+}
+
 std::map<std::string, std::string> LateBinder::Reserved() {
   std::map<std::string, std::string> reserved;
   if (options_.late_binding) return reserved;
   const Checkpointed checkpointed = ReadCheckpointed();
-  // IDs as the daemon advertises them now, given to be shared by as many
-  // (or more): held so, the kubelet counts them, and gives an EFA's other
-  // IDs to no more containers than its holders accepted.
-  auto advertised = [&](const std::string& resource, const std::vector<std::string>& ids,
-                        int replicas) {
-    if (resource != options_.resource_name || replicas < options_.replicas) return false;
-    return std::all_of(ids.begin(), ids.end(), [&](const std::string& id) {
-      const auto replica = topology::ParseReplicaId(id);
-      return options_.replicas > 1 ? replica && replica->replica < options_.replicas : !replica;
-    });
-  };
   std::set<std::string> held_by_id;  // their claims
   std::vector<std::pair<std::string, const ContainerDevices*>> holders;
   for (const auto& [claim, c] : checkpointed.claims) holders.emplace_back(claim, &c);
@@ -494,7 +498,8 @@ std::map<std::string, std::string> LateBinder::Reserved() {
   }
   for (const auto& [claim, holder] : holders) {
     const ContainerDevices& c = *holder;
-    if (!c.efas_by_id || advertised(c.efa_resource, c.efas, AdmittedReplicas(c.efas, c.replicas))) {
+    if (!c.efas_by_id ||
+        AdvertisedNow(c.efa_resource, c.efas, AdmittedReplicas(c.efas, c.replicas))) {
       continue;
     }
     held_by_id.insert(claim);
@@ -537,7 +542,7 @@ std::map<std::string, std::string> LateBinder::Reserved() {
     // others of a shared EFA would take them from a pod it may be
     // admitting (BindUnstarted binds such claims first).
     const std::set<std::string> named = NamedEfas(binding.kubelet_ids);
-    if (advertised(binding.resource, binding.kubelet_ids, binding.replicas) &&
+    if (AdvertisedNow(binding.resource, binding.kubelet_ids, binding.replicas) &&
         std::all_of(binding.efas.begin(), binding.efas.end(),
                     [&](const std::string& efa) { return named.count(efa) > 0; })) {
       continue;
@@ -600,6 +605,9 @@ absl::StatusOr<std::map<std::string, int>> LateBinder::KubeletHeld(
       continue;
     }
     for (const std::string& id : c.efas) {
+      // An ID of an earlier replica count is none the kubelet advertises
+      // now: it gives the EFA's IDs of now to others meanwhile.
+      if (!AdvertisedId(id)) continue;
       const auto replica = topology::ParseReplicaId(id);
       ids[replica ? replica->ibdev : id].insert(id);
     }
@@ -850,8 +858,13 @@ void LateBinder::BindUnstarted(const topology::DeviceTable& table) {
                         .owner = c.pod_uid,
                         .resource = c.efa_resource};
       const Targets targets = TargetsOf(table, c, claim.described);
-      const Unstarted unstarted{.named_only = named_only,
-                                .kubelet_held = kubelet_held ? &*kubelet_held : nullptr};
+      const Unstarted unstarted{
+          .named_only = named_only,
+          .kubelet_held = kubelet_held ? &*kubelet_held : nullptr,
+          // (Whether the sharing it was admitted
+          // under allows more holders is Taken's.)
+          .named_held =
+              options_.late_binding || AdvertisedNow(c.efa_resource, c.efas, options_.replicas)};
       absl::StatusOr<std::vector<std::string>> efas =
           Bind(table, claim, checkpointed, std::nullopt, generation, targets, unstarted);
       if (named_only && !efas.ok()) continue;
@@ -949,8 +962,9 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   topology::AllocationRequest request = FreeEfas(table, taken, shared);
   bool only_held = false;  // only EFAs the kubelet holds the IDs of are offered
   if (unstarted) {
-    const Offer offer = OfferUnstarted(claim.kubelet_ids, unstarted->named_only,
-                                       unstarted->kubelet_held, table.replicas, request.available);
+    const Offer offer =
+        OfferUnstarted(claim.kubelet_ids, unstarted->named_only, unstarted->kubelet_held,
+                       unstarted->named_held, table.replicas, request.available);
     if (offer == Offer::kWait)
       return absl::UnavailableError("the EFAs its IDs name are not all free");
     only_held = offer == Offer::kHeld;

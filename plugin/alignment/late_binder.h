@@ -320,8 +320,18 @@ class LateBinder {
   struct Unstarted {
     bool named_only = false;
     const std::map<std::string, int>* kubelet_held = nullptr;
+    // Whether the kubelet holds the EFAs the claim's IDs name: late
+    // binding, or its IDs are the ones advertised now (AdvertisedNow).
+    bool named_held = true;
   };
   absl::StatusOr<std::map<std::string, int>> KubeletHeld(const Checkpointed& checkpointed);
+  // Whether the daemon advertises `id` now (its form under the replicas
+  // served), and the IDs `ids` of `resource`, given to be shared by
+  // `replicas`: held so, the kubelet counts them, and gives an EFA's other
+  // IDs to no more containers than its holders accepted.
+  bool AdvertisedId(const std::string& id) const;
+  bool AdvertisedNow(const std::string& resource, const std::vector<std::string>& ids,
+                     int replicas) const;
   // Releases the bindings gone (`live`, when known) or taken over, then
   // binds the claim and writes its spec; the EFAs bound, in PCI order.
   // `unstarted` (BindUnstarted, above): a claim bound meanwhile keeps its

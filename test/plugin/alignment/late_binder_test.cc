@@ -1137,6 +1137,39 @@ TEST_CASE("Without late binding, a container admitted under it that never starte
   CHECK(binder.Bindings().empty());
 }
 
+TEST_CASE(
+    "Without late binding, a never-started claim of IDs not advertised now is not bound to the "
+    "EFAs they name",
+    "[late-binding][upgrade]") {
+  Node node;  // one replica per EFA now
+  // Admitted under late binding with sharing (replica IDs), never started;
+  // then helm upgrade to alignment off without sharing. The kubelet holds
+  // rdmap..::0, but is told of rdmap.. now and gives it by ID to the next
+  // pod: binding the claim to it would put two containers on one EFA. Nor
+  // under the other name, whose IDs the kubelet counts apart.
+  const std::vector<std::string> replica_ids = {node.Group(1)[0] + "::0", node.Group(1)[1] + "::1"};
+  node.WriteCheckpoint(
+      {Entry("uid-0", kEfa, replica_ids), Entry("uid-1", kSharedResourceName, {node.Group(2)[0]})});
+  LateBinderOptions options = node.Options();
+  options.late_binding = false;
+  LateBinder binder(options);
+  REQUIRE(binder.Recover().ok());
+  binder.BindUnstarted(node.table());
+  CHECK_FALSE(binder.BoundEfas(replica_ids).has_value());
+  CHECK(binder.Bindings().empty());
+  // The same IDs, advertised now (sharing 2 again): bound to what they name.
+  Node node2(2);
+  node2.WriteCheckpoint(
+      {Entry("uid-0", kEfa, {node2.Group(1)[0] + "::0", node2.Group(1)[1] + "::1"})});
+  LateBinderOptions options2 = node2.Options();
+  options2.late_binding = false;
+  LateBinder binder2(options2);
+  REQUIRE(binder2.Recover().ok());
+  binder2.BindUnstarted(node2.table());
+  CHECK(binder2.BoundEfas({node2.Group(1)[0] + "::0", node2.Group(1)[1] + "::1"}) ==
+        std::vector<std::string>{node2.Group(1)[0], node2.Group(1)[1]});
+}
+
 TEST_CASE("With late binding, a claim under the name not served that never started is bound",
           "[late-binding][upgrade]") {
   Node node;
