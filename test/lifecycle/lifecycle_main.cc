@@ -1198,10 +1198,21 @@ std::optional<Violation> Node::Started(const Pod& pod, Container& c) {
   if (now.nodes != c.held) {
     c.held = now.nodes;
     c.held_when = Now();
-    // Late-bound: shared as the daemon's replicas now if admitted with
-    // replica IDs, else exclusive (LateBinder::Bind).
+    // Late-bound: shared as the daemon's replicas when it bound the claim
+    // if admitted with replica IDs, else exclusive (LateBinder::Bind). It
+    // may have bound it before, under another configuration (an init
+    // container's claim its app container reuses, BindUnstarted): then its
+    // record says (the base binary writes none).
     c.held_replicas =
         c.claim.empty() || c.alloc_replicas == 1 ? c.alloc_replicas : daemon_config_.replicas;
+    if (!c.claim.empty()) {
+      const fs::path record = cdi_dir_ / efa::plugin::ClaimRecordFileName(c.claim);
+      if (auto parsed = efa::plugin::ParseClaimRecord(efa::testing::ReadFile(record), c.claim,
+                                                      record.string());
+          parsed.ok() && parsed->version == efa::plugin::kClaimRecordVersion) {
+        c.held_replicas = parsed->replicas;
+      }
+    }
     c.bound_by_base = !c.claim.empty() && on_base();
   }
   return std::nullopt;
@@ -1717,7 +1728,10 @@ Outcome Run(const Config& config, std::vector<Step> steps, std::optional<unsigne
       out.failed_at = i;
       const std::string log = efa::testing::ReadFile(node->log());
       std::vector<std::string> lines = absl::StrSplit(log, '\n', absl::SkipEmpty());
-      if (lines.size() > 40) lines.erase(lines.begin(), lines.end() - 40);
+      // EFA_LIFECYCLE_LOG_LINES: more of it, to debug a replay.
+      const char* keep = std::getenv("EFA_LIFECYCLE_LOG_LINES");
+      const size_t tail = keep != nullptr ? std::strtoul(keep, nullptr, 10) : 40;
+      if (lines.size() > tail) lines.erase(lines.begin(), lines.end() - static_cast<long>(tail));
       out.log_tail = absl::StrJoin(lines, "\n");
       break;
     }
