@@ -323,6 +323,7 @@ LateBinder::Checkpointed LateBinder::ReadCheckpointed() const {
   const auto read = checkpoint_.Get();
   if (!read->ok()) {
     out.problem = std::string(read->status().message());
+    out.missing = absl::IsNotFound(read->status());
     return out;
   }
   const KubeletCheckpoint* checkpoint = &**read;
@@ -390,6 +391,17 @@ bool LateBinder::TakenOverById(const Checkpointed& checkpointed, const std::stri
 }
 
 void LateBinder::Adopt(const Checkpointed& checkpointed) {
+  // Every read under the lock comes here: the holders by ID of a whole one
+  // stand for a read that is not (Taken).
+  if (checkpointed.problem.empty()) {
+    held_by_id_.emplace();
+    for (const auto& [name, c] : checkpointed.claims) {
+      if (c.efas_by_id) held_by_id_->push_back(c);
+    }
+    for (const ContainerDevices& c : checkpointed.other_name) {
+      if (c.efas_by_id) held_by_id_->push_back(c);
+    }
+  }
   for (auto next = bindings_.begin(); next != bindings_.end();) {
     const auto current = next++;  // Release erases it
     // A late-bound container's Allocate answer names no device nodes: a
@@ -466,6 +478,13 @@ std::map<std::string, int> LateBinder::Taken(const Checkpointed& checkpointed,
   }
   for (const ContainerDevices& c : checkpointed.other_name) {
     if (c.efas_by_id) hold(NamedEfas(c.efas), AdmittedReplicas(c.efas, c.replicas));
+  }
+  if (!checkpointed.problem.empty() && held_by_id_) {
+    const std::set<std::string> read = checkpointed.ClaimNames();
+    for (const ContainerDevices& c : *held_by_id_) {
+      if (!read.count(ClaimName(c.efas, c.efa_resource)))
+        hold(NamedEfas(c.efas), AdmittedReplicas(c.efas, c.replicas));
+    }
   }
   std::map<std::string, int> taken;
   for (const auto& [efa, holders] : held) {
@@ -940,6 +959,13 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   if (unstarted) {
     // Bound meanwhile: its container may have started with that spec.
     if (auto it = bindings_.find(claim.name); it != bindings_.end()) return it->second.efas;
+  }
+  if (!checkpointed.problem.empty() && !checkpointed.missing && !held_by_id_) {
+    // Never read whole: a holder by ID may be among what it lacks (a
+    // kubelet that has written none has given no EFA by ID).
+    return absl::UnavailableError(absl::StrCat(
+        "which containers hold EFAs by device ID is unknown, so ", claim.described,
+        " waits (the kubelet checkpoint was not read whole: ", checkpointed.problem, ")"));
   }
   ReleaseTakenOver(claim);
   // Bindings confirmed gone free their EFAs too.

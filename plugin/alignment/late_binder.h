@@ -246,6 +246,7 @@ class LateBinder {
     // claim names collide, but they are other containers.
     std::vector<ContainerDevices> other_name;
     std::string problem;
+    bool missing = false;  // the problem: there is no checkpoint file
     std::set<std::string> ClaimNames() const;
   };
   Checkpointed ReadCheckpointed() const;
@@ -268,7 +269,8 @@ class LateBinder {
   // of `except` and by containers holding EFAs by ID: one each, however
   // many of an EFA's replica IDs a container holds; and when one of them
   // was given it under fewer replicas than `replicas` (exclusive: 1), the
-  // difference too.
+  // difference too. A checkpoint not read whole (`checkpointed.problem`)
+  // may lack holders by ID: those of the latest whole read count too.
   std::map<std::string, int> Taken(const Checkpointed& checkpointed,
                                    const std::set<std::string>& except, int replicas) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -381,6 +383,9 @@ class LateBinder {
   std::set<std::string> refused_stale_ ABSL_GUARDED_BY(mu_);
   // The EFAs held by ID that the latest whole checkpoint read reserved.
   std::map<std::string, std::string> reserved_by_id_ ABSL_GUARDED_BY(mu_);
+  // The containers holding EFAs by ID at the latest whole checkpoint read
+  // (Adopt), for Taken when a read is not whole; nullopt before the first.
+  std::optional<std::vector<ContainerDevices>> held_by_id_ ABSL_GUARDED_BY(mu_);
   // BindUnstarted(): the claims released as gone ("claim owner"), never
   // bound again; the failures logged (claim -> message). Both only of
   // claims the checkpoint still holds.

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "plugin/alignment/cdi_spec.h"
@@ -654,6 +655,38 @@ TEST_CASE("Late binding never binds the EFAs a best-effort container holds by ID
   REQUIRE(binder.PreStart(node.table(), node.Group(2)).ok());
   CHECK_FALSE(binder.BoundEfas(node.Group(2)).has_value());
   CHECK(binder.counts().bound == 1);
+}
+
+TEST_CASE("A checkpoint not read whole counts the holders by ID of the latest whole read",
+          "[late-binding][upgrade]") {
+  Node node;
+  const auto tokens = node.Group(0);
+  const std::vector<FakeCheckpointEntry> entries = {ByIdEntry("old", kEfa, node.Group(2)),
+                                                    Entry("new", kGpu, {Uuid(kGpus[2])}),
+                                                    Entry("new", kEfa, tokens)};
+  const fs::path checkpoint = node.kubelet_dir() / "device-plugins/kubelet_internal_checkpoint";
+  LateBinder binder(node.Options());
+  REQUIRE(binder.Recover().ok());
+  // Never read whole (EMFILE, a torn write): nothing is bound, for a holder
+  // by ID may be what it lacks; the kubelet retries the start.
+  std::ofstream(checkpoint) << "{";
+  const absl::Status unknown = binder.PreStart(node.table(), tokens);
+  CHECK(unknown.code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(unknown.message(), "hold EFAs by device ID is unknown"));
+  CHECK(binder.Bindings().empty());
+  node.WriteCheckpoint(entries);
+  REQUIRE(binder.PreStart(node.table(), tokens).ok());
+  // 24 EFAs left beside the 4 bound and the 4 held by ID: a claim of 28
+  // fails while the checkpoint cannot be read, as it would after.
+  std::vector<std::string> many;
+  for (int g = 0; g < 7; ++g) {
+    for (const std::string& efa : node.Group(g)) many.push_back(efa + "-x");
+  }
+  std::ofstream(checkpoint) << "{";
+  const absl::Status refused = binder.PreStart(node.table(), many);
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.message(), "28 EFAs wanted, 24 healthy and free"));
+  CHECK_FALSE(binder.BoundEfas(many).has_value());
 }
 
 namespace {
