@@ -1524,6 +1524,15 @@ std::optional<Violation> Node::CheckAdvertised() {
       for (const Container& c : pod.containers) {
         const std::vector<std::string> holds = Holds(c);
         held.insert(holds.begin(), holds.end());
+        // And what its claim's spec binds now: a finished init container's
+        // claim, released when the app container reused its IDs, is bound
+        // again by a daemon restarted without late binding, which cannot
+        // tell it from one not started yet (BindUnstarted; pod-resources
+        // List has no init containers): withheld until the pod ends.
+        if (c.init && c.state == Container::State::kDone && !c.claim.empty()) {
+          const std::vector<std::string> bound = Resolve(c).nodes;
+          held.insert(bound.begin(), bound.end());
+        }
       }
     }
     for (const Gone& g : gone_) {
