@@ -294,6 +294,11 @@ int LateBinder::BoundUnderOtherName() const {
   }));
 }
 
+uint64_t LateBinder::Generation() {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
 bool LateBinder::recovered() const {
   absl::MutexLock lock(&mu_);
   return recovered_;
@@ -751,20 +756,28 @@ void LateBinder::RefreshStaleById(const Checkpointed& checkpointed,
   if (refresh && options_.refresh_checkpoint) options_.refresh_checkpoint();
 }
 
+absl::Status LateBinder::KeptById(const Claim& claim, const ContainerDevices& container) {
+  // Admitted under an earlier configuration that gave device nodes by ID:
+  // the container holds those EFAs (its Allocate answer gives them again at
+  // each start), and late binding counts them as taken.
+  absl::MutexLock lock(&mu_);
+  ++counts_.kept;
+  spdlog::info("late binding: {} of pod {} holds EFAs {} by device ID; nothing to bind",
+               claim.described, claim.owner, absl::StrJoin(container.efas, ","));
+  return absl::OkStatus();
+}
+
 absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
                                   const std::vector<std::string>& kubelet_ids) {
+  const std::string name = ClaimName(kubelet_ids, options_.resource_name);
   Claim claim;
-  claim.name = ClaimName(kubelet_ids, options_.resource_name);
+  claim.name = name;
   claim.kubelet_ids = kubelet_ids;
-  claim.described = DescribeClaim(claim.name, kubelet_ids);
+  claim.described = DescribeClaim(name, kubelet_ids);
   if (kubelet_ids.empty()) {
     return Fail(absl::InvalidArgumentError("PreStartContainer names no devices"));
   }
-  uint64_t generation;
-  {
-    absl::MutexLock lock(&mu_);
-    generation = generation_;
-  }
+  const uint64_t generation = Generation();
   // By PreStartContainer the kubelet has checkpointed every resource of the
   // container: its accelerators are there, by pod UID and container name.
   const Checkpointed checkpointed = ReadCheckpointed();
@@ -777,19 +790,14 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
     claim.owner = container->pod_uid;
     claim.resource = container->efa_resource;
   }
-  if (container && container->efas_by_id) {
-    // Admitted under an earlier configuration that gave device nodes by ID:
-    // the container holds those EFAs (its Allocate answer gives them again
-    // at each start), and late binding counts them as taken.
-    absl::MutexLock lock(&mu_);
-    ++counts_.kept;
-    spdlog::info("late binding: {} of pod {} holds EFAs {} by device ID; nothing to bind",
-                 claim.described, claim.owner, absl::StrJoin(container->efas, ","));
-    return absl::OkStatus();
-  }
+  if (container && container->efas_by_id) return KeptById(claim, *container);
+  // Never read whole: a holder by ID may be among what it lacks (but a
+  // kubelet that has written no checkpoint has given no EFA by ID).
+  bool unknown = false;
   {
     absl::MutexLock lock(&mu_);
     Adopt(checkpointed);
+    unknown = !checkpointed.problem.empty() && !checkpointed.missing && !held_by_id_;
     // Bound by a daemon that named claims of the shared name as those of
     // vpc.amazonaws.com/efa: its container's CDI device names that spec.
     const std::string before = ClaimName(kubelet_ids);
@@ -801,6 +809,11 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   }
   if (std::optional<absl::Status> kept = KeepBinding(claim)) {
     return kept->ok() ? *kept : Fail(*kept);
+  }
+  if (unknown) {
+    return Fail(absl::UnavailableError(absl::StrCat(
+        "which containers hold EFAs by device ID is unknown, so ", claim.described,
+        " waits (the kubelet checkpoint was not read whole: ", checkpointed.problem, ")")));
   }
   // Which bindings are live (to free the EFAs of gone ones), and the
   // container when the checkpoint does not have it yet: the kubelet lists
@@ -959,13 +972,6 @@ absl::StatusOr<std::vector<std::string>> LateBinder::Bind(
   if (unstarted) {
     // Bound meanwhile: its container may have started with that spec.
     if (auto it = bindings_.find(claim.name); it != bindings_.end()) return it->second.efas;
-  }
-  if (!checkpointed.problem.empty() && !checkpointed.missing && !held_by_id_) {
-    // Never read whole: a holder by ID may be among what it lacks (a
-    // kubelet that has written none has given no EFA by ID).
-    return absl::UnavailableError(absl::StrCat(
-        "which containers hold EFAs by device ID is unknown, so ", claim.described,
-        " waits (the kubelet checkpoint was not read whole: ", checkpointed.problem, ")"));
   }
   ReleaseTakenOver(claim);
   // Bindings confirmed gone free their EFAs too.

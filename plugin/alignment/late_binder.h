@@ -250,6 +250,7 @@ class LateBinder {
     std::set<std::string> ClaimNames() const;
   };
   Checkpointed ReadCheckpointed() const;
+  uint64_t Generation();  // generation_, under the lock
   // Fills in the owner, IDs and resource of bindings recovered without them
   // from the checkpoint's container holding their claim.
   // Releases those whose claim's IDs the checkpoint shows given by ID.
@@ -300,6 +301,8 @@ class LateBinder {
     std::string owner;
     std::string resource;  // the IDs' EFA resource name, "" when not known
   };
+  // PreStart of a container that holds its EFAs by ID: nothing to bind.
+  absl::Status KeptById(const Claim& claim, const ContainerDevices& container);
   // After a refusal for want of EFAs: when the checkpoint holds containers
   // by ID that List lacks (a deleted pod's entries stay until the kubelet
   // writes the file again), asks the kubelet to rewrite it, once per such
