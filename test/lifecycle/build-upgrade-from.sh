@@ -64,7 +64,10 @@ if command -v ccache >/dev/null && [[ "${EFA_CCACHE:-ON}" != OFF ]]; then
 fi
 (
   cd "$out/src"
-  cmake --preset release -DEFA_BUILD_TESTS=OFF "${launcher[@]}" >"$out/configure.log" 2>&1 ||
+  # -O1: what the test needs of the old daemon is its behaviour, and -O1
+  # compiles in about 30 % less CPU than its preset's -O3 (issue 43).
+  cmake --preset release -DEFA_BUILD_TESTS=OFF -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
+    "${launcher[@]}" >"$out/configure.log" 2>&1 ||
     { cat "$out/configure.log" >&2; exit 1; }
   nice -n 10 cmake --build --preset release -j"${EFA_UPGRADE_FROM_JOBS:-2}" \
     --target efa-k8s-device-plugin efa-k8s-device-plugin-idle >"$out/build.log" 2>&1 ||
