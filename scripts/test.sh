@@ -68,15 +68,11 @@ e2e="$(ctest_times | awk '$2 == "e2e_real_kubelet" && NF == 2 {print int($1)}')"
 [ -z "$e2e" ] || stage_note "of which e2e_real_kubelet" "$e2e"
 [ "$status" -eq 0 ] || exit "$status"
 if [ "$all" = 1 ]; then
-  # 1 seed x 2 alignment modes x 2,500 steps (CTest's lifecycle_* entries
-  # run 3 seeds x 150 steps per mode). Without the daemon's reconfigurations
-  # and the upgrade, which CTest's lifecycle_reconfigure and
-  # lifecycle_upgrade seeds run: over 2,500 steps with them a rare timing
-  # race remains (a late-binding start refused while the harness counts an
-  # EFA free; issue 42), and a flaky stage would stop every landing.
+  # 1 seed x 2 alignment modes x 2,500 steps, every event group: the
+  # daemon's reconfigurations and the upgrade from the base commit's binary
+  # too (CTest's lifecycle_* entries run 3 seeds x 150 steps per mode).
   stage_begin "lifecycle soak"
-  build/ci/test/efa-lifecycle --mode both --seeds 1001 --steps 2500 --shrink-seconds 180 \
-    --exclude daemon-config --upgrade off
+  build/ci/test/efa-lifecycle --mode both --seeds 1001 --steps 2500 --shrink-seconds 180
   for sanitizer in asan tsan fuzz; do
     stage_begin "$sanitizer"
     scripts/sanitizers.sh "$sanitizer"
