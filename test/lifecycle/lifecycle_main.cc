@@ -111,6 +111,10 @@ constexpr auto kQuiet = 5s;
 constexpr auto kProbePeriod = 10s;
 // How long the descriptor table stays full.
 constexpr auto kFdWindow = 300ms;
+// The daemon's default --rescan-interval (10 s), and some slack.
+constexpr auto kRescanInterval = 11s;
+// How long after a device event the daemon may still be listing for it.
+constexpr auto kMissedEvent = 1s;
 // How long a deleted pod's late-bound EFAs may stay bound when no other
 // container took over one of its kubelet IDs: the daemon's release_after
 // (10 s) and recheck_every (15 s) (plugin/alignment/late_binder.h), and
@@ -534,6 +538,7 @@ struct Efa {
   int uverbs = 0;
   fs::path ib_dir;  // <pci dir>/infiniband
   bool present = true;
+  Clock::time_point changed;  // when it was removed or returned last
 };
 
 class Node {
@@ -655,6 +660,8 @@ class Node {
   // pod's containers are gone (Held): its own start, a kubelet restart, the
   // restarted kubelet's pods synced.
   Clock::time_point gone_clock_ = Clock::now();
+  // The latest window of a full descriptor table (FillFds).
+  Clock::time_point fd_full_begin_, fd_full_end_;
   SimRoot sim_;
   FakeKubelet kubelet_;
   FakeAcceleratorPlugin gpus_;
@@ -1344,6 +1351,7 @@ void Node::RemoveEfa(Efa& efa) {
   fs::remove(sim_.path() / "dev/infiniband" / absl::StrCat("uverbs", efa.uverbs), ec);
   (void)efa::sim::CountUevent(sim_.path().string());
   efa.present = false;
+  efa.changed = Clock::now();
   action_ += " " + efa.udev_name;
 }
 
@@ -1369,6 +1377,7 @@ void Node::ReturnEfa(Efa& efa, bool renamed) {
     (void)efa::sim::CountUevent(sim_.path().string());
   }
   efa.present = true;
+  efa.changed = Clock::now();
   action_ += " " + efa.udev_name + (renamed ? " (as " + efa.kernel_name + ")" : "");
 }
 
@@ -1393,6 +1402,7 @@ std::optional<Violation> Node::FillFds() {
     return Violation{"harness", absl::StrCat("prlimit ", pid, ": ", std::strerror(errno))};
   }
   probes_.Pause(true);
+  fd_full_begin_ = Clock::now();
   // Something for the daemon to look at while it cannot open anything: a
   // change in a directory it watches makes it list the devices again. Done
   // a few times over the window, the limit lowered to each new hole (a
@@ -1409,6 +1419,7 @@ std::optional<Violation> Node::FillFds() {
     status = daemon_->Wait(std::chrono::duration_cast<std::chrono::milliseconds>(kFdWindow) / 5);
   }
   ::prlimit(pid, RLIMIT_NOFILE, &old, nullptr);
+  fd_full_end_ = Clock::now();
   probes_.Pause(false);
   action_ += absl::StrCat(" (limit ", full.rlim_cur, " for ", kFdWindow.count(), " ms)");
   if (status != -1) {
@@ -1583,6 +1594,13 @@ std::optional<Violation> Node::CheckAdvertised() {
       }
       const Efa& efa = efas_[it->second];
       if (!seen[it->second].insert(replica).second) problems.push_back(d.id() + " is listed twice");
+      // Removed or returned just before the descriptor table filled: the
+      // listing its event set off may have failed (the last known state
+      // kept), and the periodic rescan sees it (--rescan-interval).
+      if (efa.changed + kMissedEvent >= fd_full_begin_ && efa.changed <= fd_full_end_ &&
+          Clock::now() < fd_full_end_ + kRescanInterval) {
+        continue;
+      }
       // Late binding reserves nothing (LateBinder::Reserved): a returned EFA
       // is Healthy again once the daemon sees it, held or not.
       const bool withheld = (!daemon_config_.late() || on_base()) &&
