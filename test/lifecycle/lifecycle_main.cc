@@ -984,7 +984,10 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
         return std::nullopt;
       }
       // What the kubelet was told of a device the answer names: it gives
-      // only devices it last heard of as Healthy.
+      // only devices it last heard of as Healthy, but for its init
+      // containers' devices, which an app container reuses whatever their
+      // health (devicesToAllocate takes devicesToReuse first): the daemon
+      // refuses one gone or withheld, and the pod is rejected.
       std::string told;
       const std::string message(admitted.status().message());
       if (const size_t at = message.find("device \""); at != std::string::npos) {
@@ -993,6 +996,17 @@ std::optional<Violation> Node::Admit(const Step& step, bool with_init) {
           if (d.id() == id) {
             told = absl::StrCat(" (its latest list, as the kubelet had it, said ", id, " is ",
                                 d.health(), ")");
+            const bool reused = std::any_of(
+                pod.containers.begin(), pod.containers.end(), [&](const Container& init) {
+                  return init.init && std::count(init.ids.begin(), init.ids.end(), id) > 0;
+                });
+            if (reused && d.health() != "Healthy") {
+              ++counts["admissions refused: an init container's Unhealthy device reused"];
+              action_ += " (refused: " + id + " reused Unhealthy)";
+              RecordGone(pod);
+              (void)kubelet_.RemovePod(pod.uid, FakeKubelet::CheckpointWrite::kAsKubelet);
+              return std::nullopt;
+            }
           }
         }
       }
