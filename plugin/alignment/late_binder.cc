@@ -893,8 +893,8 @@ void LateBinder::BindUnstarted(const topology::DeviceTable& table) {
       const Unstarted unstarted{
           .named_only = named_only,
           .kubelet_held = kubelet_held ? &*kubelet_held : nullptr,
-          // (Whether the sharing it was admitted
-          // under allows more holders is Taken's.)
+          // Whether the sharing it was admitted under allows more holders
+          // is Taken's to count.
           .named_held =
               options_.late_binding || AdvertisedNow(c.efa_resource, c.efas, options_.replicas)};
       absl::StatusOr<std::vector<std::string>> efas =
