@@ -423,19 +423,24 @@ void LateBinder::Adopt(const Checkpointed& checkpointed) {
     auto it = checkpointed.claims.find(claim);
     if (it == checkpointed.claims.end()) continue;
     const ContainerDevices& c = it->second;
-    // Recovered without a record (written before records were): its
-    // container is this one only if no other pod's binding holds one of its
-    // EFAs where either may not share; else it is a gone container's spec,
-    // left behind (a read-only CDI dir), whose IDs the kubelet gave anew.
-    if (binding.owner.empty() &&
+    // Recovered without a record (written before records were; bound by
+    // PreStartContainer for a container the checkpoint could not name has
+    // its IDs): its container is this one only if no other pod's binding
+    // holds one of its EFAs where either may not share; else it is a gone
+    // container's spec, left behind (a read-only CDI dir), whose IDs the
+    // kubelet gave anew.
+    const bool recorded = !binding.kubelet_ids.empty();
+    if (!recorded && binding.owner.empty() &&
         ExclusivelyBoundElsewhere(claim, binding.efas, AdmittedReplicas(c.efas, 0), c.pod_uid)) {
       Release(current, "recovered without its record; its EFAs are another pod's binding's");
       continue;
     }
     binding.owner = c.pod_uid;
-    binding.kubelet_ids = c.efas;
     binding.resource = c.efa_resource;
-    binding.replicas = AdmittedReplicas(c.efas, 0);
+    if (!recorded) {
+      binding.kubelet_ids = c.efas;
+      binding.replicas = AdmittedReplicas(c.efas, 0);
+    }
     spdlog::info("late binding: {} (EFAs {}) belongs to pod {} (from the kubelet checkpoint)",
                  claim, absl::StrJoin(binding.efas, ","), binding.owner);
     // A later release's spec is left as it wrote it.

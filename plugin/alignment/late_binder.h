@@ -215,8 +215,9 @@ class LateBinder {
   struct Binding {
     std::vector<std::string> efas;  // physical, PCI order
     // The pod UID ("pod <namespace/name>" from pod-resources); empty when
-    // unknown (recovered without a record, not adopted from the checkpoint
-    // yet): then the next PreStartContainer binds afresh. A pod's init and
+    // unknown (recovered without a record, or bound while the checkpoint
+    // could not name its container; not adopted from the checkpoint yet):
+    // then the next PreStartContainer binds afresh. A pod's init and
     // app containers given the same IDs (the kubelet's devicesToReuse)
     // share the binding.
     std::string owner;

@@ -689,6 +689,37 @@ TEST_CASE("A checkpoint not read whole counts the holders by ID of the latest wh
   CHECK_FALSE(binder.BoundEfas(many).has_value());
 }
 
+TEST_CASE("A container restarted while the checkpoint is unreadable keeps its binding after",
+          "[late-binding][sharing]") {
+  // Soak seed 1020: uid-1 holds every EFA once (replica 1 of each), uid-2
+  // three of them shared (replica 0: its IDs alone do not say it shares).
+  Node node(/*replicas=*/2);
+  std::vector<std::string> all, ids;
+  for (int g = 0; g < 8; ++g) {
+    for (const std::string& efa : node.Group(g)) all.push_back(efa + "::1");
+  }
+  for (const std::string& efa : node.Group(0)) ids.push_back(efa + "::0");
+  ids.pop_back();
+  node.WriteCheckpoint({Entry("uid-1", kEfa, all), Entry("uid-2", kEfa, ids)});
+  LateBinder binder(node.Options());
+  REQUIRE(binder.PreStart(node.table(), all).ok());
+  REQUIRE(binder.PreStart(node.table(), ids).ok());
+  // uid-1 deleted; uid-2's container restarts during a full descriptor
+  // table: bound again, its owner unknown.
+  std::ofstream(node.kubelet_dir() / "device-plugins/kubelet_internal_checkpoint") << "{";
+  REQUIRE(binder.PreStart(node.table(), ids).ok());
+  const auto bound = binder.BoundEfas(ids);
+  REQUIRE(bound.has_value());
+  // Readable again: uid-2 is adopted as the binding's container, not taken
+  // for a gone one's spec because uid-1's binding (not released yet) holds
+  // its EFAs too.
+  node.WriteCheckpoint({Entry("uid-2", kEfa, ids)});
+  binder.ReleaseGone();
+  CHECK(binder.BoundEfas(ids) == bound);
+  CHECK(fs::exists(binder.SpecPath(ClaimName(ids))));
+  CHECK(binder.counts().released == 0);
+}
+
 namespace {
 
 // uid-5, late-bound by a daemon now gone: its tokens name the EFAs beside
