@@ -8,9 +8,10 @@
 #   scripts/fuzz.sh 300              300 seconds per target
 #   scripts/fuzz.sh --runs 1000000   1,000,000 executions per target (the long run)
 #   scripts/fuzz.sh 60 kubelet_checkpoint config_yaml    only these targets
-# Each target starts from its seed corpus, test/fuzz/corpus/<name> (never
-# written), plus what earlier runs kept in build/asan/fuzz/corpus/<name>, where
-# new inputs go; a crashing input is saved in build/asan/fuzz/artifacts/<name>/.
+# Targets run one per core at a time. Each starts from its seed corpus,
+# test/fuzz/corpus/<name> (never written), plus what earlier runs kept in
+# build/asan/fuzz/corpus/<name>, where new inputs go; a crashing input is
+# saved in build/asan/fuzz/artifacts/<name>/.
 # Prints one line per target (executions, executions per second, corpus
 # inputs/bytes, crashes) and exits 1 when any target crashed, leaked, timed
 # out or ran out of memory. EFA_FUZZ_JOBS: build jobs (default: all cores).
@@ -46,12 +47,15 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 cmake --build "$build" -j"${EFA_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]/%/_fuzz}"
 
-failed=0
-for name in "${targets[@]}"; do
+# fuzz_one NAME: runs one target; its line goes to $work/logs/NAME.result,
+# ending in FAILED when it failed.
+fuzz_one() {
+  local name=$1 corpus artifacts log before status runs speed size crashes line
   corpus="$work/corpus/$name"
   artifacts="$work/artifacts/$name"
   log="$work/logs/$name.log"
   mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
+  rm -f "$work/logs/$name.result"
   before=$(find "$artifacts" -type f | wc -l)
   echo "fuzz: running $name (${limit[*]})" >&2
   status=0
@@ -65,10 +69,29 @@ for name in "${targets[@]}"; do
   crashes=$(($(find "$artifacts" -type f | wc -l) - before))
   line="fuzz: $name: ${runs:-?} executions, ${speed:-?} exec/s, corpus ${size:-?}, $crashes new crash(es)"
   if [ "$status" -ne 0 ]; then
-    failed=1
     line="$line, FAILED (exit $status; see $log)"
     grep -E '^(==[0-9]+==ERROR|SUMMARY|.*fuzz check failed|.*runtime error)' "$log" | head -5 >&2 || true
   fi
+  echo "$line" >"$work/logs/$name.result"
+}
+
+# One target per core at a time (each is one process, one thread): the
+# same time and a core each, in fewer rounds.
+parallel=$(nproc)
+running=0
+for name in "${targets[@]}"; do
+  fuzz_one "$name" &
+  running=$((running + 1))
+  if [ "$running" -ge "$parallel" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+failed=0
+for name in "${targets[@]}"; do
+  line=$(cat "$work/logs/$name.result" 2>/dev/null || echo "fuzz: $name: no result, FAILED")
   echo "$line"
+  case "$line" in *FAILED*) failed=1 ;; esac
 done
 exit "$failed"

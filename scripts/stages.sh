@@ -10,12 +10,17 @@
 #   stage_note NAME S    a row of information under the current stage (or
 #                        the last): S seconds of something that ran inside it
 #                        or beside it (not added to the total)
-#   stage_background NAME LOG COMMAND...
+#   stage_background [--above] NAME LOG COMMAND...
 #                        COMMAND in the background, its output in LOG, at the
 #                        lowest CPU priority (what it computes takes only
-#                        what the stages leave); its row comes when it ends.
+#                        what the stages leave), or with --above at a higher
+#                        one than the stages (a test that mostly waits,
+#                        whose deadlines the compiles beside it must not
+#                        stretch; needs root); its row comes when it ends.
 #                        Stopped (its whole process group) if still running
 #                        when the script that started it exits.
+#   stage_wait NAME      waits for the background stage NAME to end;
+#                        returns its exit status
 # A stage begun and not ended when the script exits is recorded as FAILED.
 
 stages_init() {
@@ -63,17 +68,36 @@ stage_note() {
 }
 
 stage_background() {
+  local niceness=19
+  if [ "$1" = --above ]; then
+    niceness=-5
+    shift
+  fi
   local name=$1 log=$2
   shift 2
   # setsid: its own process group, to stop it with its children.
   # shellcheck disable=SC2016 # expanded by the inner shell
-  setsid nice -n 19 bash -c 'started=$SECONDS; status=0; "${@:3}" >"$2" 2>&1 || status=$?
+  setsid nice -n "$niceness" bash -c 'started=$SECONDS; status=0; "${@:3}" >"$2" 2>&1 || status=$?
     result="background"; [ "$status" = 0 ] || result="background: FAILED, exit $status, log $2"
-    printf "%s\t%s\t%s\n" "$1" "$((SECONDS - started))" "$result" >> "$EFA_STAGE_TIMES"' \
+    printf "%s\t%s\t%s\n" "$1" "$((SECONDS - started))" "$result" >> "$EFA_STAGE_TIMES"
+    exit "$status"' \
     _ "$name" "$log" "$@" &
   stages_background+=("$!")
   stages_background_names+=("$name")
   echo "$stages_prefix: $name: started in the background (log: $log)" >&2
+}
+
+stage_wait() {
+  local i status=0
+  for i in "${!stages_background_names[@]}"; do
+    [ "${stages_background_names[$i]}" = "$1" ] || continue
+    wait "${stages_background[$i]}" || status=$?
+    # Reaped: its PID may be another process's now.
+    unset "stages_background[$i]" "stages_background_names[$i]"
+    return "$status"
+  done
+  echo "$stages_prefix: no background stage '$1'" >&2
+  return 2
 }
 
 stages_exit() {

@@ -15,7 +15,9 @@
 #                           binary on a simulated node, test/lifecycle), and
 #                           the sanitizer stages (scripts/sanitizers.sh: the
 #                           suite under ASan+UBSan, the concurrency tests under
-#                           TSan, 10 s of each fuzzer). CI runs this.
+#                           TSan, 10 s of each fuzzer). The e2e then runs
+#                           in the background beside them (as root). CI
+#                           runs this.
 # Installs the Debian packages it needs. Each stage prints its time, and the
 # run ends with a table of them all (scripts/stages.sh; under .ci/run, in
 # its table); any failure stops the run with a non-zero exit.
@@ -25,7 +27,7 @@ all=0
 for arg in "$@"; do
   case "$arg" in
     --all) all=1 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg' (--all or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -52,7 +54,7 @@ if [ "$all" = 1 ]; then
   export EFA_E2E_IMAGE_TAR="$PWD/build/image/efa-k8s-device-plugin.tar"
 fi
 # The e2e's Kubernetes build (test/e2e/build-kubernetes.sh), before CTest: on
-# a fresh machine ten minutes of the e2e test, which runs alone. Under
+# a fresh machine ten minutes the e2e would otherwise spend building. Under
 # .ci/run it started in the background at the beginning, and this waits
 # for it (its lock) and finds everything built. It needs root, as the e2e.
 if [ "$(id -u)" -eq 0 ]; then
@@ -60,8 +62,21 @@ if [ "$(id -u)" -eq 0 ]; then
   test/e2e/build-kubernetes.sh --with-helm >/dev/null
 fi
 stage_begin "ctest (ci preset)"
+# The e2e mostly waits on the kubelet, containerd and helm (about 500 s on
+# a cold machine, with one core mostly idle): under --all it runs beside
+# CTest's other tests, the soak and the sanitizer stages, in the background
+# above them in CPU priority, as CTest would run it, and the run waits for
+# it at the end.
+e2e_log=""
+ctest_args=()
+if [ "$all" = 1 ] && [ "$(id -u)" -eq 0 ]; then
+  e2e_log="$PWD/build/ci/e2e_real_kubelet.log"
+  stage_background --above e2e_real_kubelet "$e2e_log" \
+    env EFA_E2E_BUILD_DIR="$PWD/build/ci" EFA_E2E_JOBS=2 timeout 4500 test/e2e/run.sh
+  ctest_args=(-LE e2e)
+fi
 status=0
-ctest --preset ci || status=$?
+ctest --preset ci "${ctest_args[@]}" || status=$?
 echo "test.sh: the ten slowest tests (s):" >&2
 ctest_times | awk 'NR <= 10 {print "  " $0}' >&2
 e2e="$(ctest_times | awk '$2 == "e2e_real_kubelet" && NF == 2 {print int($1)}')"
@@ -77,6 +92,17 @@ if [ "$all" = 1 ]; then
     stage_begin "$sanitizer"
     scripts/sanitizers.sh "$sanitizer"
   done
+fi
+if [ -n "$e2e_log" ]; then
+  stage_begin "e2e_real_kubelet (waiting for it)"
+  status=0
+  stage_wait e2e_real_kubelet || status=$?
+  if [ "$status" -ne 0 ]; then
+    cat "$e2e_log"
+    echo "test.sh: e2e_real_kubelet FAILED (exit $status; its output above, in $e2e_log)" >&2
+    exit "$status"
+  fi
+  tail -n 3 "$e2e_log"
 fi
 stage_end
 echo "test.sh: all stages passed in $((SECONDS - stages_started)) s" >&2
