@@ -5,9 +5,10 @@
 #         AddressSanitizer + UndefinedBehaviorSanitizer (preset asan, -O1),
 #         two tests at a time
 #   tsan  the concurrency tests (Catch2 tag [concurrency]: every test with
-#         threads or a daemon process) under clang's ThreadSanitizer (preset
-#         tsan), with abseil rebuilt with TSan (scripts/tsan-abseil.sh) so
-#         absl::Mutex is seen in our code and in gRPC
+#         threads or a daemon process; only the test files that have one are
+#         compiled) under clang's ThreadSanitizer (preset tsan), with
+#         abseil rebuilt with TSan (scripts/tsan-abseil.sh) so absl::Mutex
+#         is seen in our code and in gRPC
 #   fuzz  every libFuzzer target for EFA_FUZZ_SECONDS (default 10) seconds
 #         (scripts/fuzz.sh), built in the asan stage's tree: after it, only
 #         the fuzz targets' own files compile

@@ -15,9 +15,9 @@
 #                           binary on a simulated node, test/lifecycle), and
 #                           the sanitizer stages (scripts/sanitizers.sh: the
 #                           suite under ASan+UBSan, the concurrency tests under
-#                           TSan, 10 s of each fuzzer). The e2e then runs
-#                           in the background beside them (as root). CI
-#                           runs this.
+#                           TSan, 10 s of each fuzzer). The e2e and the
+#                           soak run in the background beside them. CI runs
+#                           this.
 # Installs the Debian packages it needs. Each stage prints its time, and the
 # run ends with a table of them all (scripts/stages.sh; under .ci/run, in
 # its table); any failure stops the run with a non-zero exit.
@@ -63,10 +63,10 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 stage_begin "ctest (ci preset)"
 # The e2e mostly waits on the kubelet, containerd and helm (about 500 s on
-# a cold machine, with one core mostly idle): under --all it runs beside
-# CTest's other tests, the soak and the sanitizer stages, in the background
-# above them in CPU priority, as CTest would run it, and the run waits for
-# it at the end.
+# a cold machine, 30 % of one core): under --all it runs beside CTest's
+# other tests, the soak and the sanitizer stages, in the background above
+# them in CPU priority, as CTest would run it, and the run waits for it at
+# the end.
 e2e_log=""
 ctest_args=()
 if [ "$all" = 1 ] && [ "$(id -u)" -eq 0 ]; then
@@ -82,27 +82,34 @@ ctest_times | awk 'NR <= 10 {print "  " $0}' >&2
 e2e="$(ctest_times | awk '$2 == "e2e_real_kubelet" && NF == 2 {print int($1)}')"
 [ -z "$e2e" ] || stage_note "of which e2e_real_kubelet" "$e2e"
 [ "$status" -eq 0 ] || exit "$status"
+# wait_background NAME LOG: waits for the background stage NAME; prints its
+# whole output and fails when it failed, else its last lines.
+wait_background() {
+  stage_begin "$1 (waiting for it)"
+  local status=0
+  stage_wait "$1" || status=$?
+  if [ "$status" -ne 0 ]; then
+    cat "$2"
+    echo "test.sh: $1 FAILED (exit $status; its output above, in $2)" >&2
+    exit "$status"
+  fi
+  tail -n 3 "$2"
+}
 if [ "$all" = 1 ]; then
   # 1 seed x 2 alignment modes x 2,500 steps, every event group: the
   # daemon's reconfigurations and the upgrade from the base commit's binary
-  # too (CTest's lifecycle_* entries run 3 seeds x 150 steps per mode).
-  stage_begin "lifecycle soak"
-  build/ci/test/efa-lifecycle --mode both --seeds 1001 --steps 2500 --shrink-seconds 180
+  # too (CTest's lifecycle_* entries run 3 seeds x 150 steps per mode). It
+  # keeps about one core busy: in the background above the sanitizer
+  # builds beside it, as the e2e.
+  soak_log="$PWD/build/ci/lifecycle-soak.log"
+  stage_background --above "lifecycle soak" "$soak_log" \
+    build/ci/test/efa-lifecycle --mode both --seeds 1001 --steps 2500 --shrink-seconds 180
   for sanitizer in asan tsan fuzz; do
     stage_begin "$sanitizer"
     scripts/sanitizers.sh "$sanitizer"
   done
+  wait_background "lifecycle soak" "$soak_log"
 fi
-if [ -n "$e2e_log" ]; then
-  stage_begin "e2e_real_kubelet (waiting for it)"
-  status=0
-  stage_wait e2e_real_kubelet || status=$?
-  if [ "$status" -ne 0 ]; then
-    cat "$e2e_log"
-    echo "test.sh: e2e_real_kubelet FAILED (exit $status; its output above, in $e2e_log)" >&2
-    exit "$status"
-  fi
-  tail -n 3 "$e2e_log"
-fi
+[ -z "$e2e_log" ] || wait_background e2e_real_kubelet "$e2e_log"
 stage_end
 echo "test.sh: all stages passed in $((SECONDS - stages_started)) s" >&2
