@@ -423,12 +423,12 @@ void LateBinder::Adopt(const Checkpointed& checkpointed) {
     auto it = checkpointed.claims.find(claim);
     if (it == checkpointed.claims.end()) continue;
     const ContainerDevices& c = it->second;
-    // Recovered without a record (written before records were; bound by
-    // PreStartContainer for a container the checkpoint could not name has
-    // its IDs): its container is this one only if no other pod's binding
-    // holds one of its EFAs where either may not share; else it is a gone
-    // container's spec, left behind (a read-only CDI dir), whose IDs the
-    // kubelet gave anew.
+    // Recovered without a record (written before records were), which has
+    // no kubelet IDs: its container is this one only if no other pod's
+    // binding holds one of its EFAs where either may not share; else it is
+    // a gone container's spec, left behind (a read-only CDI dir), whose IDs
+    // the kubelet gave anew. One PreStartContainer bound while the
+    // checkpoint could not name its container has its IDs: it is adopted.
     const bool recorded = !binding.kubelet_ids.empty();
     if (!recorded && binding.owner.empty() &&
         ExclusivelyBoundElsewhere(claim, binding.efas, AdmittedReplicas(c.efas, 0), c.pod_uid)) {
