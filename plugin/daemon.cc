@@ -278,7 +278,7 @@ void Daemon::HandleInotify() {
           kubelet_watch_ = -1;  // the directory went: on timers until watched again
         } else if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
           registrar_.RegisterAgainNow(Registrar::Reason::kKubeletSocketCreated);
-        } else if (name == kPluginSocket && (ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
+        } else if (name == kPluginSocketDir && (ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
           registrar_.RegisterAgainNow(Registrar::Reason::kPluginSocketDeleted);
         } else if (name == kCheckpointFile) {
           guards = true;  // the MOFED guard reads it
@@ -324,7 +324,8 @@ void Daemon::PeriodicCheck() {
   // reported; the look also when it was given now (a change before it was).
   const bool on_timers = kubelet_watch_ < 0;
   WatchKubeletDir();
-  if (on_timers) LookAtKubeletDir();
+  if (on_timers) LookForKubeletSocket();
+  LookForPluginSocket();
   // The guards and the device tracker ask for their own watches again.
   tracker_.PeriodicLook(/*force=*/CheckGuards());
   ReportAlignment(/*periodic=*/true);
@@ -514,16 +515,14 @@ void Daemon::LookForKubeletSocket() {
   kubelet_socket_seen_ = now;
 }
 
-void Daemon::LookAtKubeletDir() {
-  LookForKubeletSocket();
-  // Our socket deleted (the kubelet does so on start): serve and register
-  // again. An error other than absence tells nothing.
+void Daemon::LookForPluginSocket() {
+  // Our socket deleted by someone (the kubelet keeps it; inotify reports
+  // only its directory going): serve and register again. An error other
+  // than absence tells nothing.
   const std::optional<FileIdentity> ours = Identify(registrar_.plugin_socket());
   if (registrar_.registered() && ours && !ours->present) {
     registrar_.RegisterAgainNow(Registrar::Reason::kPluginSocketDeleted);
   }
-  // The checkpoint: the guards' check and the alignment report of this
-  // pass read it (the report when it changed).
 }
 
 void Daemon::Start() {

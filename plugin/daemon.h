@@ -267,10 +267,12 @@ class Daemon {
   // not done yet (at start, then on each periodic pass while they fail).
   void WatchKubeletDir();
   // On timers (the device-plugins dir not watched): what its events would
-  // have said. A kubelet.sock other than at the previous look (created
-  // again: the kubelet restarted), our socket deleted.
-  void LookAtKubeletDir();
+  // have said, a kubelet.sock other than at the previous look (created
+  // again: the kubelet restarted).
   void LookForKubeletSocket();
+  // On every periodic pass: our socket deleted (inotify sees only its
+  // directory, not the socket in it).
+  void LookForPluginSocket();
   // Publishes the heartbeat and the state read by other threads.
   void Heartbeat();
   // Runs the guards and applies their verdict: registers again when they

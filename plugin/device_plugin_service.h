@@ -24,7 +24,16 @@
 
 namespace efa::plugin {
 
-inline constexpr char kPluginSocket[] = "aws-efa-device-plugin.sock";
+// The plugin's socket, relative to the kubelet's device-plugins dir (the
+// Register request's endpoint): in a directory of its own, which the kubelet
+// keeps when it starts (it deletes the files or sockets at the top of the
+// dir and skips directories: kubelet 1.20 ManagerImpl.removeContents, later
+// CleanupPluginDirectory). The socket then outlives a kubelet restart or a
+// reboot's new kubelet, and registering again is one call, made the moment
+// kubelet.sock appears: no server to start first (docs/install.md, "After
+// a node reboot").
+inline constexpr char kPluginSocketDir[] = "efa";
+inline constexpr char kPluginSocket[] = "efa/aws-efa-device-plugin.sock";
 inline constexpr char kApiVersion[] = "v1beta1";
 inline constexpr char kHealthy[] = "Healthy";
 inline constexpr char kUnhealthy[] = "Unhealthy";

@@ -201,8 +201,8 @@ void Registrar::StopServer() {
 
 void Registrar::Register() {
   if (!server_ || !IsSocket(plugin_socket())) {
-    // The kubelet deleted our socket (it does so on start), or serving
-    // failed before: serve afresh.
+    // Our socket was deleted (by someone: the kubelet keeps its directory),
+    // or serving failed before: serve afresh.
     if (server_) {
       spdlog::info("{} is gone; serving again", plugin_socket().string());
       server_->Shutdown(std::chrono::system_clock::now());

@@ -31,7 +31,7 @@ class Registrar {
   // Why the resource is registered again at once (RegisterAgainNow).
   enum class Reason {
     kKubeletSocketCreated,  // kubelet.sock created: a kubelet (re)started
-    kPluginSocketDeleted,   // our socket deleted (the kubelet does so on start)
+    kPluginSocketDeleted,   // our socket or its directory deleted (by someone)
     kStreamEnded,           // the kubelet ended ListAndWatch
     kSighup,                // the operator asked
     kEventsLost,            // inotify overflowed: a restart may be among them

@@ -91,7 +91,7 @@ wait "$daemon_pid" || { cat "$log" >&2; fail "the daemon exited with $? on SIGTE
 daemon_pid=""
 step "the daemon's log (each EFA's discovery line folded into a count)"
 awk '/found EFA/ {n++; next} {print "  " $0} END {if (n) print "  (" n " \"found EFA\" lines)"}' "$log"
-if [ -e "$work/kubelet/device-plugins/aws-efa-device-plugin.sock" ]; then
+if [ -e "$work/kubelet/device-plugins/efa/aws-efa-device-plugin.sock" ]; then
   fail "the daemon left its socket behind after SIGTERM"
 fi
 [ "$status" -eq 0 ] || fail "the container was not admitted, or the node without EFA did not idle (see above)"

@@ -176,7 +176,7 @@ serve_kubelet() {
     grep -q "GetPreferredAllocation: aligning with the accelerators of default/demo/main" <<< "$log" ||
       { grep -i alignment <<< "$log" >&2; die "$image on $machine: the daemon did not align with the container's GPU"; }
   fi
-  [ ! -e "$kubelet/device-plugins/aws-efa-device-plugin.sock" ] ||
+  [ ! -e "$kubelet/device-plugins/efa/aws-efa-device-plugin.sock" ] ||
     die "$image on $machine: the daemon left its socket behind after SIGTERM"
   echo "$machine: registered, $(grep -oE '^[0-9]+ device\(s\) advertised' <<< "$out"), container got $want, SIGTERM exit 0"
 }

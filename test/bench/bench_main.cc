@@ -474,11 +474,12 @@ class Suite {
     // It serves its socket without registering.
     const fs::path lone_kubelet = p5_.path() / "kubelet-absent";
     ChildProcess lone_daemon(DaemonArgs(p5_, lone_kubelet), logs() / "daemon-no-lookup.log");
-    Server daemon("the daemon", p5_.path() / "kubelet/device-plugins/aws-efa-device-plugin.sock",
+    Server daemon("the daemon",
+                  p5_.path() / "kubelet/device-plugins/efa/aws-efa-device-plugin.sock",
                   daemon_->pid());
     Server echo("the echo server", echo_socket, echo_->pid());
     Server lone("the daemon without pod-resources",
-                lone_kubelet / "device-plugins/aws-efa-device-plugin.sock", lone_daemon.pid());
+                lone_kubelet / "device-plugins/efa/aws-efa-device-plugin.sock", lone_daemon.pid());
     // Its baseline: a second echo server, called as often (a process called
     // less often has colder threads).
     const fs::path rare_echo_socket = p5_.path() / "echo/rare-echo.sock";

@@ -146,7 +146,7 @@ TEST_CASE(
   node.process().Signal(SIGHUP);
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, 10s));
 
-  const fs::path socket = node.device_plugin_dir() / "aws-efa-device-plugin.sock";
+  const fs::path socket = node.device_plugin_dir() / "efa/aws-efa-device-plugin.sock";
   CHECK(fs::is_socket(socket));
   node.process().Signal(SIGTERM);
   CHECK(node.process().Wait(10s) == 0);
@@ -161,7 +161,7 @@ TEST_CASE("The daemon binary removes a stale socket before serving",
                  // leave one.
                  .prepare =
                      [](SimRoot& sim) {
-                       const fs::path dir = sim.path() / "kubelet/device-plugins";
+                       const fs::path dir = sim.path() / "kubelet/device-plugins/efa";
                        fs::create_directories(dir);
                        efa::testing::WriteFile(dir / "aws-efa-device-plugin.sock", "");
                      },
@@ -181,8 +181,8 @@ TEST_CASE(
   // Another device plugin on the socket: the plugin's host service, say,
   // while this daemon runs in the chart's pod.
   TestNode node({.machine = "p4d.24xlarge", .pod_resources = false, .run = DaemonRun::kLater});
-  fs::create_directories(node.device_plugin_dir());
-  const fs::path socket = node.device_plugin_dir() / "aws-efa-device-plugin.sock";
+  fs::create_directories(node.device_plugin_dir() / "efa");
+  const fs::path socket = node.device_plugin_dir() / "efa/aws-efa-device-plugin.sock";
   const int other = ListenOnUnixSocket(socket);
   REQUIRE(other >= 0);
   struct stat before {};
@@ -358,7 +358,7 @@ TEST_CASE(
                               "instead") == (idle == Idle::kBroken));
   // Idle: no plugin socket, no gRPC threads (the loop and the two HTTP
   // listeners' event loops).
-  const fs::path socket = node.device_plugin_dir() / "aws-efa-device-plugin.sock";
+  const fs::path socket = node.device_plugin_dir() / "efa/aws-efa-device-plugin.sock";
   CHECK_FALSE(fs::exists(socket));
   CHECK(efa::testing::ThreadCount(node.pid()) == 3 + kRuntimeThreads);
   CHECK(kubelet.registrations(kEfa) == 0);

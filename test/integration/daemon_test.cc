@@ -49,7 +49,7 @@ TEST_CASE("The daemon registers as vpc.amazonaws.com/efa and lists the node's EF
   auto request = node.kubelet().last_request(kEfa);
   REQUIRE(request.has_value());
   CHECK(request->version() == "v1beta1");
-  CHECK(request->endpoint() == "aws-efa-device-plugin.sock");
+  CHECK(request->endpoint() == "efa/aws-efa-device-plugin.sock");
   CHECK(request->resource_name() == kEfa);
   CHECK(request->options().get_preferred_allocation_available());
   CHECK_FALSE(request->options().pre_start_required());
@@ -299,8 +299,9 @@ TEST_CASE("After an inotify queue overflow the daemon rescans at once", "[daemon
 }
 
 TEST_CASE("The plugin socket is never seen with a mode other than 0600", "[daemon][concurrency]") {
-  // Watch the directory for the socket's creation and look at its mode at
-  // once, through several kubelet restarts (each serves a fresh socket).
+  // Watch its directory for the socket's creation and look at its mode at
+  // once, through several deletions of it (the kubelet keeps it, in a
+  // directory of its own: each is served again at the kubelet's restart).
   TestNode node({.machine = "p4d.24xlarge"});
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   const fs::path socket = node.daemon().plugin_socket();
@@ -309,6 +310,7 @@ TEST_CASE("The plugin socket is never seen with a mode other than 0600", "[daemo
   REQUIRE(::inotify_add_watch(in, socket.parent_path().c_str(), IN_CREATE | IN_MOVED_TO) >= 0);
   std::vector<unsigned> modes;
   for (int restart = 2; restart <= 6; ++restart) {
+    REQUIRE(fs::remove(socket));
     REQUIRE(node.kubelet().Restart().ok());
     const auto deadline = std::chrono::steady_clock::now() + kDeadline;
     bool seen = false;
@@ -333,6 +335,29 @@ TEST_CASE("The plugin socket is never seen with a mode other than 0600", "[daemo
   ::close(in);
   CHECK(modes.size() == 5);
   for (unsigned mode : modes) CHECK(mode == 0600);
+}
+
+TEST_CASE("The plugin socket outlives kubelet restarts: registering again is one call",
+          "[daemon][concurrency]") {
+  // The kubelet deletes the sockets at the top of its directory when it
+  // starts and keeps directories; ours is in one, so the same socket, from
+  // the same server, serves each new kubelet.
+  TestNode node({.machine = "p4d.24xlarge"});
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  const fs::path socket = node.daemon().plugin_socket();
+  CHECK(socket.parent_path().filename() == "efa");
+  struct stat before {};
+  REQUIRE(::stat(socket.c_str(), &before) == 0);
+  for (int restart = 2; restart <= 4; ++restart) {
+    REQUIRE(node.kubelet().Restart().ok());
+    REQUIRE(node.kubelet().WaitForRegistrations(kEfa, restart, kDeadline));
+    REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
+  }
+  struct stat after {};
+  REQUIRE(::stat(socket.c_str(), &after) == 0);
+  CHECK(after.st_ino == before.st_ino);
+  CHECK(after.st_ctim.tv_sec == before.st_ctim.tv_sec);
+  CHECK(after.st_ctim.tv_nsec == before.st_ctim.tv_nsec);
 }
 
 namespace {

@@ -93,7 +93,7 @@ class DaemonNode : public TestNode {
     StartBinary(flags);
   }
 
-  fs::path socket() const { return device_plugin_dir() / "aws-efa-device-plugin.sock"; }
+  fs::path socket() const { return device_plugin_dir() / "efa/aws-efa-device-plugin.sock"; }
   fs::path cdi_dir() const { return sim().path() / "var/run/cdi"; }
 
  private:
@@ -619,7 +619,7 @@ TEST_CASE("The daemon binary watches again once inotify frees up", "[fault][proc
   CHECK(efa::testing::WaitScrape(
       port, efa::testing::Has({{"efa_device_plugin_watches_unavailable", 0}})));
   // And reacts through it: its socket deleted, it serves and registers again.
-  fs::remove(node.device_plugin_dir() / "aws-efa-device-plugin.sock");
+  fs::remove_all(node.device_plugin_dir() / "efa");
   CHECK(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
-  CHECK(node.WaitLog("aws-efa-device-plugin.sock was deleted; serving and registering again"));
+  CHECK(node.WaitLog("efa/aws-efa-device-plugin.sock was deleted; serving and registering again"));
 }

@@ -74,7 +74,7 @@ TEST_CASE(
   REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
 
   const auto listeners = Listeners(SocketInodes(node.pid()));
-  const fs::path plugin_socket = node.device_plugin_dir() / "aws-efa-device-plugin.sock";
+  const fs::path plugin_socket = node.device_plugin_dir() / "efa/aws-efa-device-plugin.sock";
   CAPTURE(listeners);
   REQUIRE(listeners.size() == 3);
   std::set<std::string> kinds;

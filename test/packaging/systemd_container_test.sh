@@ -223,7 +223,7 @@ register() {
 # kubelet dir: it stands aside, and leaves the service's socket alone
 # when it stops.
 beside_it() {
-  local socket="$work/kubelet/device-plugins/aws-efa-device-plugin.sock" inode pod rc
+  local socket="$work/kubelet/device-plugins/efa/aws-efa-device-plugin.sock" inode pod rc
   inode="$(stat -c %i "$socket")"
   "$BUILD/plugin/$PKG" --kubelet-dir "$work/kubelet" --sysfs-root "$work/node/sys" --dev-root "$work/node/dev" \
     --proc-root "$work/node/proc" --metrics-address 127.0.0.1:0 --probe-address 127.0.0.1:0 >"$work/pod.log" 2>&1 &
@@ -274,7 +274,7 @@ register "after the reboot"
 inside systemctl stop "$PKG"
 expect_in "systemctl stop: the daemon exits 0 on SIGTERM" "success 0" \
   sh -c "echo \$(systemctl show -P Result $PKG) \$(systemctl show -P ExecMainStatus $PKG)"
-if [ ! -e "$work/kubelet/device-plugins/aws-efa-device-plugin.sock" ]; then pass "... and removes its socket"
+if [ ! -e "$work/kubelet/device-plugins/efa/aws-efa-device-plugin.sock" ]; then pass "... and removes its socket"
 else fail "the socket is removed on stop" "$(ls -l "$work/kubelet/device-plugins")"; fi
 if out="$(inside dpkg --purge "$PKG" 2>&1)"; then pass "dpkg --purge"
 else fail "dpkg --purge" "$out"; fi

@@ -58,6 +58,7 @@ class P5Node {
       return targets;
     });
     const std::string endpoint = kPluginSocket;
+    std::filesystem::create_directories((kubelet_.dir() / endpoint).parent_path());
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix:" + (kubelet_.dir() / endpoint).string(),
                              grpc::InsecureServerCredentials());
