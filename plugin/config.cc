@@ -216,7 +216,8 @@ const std::vector<Option>& Options() {
       {.key = "draPolicy",
        .field = &Config::dra_policy,
        .help = "While the EFA DRA driver (dra.net) serves the node: yield (withdraw "
-               "vpc.amazonaws.com/efa) or ignore",
+               "vpc.amazonaws.com/efa) or ignore; monitor on a DRA node pool's nodes (never "
+               "register, export the EFAs' health and traffic)",
        .type_name = "POLICY"},
       {.key = "draDrivers",
        .field = &Config::dra_drivers,
@@ -316,8 +317,10 @@ const std::vector<std::pair<MofedPolicy, std::string>>& EnumNames() {
 }
 template <>
 const std::vector<std::pair<DraPolicy, std::string>>& EnumNames() {
-  static const auto* names = new std::vector<std::pair<DraPolicy, std::string>>{
-      {DraPolicy::kYield, "yield"}, {DraPolicy::kIgnore, "ignore"}};
+  static const auto* names =
+      new std::vector<std::pair<DraPolicy, std::string>>{{DraPolicy::kYield, "yield"},
+                                                         {DraPolicy::kIgnore, "ignore"},
+                                                         {DraPolicy::kMonitor, "monitor"}};
   return *names;
 }
 

@@ -184,10 +184,11 @@ void CollectGuards(const GuardStatus& g, std::vector<prometheus::MetricFamily>& 
   AddSample(Family(out, "efas_held_unhealthy",
                    "1 while MOFED policy protect reports every EFA Unhealthy.", MetricType::Gauge),
             g.efas_held_unhealthy ? 1 : 0);
-  AddSample(
-      Family(out, "withdrawn", "1 while vpc.amazonaws.com/efa is withdrawn for the DRA driver.",
-             MetricType::Gauge),
-      g.withdrawn ? 1 : 0);
+  AddSample(Family(out, "withdrawn",
+                   "1 while vpc.amazonaws.com/efa is withdrawn for the DRA driver (always under "
+                   "draPolicy monitor).",
+                   MetricType::Gauge),
+            g.withdrawn ? 1 : 0);
   AddSample(Family(out, "guard_checks_total", "Guard checks run.", MetricType::Counter),
             static_cast<double>(g.checks));
   AddSample(Family(out, "mofed_checks_incomplete_total",
@@ -318,6 +319,13 @@ ProbeVerdict Readiness(bool registered, int known_devices, const GuardStatus& gu
   // Guard findings are logs and metrics, not readiness: a 503 here would
   // stall a DaemonSet rollout on every such node although the daemon
   // serves as configured.
+  if (guards.withdrawn && guards.dra_policy == DraPolicy::kMonitor) {
+    return {true, absl::StrCat(
+                      "this node's EFAs are handed out by DRA (--dra-policy=monitor): ", resource,
+                      " is never registered; their health and traffic are "
+                      "exported (",
+                      guards.dra.evidence, ")")};
+  }
   if (guards.withdrawn) {
     return {true,
             absl::StrCat("the EFA DRA driver (", guards.dra.driver,
@@ -408,8 +416,10 @@ void DaemonMonitor::CollectState(std::vector<prometheus::MetricFamily>& out) con
   // loop, when it cannot exec the idle process, reads as that process.
   const bool serving =
       daemon != nullptr && (daemon->known_devices() > 0 || daemon->registrations() > 0);
-  CollectIdentity(serving ? kModeServing : kModeIdle, advertised.healthy, advertised.unhealthy,
-                  out);
+  const char* mode = !serving                                                   ? kModeIdle
+                     : daemon->guard_status().dra_policy == DraPolicy::kMonitor ? kModeMonitoring
+                                                                                : kModeServing;
+  CollectIdentity(mode, advertised.healthy, advertised.unhealthy, out);
   if (daemon == nullptr) return;
   CollectOwnerLoop(*daemon, advertised.unhealthy_efas, out);
   CollectAlignment(*daemon, out);

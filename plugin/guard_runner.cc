@@ -144,7 +144,19 @@ void GuardRunner::CheckDra(GuardStatus& status, bool registered) {
     dra_reprobe_ = std::chrono::milliseconds(0);
   }
   if (dra_present_ == status.dra.present) return;
-  if (status.dra.present && options_.dra_policy == DraPolicy::kYield) {
+  if (options_.dra_policy == DraPolicy::kMonitor) {
+    if (status.dra.present) {
+      spdlog::info(
+          "the EFA DRA driver ({}) serves this node's EFAs ({}); the DRA policy is monitor: {} is "
+          "never registered here, the EFAs' health and traffic are exported",
+          status.dra.driver, status.dra.evidence, options_.resource_name);
+    } else {
+      spdlog::warn(
+          "the DRA policy is monitor but no EFA DRA driver serves this node's EFAs ({}): no pod "
+          "can be given them until one registers ({} is never registered here)",
+          status.dra.evidence, options_.resource_name);
+    }
+  } else if (status.dra.present && options_.dra_policy == DraPolicy::kYield) {
     spdlog::warn(
         "the EFA DRA driver ({}) serves this node's EFAs ({}): {} until it goes, so that no EFA "
         "is given out twice (--dra-policy=ignore serves anyway)",
@@ -170,7 +182,8 @@ void GuardRunner::CheckDra(GuardStatus& status, bool registered) {
 GuardVerdict GuardRunner::Decide(GuardStatus status) {
   const bool protect =
       options_.mofed_policy == MofedPolicy::kProtect && status.mofed.state == MofedState::kOn;
-  const bool yield = options_.dra_policy == DraPolicy::kYield && status.dra.present;
+  const bool yield = options_.dra_policy == DraPolicy::kMonitor ||
+                     (options_.dra_policy == DraPolicy::kYield && status.dra.present);
   GuardVerdict verdict;
   verdict.devices_changed = protect != mofed_protect_ || yield != dra_yield_;
   verdict.register_again = dra_yield_ && !yield;

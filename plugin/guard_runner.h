@@ -32,8 +32,8 @@ struct GuardStatus {
   bool efas_held_unhealthy = false;
   DraPolicy dra_policy = DraPolicy::kYield;
   DraReport dra;
-  // Policy yield and the DRA driver present: the resource is withdrawn (an
-  // empty device list, no registration).
+  // Policy yield and the DRA driver present, or policy monitor: the
+  // resource is withdrawn (an empty device list, no registration).
   bool withdrawn = false;
   // Checks done so far (at start, on changes, periodically).
   int checks = 0;
@@ -122,7 +122,7 @@ class GuardRunner {
   std::vector<std::string> mofed_hints_;  // as last logged
   bool mofed_incomplete_logged_ = false;  // since the last complete check
   std::optional<bool> dra_present_;
-  bool dra_yield_ = false;      // withdrawn while the DRA driver is present
+  bool dra_yield_ = false;      // withdrawn: the DRA driver present, or policy monitor
   bool mofed_protect_ = false;  // every EFA held Unhealthy
   std::string mofed_problem_;   // their health problem meanwhile
   // A check sooner than the periodic one (a DRA socket to probe again).

@@ -40,8 +40,10 @@ int ProbeSocket(const fs::path& path) {
 absl::StatusOr<DraPolicy> ParseDraPolicy(std::string_view text) {
   if (text == "yield") return DraPolicy::kYield;
   if (text == "ignore") return DraPolicy::kIgnore;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "dra policy \"", absl::CHexEscape(std::string(text)), "\": expected yield or ignore"));
+  if (text == "monitor") return DraPolicy::kMonitor;
+  return absl::InvalidArgumentError(absl::StrCat("dra policy \"",
+                                                 absl::CHexEscape(std::string(text)),
+                                                 "\": expected yield, ignore or monitor"));
 }
 
 std::string_view DraPolicyName(DraPolicy policy) {
@@ -50,6 +52,8 @@ std::string_view DraPolicyName(DraPolicy policy) {
       return "yield";
     case DraPolicy::kIgnore:
       return "ignore";
+    case DraPolicy::kMonitor:
+      return "monitor";
   }
   return "?";
 }

@@ -30,11 +30,12 @@ inline constexpr char kPluginsRegistryDir[] = "plugins_registry";
 
 // What the daemon does while the DRA driver is present.
 enum class DraPolicy {
-  kYield,   // do not register vpc.amazonaws.com/efa; withdraw it if registered (default)
-  kIgnore,  // serve anyway (log a warning)
+  kYield,    // do not register vpc.amazonaws.com/efa; withdraw it if registered (default)
+  kIgnore,   // serve anyway (log a warning)
+  kMonitor,  // a DRA node pool's node: never register, present or not; export health and traffic
 };
-// "yield", "ignore". Parse errors name the text:
-//   "dra policy \"x\": expected yield or ignore".
+// "yield", "ignore", "monitor". Parse errors name the text:
+//   "dra policy \"x\": expected yield, ignore or monitor".
 absl::StatusOr<DraPolicy> ParseDraPolicy(std::string_view text);
 std::string_view DraPolicyName(DraPolicy policy);
 

@@ -35,10 +35,12 @@ void AddSample(prometheus::MetricFamily& family, double value,
                std::vector<prometheus::ClientMetric::Label> labels = {});
 
 // The values of efa_device_plugin_info's mode label: serving the
-// device-plugin API (an EFA was found since the process started), or idle
-// on a node without EFA (the idle process, or the daemon waiting for a
-// first EFA in its own loop).
+// device-plugin API (an EFA was found since the process started),
+// monitoring a DRA node pool's EFAs (the same, under draPolicy monitor:
+// never registered), or idle on a node without EFA (the idle process, or
+// the daemon waiting for a first EFA in its own loop).
 inline constexpr char kModeServing[] = "serving";
+inline constexpr char kModeMonitoring[] = "monitoring";
 inline constexpr char kModeIdle[] = "idle";
 
 // The families every process of the plugin exports, serving or idle, so

@@ -438,6 +438,26 @@ expect_render dra-label-off --set placement.draNodeLabel.key=
 expect dra-label-off '[e["key"] for e in terms[0]["matchExpressions"]]' '["kubernetes.io/os", "kubernetes.io/arch", "eks.amazonaws.com/compute-type"]'
 checks dra-label-off
 expect_reject dra-label-empty "at '/placement/draNodeLabel/values': minItems: got 0, want 1" --set-json 'placement.draNodeLabel.values=[]'
+# draMonitor: a second DaemonSet on exactly the nodes the first keeps off,
+# its daemon under draPolicy monitor, its own selector; one Service (by
+# the instance labels) scrapes both.
+expect_render dra-monitor --set draMonitor.enabled=true
+readonly DRA_DS="obj('DaemonSet', '$FULLNAME-dra')"
+expect dra-monitor "[d['metadata']['name'] for d in docs if d['kind'] == 'DaemonSet']" "[\"$FULLNAME\", \"$FULLNAME-dra\"]"
+expect dra-monitor "obj('DaemonSet', '$FULLNAME')['spec']['template']['spec']['affinity']['nodeAffinity']['requiredDuringSchedulingIgnoredDuringExecution']['nodeSelectorTerms'][0]['matchExpressions'][-1]" '{"key": "efa-k8s-device-plugin/efa-driver", "operator": "NotIn", "values": ["dra"]}'
+expect dra-monitor "${DRA_DS}['spec']['template']['spec']['affinity']['nodeAffinity']['requiredDuringSchedulingIgnoredDuringExecution']['nodeSelectorTerms'][0]['matchExpressions'][-1]" '{"key": "efa-k8s-device-plugin/efa-driver", "operator": "In", "values": ["dra"]}'
+expect dra-monitor "${DRA_DS}['spec']['template']['spec']['containers'][0]['args']" '["--config=/etc/efa-k8s-device-plugin/config.yaml", "--dra-policy=monitor"]'
+expect dra-monitor "obj('DaemonSet', '$FULLNAME')['spec']['template']['spec']['containers'][0]['args']" '["--config=/etc/efa-k8s-device-plugin/config.yaml"]'
+expect dra-monitor "${DRA_DS}['spec']['selector']['matchLabels']" "{\"name\": \"$FULLNAME-dra\"}"
+expect dra-monitor "${DRA_DS}['spec']['template']['metadata']['labels']['name']" "$FULLNAME-dra"
+checks dra-monitor
+expect_reject dra-monitor-no-label "draMonitor.enabled is true but placement.draNodeLabel.key is empty" \
+  --set draMonitor.enabled=true --set placement.draNodeLabel.key=
+expect_reject dra-monitor-affinity "draMonitor.enabled is true but affinity.nodeAffinity replaces" \
+  --set draMonitor.enabled=true --set-json 'affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"a","operator":"Exists"}]}]}}}'
+expect_render dra-policy-monitor --set guards.dra.policy=monitor
+expect dra-policy-monitor 'config["draPolicy"]' 'monitor'
+checks dra-policy-monitor
 
 # EKS Auto Mode nodes admitted on request.
 expect_render automode --set-json 'placement.excludeComputeTypes=["fargate","hybrid"]'

@@ -432,6 +432,14 @@ TEST_CASE("Readiness follows serving as configured, not guard findings", "[monit
   CHECK(v.reason ==
         "the EFA DRA driver (dra.net) serves this node's EFAs: vpc.amazonaws.com/efa is "
         "withdrawn, as --dra-policy=yield asks (sock)");
+  // Under monitor: a DRA node pool's node, never registered.
+  GuardStatus monitor = dra;
+  monitor.dra_policy = DraPolicy::kMonitor;
+  v = Readiness(false, 4, monitor);
+  CHECK(v.ok);
+  CHECK(v.reason ==
+        "this node's EFAs are handed out by DRA (--dra-policy=monitor): vpc.amazonaws.com/efa is "
+        "never registered; their health and traffic are exported (sock)");
 
   // Sharing renamed the resource: the reasons name the one registered.
   const char* shared = "vpc.amazonaws.com/efa.shared";
@@ -793,7 +801,7 @@ const std::string kExposition =
     "report.\"\n"
     "  efa_device_plugin_watches_unavailable{}\n"
     "efa_device_plugin_withdrawn gauge \"1 while vpc.amazonaws.com/efa is withdrawn for the "
-    "DRA driver.\"\n"
+    "DRA driver (always under draPolicy monitor).\"\n"
     "  efa_device_plugin_withdrawn{}\n";
 // Late binding's Allocate gives tokens, not EFAs, so the per-EFA counter
 // never has a series and prometheus-cpp leaves its family out.

@@ -503,3 +503,30 @@ TEST_CASE("As PID 1 of its PID namespace the daemon binary and the idle process 
   REQUIRE(::kill(init[0], SIGTERM) == 0);
   CHECK(node.process().Wait(kDeadline) == 0);
 }
+
+TEST_CASE(
+    "The daemon binary under --dra-policy=monitor exports its EFAs as monitoring and never "
+    "registers",
+    "[daemon][process][concurrency]") {
+  // A DRA node pool's node, its DRA driver not (yet) there.
+  TestNode node({.machine = "p4d.24xlarge",
+                 .pod_resources = false,
+                 .run = DaemonRun::kBinary,
+                 .flags = {"--dra-policy", "monitor", "--metrics-address", "127.0.0.1:0",
+                           "--probe-address", ""}});
+  REQUIRE(node.WaitLog("the DRA policy is monitor but no EFA DRA driver serves this node's EFAs"));
+  const auto port = static_cast<uint16_t>(node.LoggedPort(kMetrics));
+  REQUIRE(port != 0);
+  CHECK(efa::testing::WaitScrape(
+      port, efa::testing::Has(
+                {{"efa_device_plugin_info{version=\"" EFA_VERSION "\",mode=\"monitoring\"}", 1},
+                 {"efa_device_plugin_withdrawn", 1},
+                 {"efa_device_plugin_dra_driver_present", 0},
+                 {"efa_device_plugin_efas_found", 4}})));
+  const auto ready = HttpGet(port, "/readyz");
+  CHECK(ready.status == 200);
+  CHECK(ready.body.find("--dra-policy=monitor") != std::string::npos);
+  CHECK(node.kubelet().registrations(kEfa) == 0);
+  node.process().Signal(SIGTERM);
+  CHECK(node.process().Wait(10s) == 0);
+}

@@ -591,3 +591,28 @@ TEST_CASE(
   CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 2, 500ms));
   CHECK(node.kubelet().registrations(kEfa) == 1);
 }
+
+TEST_CASE("Under DRA policy monitor the daemon never registers, with the DRA driver or without",
+          "[guards][daemon][concurrency]") {
+  // A DRA node pool's node: the EFAs are the driver's by plan, also while
+  // it is gone (restarting, or not installed yet).
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kMonitor);
+  node.StartDaemon();
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.checks > 0; }));
+  GuardStatus status = node.daemon().guard_status();
+  CHECK_FALSE(status.dra.present);
+  CHECK(status.withdrawn);
+  CHECK(status.dra_policy == DraPolicy::kMonitor);
+
+  FakeDraDriver driver(node.registry());
+  driver.Start();
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.dra.present; }));
+  CHECK(node.daemon().guard_status().withdrawn);
+  driver.Stop();
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return !s.dra.present; }));
+  CHECK(node.daemon().guard_status().withdrawn);
+  // The kubelet was there throughout: under yield the driver's going
+  // would have registered the resource at once.
+  CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 1, 500ms));
+  CHECK(node.kubelet().registrations(kEfa) == 0);
+}

@@ -85,7 +85,7 @@ expect_key ReadOnlyPaths /run "nothing else in /run"
 # The config file: the path the chart mounts its config map at.
 chart="$ROOT/helm/aws-efa-k8s-device-plugin"
 chart_dir="$(sed -n 's/.*define "efa.configDir" -}}\(.*\){{- end.*/\1/p' "$chart/templates/_helpers.tpl")"
-chart_arg="$(grep -o -- '--config={{ include "efa.configDir" . }}/[a-z.]*' "$chart/templates/daemonset.yaml")"
+chart_arg="$(grep -o -- '--config={{ include "efa.configDir" . }}/[a-z.]*' "$chart/templates/_daemonset.tpl")"
 chart_path="$chart_dir/${chart_arg##*/}"
 exec_start="$(value ExecStart)"
 if [ "$exec_start" = "/usr/bin/efa-k8s-device-plugin --config=$chart_path" ] &&

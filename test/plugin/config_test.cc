@@ -450,7 +450,7 @@ TEST_CASE("Invalid environment variables and flags are refused naming the variab
        "EFA_SHARING_REPLICAS: expected an integer from 1 to 64, got \"two\""},
       {{},
        {{"EFA_DRA_POLICY", "Yield"}},
-       "EFA_DRA_POLICY: expected one of yield, ignore, got \"Yield\""},
+       "EFA_DRA_POLICY: expected one of yield, ignore, monitor, got \"Yield\""},
       {{"--rescan-interval=abc"},
        {},
        "--rescan-interval: expected a duration like \"10s\", got \"abc\""},

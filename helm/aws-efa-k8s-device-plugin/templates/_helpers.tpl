@@ -187,9 +187,12 @@ version: v1
 The node affinity built from .Values.placement and
 .Values.supportedInstanceLabels: one term of the placement requirements, or,
 with supportedInstanceLabels.values, one term per key (ORed, as AWS's chart)
-each adding "key In values" to them.
+each adding "key In values" to them. "root": the chart's context; "dra":
+draMonitor's DaemonSet, on the nodes draNodeLabel marks (In, not NotIn).
 */}}
 {{- define "efa.defaultNodeAffinity" -}}
+{{- $dra := .dra }}
+{{- with .root }}
 {{- $p := .Values.placement }}
 {{- $base := list (dict "key" "kubernetes.io/os" "operator" "In" "values" (list "linux")) }}
 {{- with $p.architectures }}
@@ -200,7 +203,7 @@ each adding "key In values" to them.
 {{- end }}
 {{- with $p.draNodeLabel }}
 {{- if .key }}
-{{- $base = append $base (dict "key" .key "operator" "NotIn" "values" .values) }}
+{{- $base = append $base (dict "key" .key "operator" (ternary "In" "NotIn" $dra) "values" .values) }}
 {{- end }}
 {{- end }}
 {{- $base = concat $base $p.matchExpressions }}
@@ -216,4 +219,5 @@ each adding "key In values" to them.
 requiredDuringSchedulingIgnoredDuringExecution:
   nodeSelectorTerms:
     {{- toYaml $terms | nindent 4 }}
+{{- end }}
 {{- end }}

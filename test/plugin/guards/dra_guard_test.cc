@@ -112,7 +112,9 @@ TEST_CASE("DetectDraDriver ignores a stale socket and a plain file", "[dra]") {
 TEST_CASE("DRA policies parse by name", "[dra]") {
   CHECK(ParseDraPolicy("yield").value() == DraPolicy::kYield);
   CHECK(ParseDraPolicy("ignore").value() == DraPolicy::kIgnore);
+  CHECK(ParseDraPolicy("monitor").value() == DraPolicy::kMonitor);
+  CHECK(DraPolicyName(DraPolicy::kMonitor) == "monitor");
   CHECK(ParseDraPolicy("share").status().message() ==
-        "dra policy \"share\": expected yield or ignore");
+        "dra policy \"share\": expected yield, ignore or monitor");
   CHECK(DraPolicyName(DraPolicy::kIgnore) == "ignore");
 }
