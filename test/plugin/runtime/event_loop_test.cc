@@ -1,6 +1,6 @@
 // The owner loops' event loop: its descriptors, timers, wake-ups and
 // signals (through a real signalfd).
-#include "plugin/ops/event_loop.h"
+#include "plugin/runtime/event_loop.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "plugin/ops/signals.h"
+#include "plugin/runtime/signals.h"
 #include "test/support/descriptor_table_full.h"
 #include "test/support/sanitized.h"
 

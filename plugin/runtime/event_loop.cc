@@ -1,4 +1,4 @@
-#include "plugin/ops/event_loop.h"
+#include "plugin/runtime/event_loop.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -14,8 +14,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "plugin/ops/orphan_reaper.h"
-#include "plugin/ops/signals.h"
+#include "plugin/runtime/orphan_reaper.h"
+#include "plugin/runtime/signals.h"
 #include "spdlog/spdlog.h"
 
 namespace efa::plugin {
