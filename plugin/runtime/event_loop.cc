@@ -63,7 +63,7 @@ int EventLoop::Timeout(TimePoint wake_by) const {
   TimePoint earliest = wake_by;
   for (const Timer& t : timers_) earliest = std::min(earliest, t.due());
   if (earliest == TimePoint::max()) return -1;
-  const TimePoint now = options_.now();
+  const TimePoint now = options_.clock->Now();
   if (earliest <= now) return 0;
   // Rounded up: rounded down, a deadline 0.9 ms away became a zero timeout
   // and the loop spun until it passed.
@@ -88,7 +88,7 @@ bool EventLoop::RunOnce(TimePoint wake_by) {
   }
   if (fds.back().revents & POLLIN) HandleSignals();
   for (const Timer& t : timers_) {
-    if (options_.now() >= t.due()) t.run();
+    if (options_.clock->Now() >= t.due()) t.run();
   }
   return true;
 }
