@@ -16,7 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "plugin/ops/http_server.h"
+#include "plugin/runtime/http_server.h"
 #include "topology/replica_id.h"
 #include "topology/sysfs.h"
 

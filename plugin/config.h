@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "plugin/daemon.h"
-#include "plugin/ops/logging.h"
+#include "plugin/runtime/logging.h"
 
 namespace CLI {
 class App;

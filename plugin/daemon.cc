@@ -58,7 +58,7 @@ std::optional<Daemon::FileIdentity> Daemon::Identify(const fs::path& path) {
 
 Daemon::Daemon(DaemonOptions options)
     : options_(std::move(options)),
-      loop_({.now = [clock = options_.clock] { return clock->Now(); },
+      loop_({.clock = options_.clock,
              .take_signals = options_.handle_signals,
              .on_hangup = [this] { Hangup(); }}),
       fds_(std::make_unique<Fds>()),
@@ -124,7 +124,7 @@ void Daemon::SetUpAlignment() {
   aligner_options.kubelet_dir = options_.kubelet_dir;
   aligner_options.proc_root = options_.roots.proc;
   aligner_options.resources = options_.accelerator_resources;
-  aligner_options.pod_resources.now = [this] { return options_.clock->Now(); };
+  aligner_options.pod_resources.clock = options_.clock;
   // In every mode: bindings an earlier configuration made are kept until
   // their containers end (LateBinder).
   {
@@ -136,7 +136,7 @@ void Daemon::SetUpAlignment() {
     late.resource_name = options_.resource_name;
     late.replicas = options_.replicas;
     late.resources = options_.accelerator_resources;
-    late.now = [this] { return options_.clock->Now(); };
+    late.clock = options_.clock;
     late.release_after = options_.late_release_after;
     late.recheck_every = options_.late_recheck_every;
     late.refresh_checkpoint = [this] { service_.Resend(); };

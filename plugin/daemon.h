@@ -19,15 +19,15 @@
 #include "absl/synchronization/mutex.h"
 #include "plugin/alignment/aligner.h"
 #include "plugin/alignment/late_binder.h"
-#include "plugin/clock.h"
 #include "plugin/device_plugin_service.h"
 #include "plugin/device_tracker.h"
 #include "plugin/guard_runner.h"
 #include "plugin/inotify_watches.h"
 #include "plugin/ops/efa_counter_monitor.h"
-#include "plugin/ops/event_loop.h"
 #include "plugin/registrar.h"
 #include "plugin/rpc_observer.h"
+#include "plugin/runtime/clock.h"
+#include "plugin/runtime/event_loop.h"
 #include "topology/sysfs.h"
 
 namespace efa::plugin {
@@ -49,7 +49,7 @@ struct DaemonOptions {
   // state the periodic pass missed outlives its cause on a quiet node.
   std::chrono::milliseconds full_rescan_interval{300000};
   // Take SIGTERM/SIGINT (stop), SIGHUP (rescan and re-register) and
-  // SIGCHLD (reap orphans, as PID 1 only: plugin/ops/orphan_reaper.h)
+  // SIGCHLD (reap orphans, as PID 1 only: plugin/runtime/orphan_reaper.h)
   // through a signalfd; the caller must have blocked them in every thread.
   bool handle_signals = false;
   // The PCI tree: an hwloc XML file, else hwloc reads the host (the parent

@@ -30,11 +30,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/daemon.h"
-#include "plugin/ops/expected_efas.h"
-#include "plugin/ops/http_server.h"
-#include "plugin/ops/metrics.h"
-#include "plugin/ops/probes.h"
 #include "plugin/rpc_observer.h"
+#include "plugin/runtime/expected_efas.h"
+#include "plugin/runtime/http_server.h"
+#include "plugin/runtime/metrics.h"
+#include "plugin/runtime/probes.h"
 
 namespace efa::plugin {
 

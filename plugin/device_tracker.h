@@ -12,11 +12,11 @@
 #include <set>
 #include <string>
 
-#include "plugin/clock.h"
 #include "plugin/device_plugin_service.h"
 #include "plugin/guard_runner.h"
 #include "plugin/inotify_watches.h"
 #include "plugin/ops/efa_counter_monitor.h"
+#include "plugin/runtime/clock.h"
 #include "topology/efa_discovery.h"
 #include "topology/host_model.h"
 #include "topology/sysfs.h"

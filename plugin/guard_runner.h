@@ -14,10 +14,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "plugin/clock.h"
 #include "plugin/guards/dra_guard.h"
 #include "plugin/guards/mofed_guard.h"
 #include "plugin/inotify_watches.h"
+#include "plugin/runtime/clock.h"
 #include "topology/efa_device.h"
 
 namespace efa::plugin {

@@ -24,12 +24,12 @@
 #include "plugin/config.h"
 #include "plugin/daemon.h"
 #include "plugin/daemon_monitor.h"
-#include "plugin/ops/fd_budget.h"
-#include "plugin/ops/http_server.h"
-#include "plugin/ops/idle_args.h"
-#include "plugin/ops/logging.h"
-#include "plugin/ops/signals.h"
 #include "plugin/ops/topology_report.h"
+#include "plugin/runtime/fd_budget.h"
+#include "plugin/runtime/http_server.h"
+#include "plugin/runtime/idle_args.h"
+#include "plugin/runtime/logging.h"
+#include "plugin/runtime/signals.h"
 #include "spdlog/spdlog.h"
 #include "topology/efa_discovery.h"
 
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Signals are taken by the owner loop through a signalfd: block them
   // before any thread (gRPC's included) exists. SIGCHLD too: as PID 1 the
-  // loop reaps orphans on it (plugin/ops/orphan_reaper.h).
+  // loop reaps orphans on it (plugin/runtime/orphan_reaper.h).
   efa::plugin::BlockOwnerLoopSignals();
   // gRPC polls every client channel's connection every 5 s from its timer
   // thread, to notice a peer gone while no call runs. The daemon's one

@@ -11,8 +11,8 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "plugin/clock.h"
 #include "plugin/device_plugin_service.h"
+#include "plugin/runtime/clock.h"
 
 namespace grpc {
 class Server;

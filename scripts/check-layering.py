@@ -6,12 +6,13 @@ Usage: scripts/check-layering.py [REPO_ROOT]
 The layers, top to bottom (ARCHITECTURE.md, "Folders"): plugin/ (the daemon,
 its service, config and main), plugin/ops/, plugin/alignment/ and
 plugin/guards/ (which do not include each other), plugin/kubelet/,
-topology/, and the generated kubelet APIs (proto/: included as
-"deviceplugin/..." and "podresources/..."). A file may include its own
-folder and the folders below it. topology/ sees no kubelet: no generated
-proto header, no gRPC or protobuf. The idle binary (plugin/idle_main.cc)
-includes only plugin/ops/ and topology/. Prints "file:line: ..." for each
-include that points up or sideways and exits 1 if there is any.
+plugin/runtime/ (the ground floor of plugin/), topology/, and the generated
+kubelet APIs (proto/: included as "deviceplugin/..." and "podresources/...").
+A file may include its own folder and the folders below it. plugin/runtime/
+and topology/ see no kubelet: no generated proto header, no gRPC or
+protobuf. The idle binary (plugin/idle_main.cc) includes only
+plugin/runtime/ and topology/. Prints "file:line: ..." for each include
+that points up or sideways and exits 1 if there is any.
 """
 import os
 import re
@@ -23,9 +24,15 @@ RANK = {
     "plugin/alignment": 2,
     "plugin/guards": 2,
     "plugin/kubelet": 3,
-    "topology": 4,
-    "proto": 5,
+    "plugin/runtime": 4,
+    "topology": 5,
+    "proto": 6,
 }
+# The folders that never see the kubelet's APIs, gRPC or protobuf.
+NO_KUBELET = ("plugin/runtime", "topology")
+# The idle binary and the only folders it includes.
+IDLE_MAIN = "plugin/idle_main.cc"
+IDLE = ("plugin/runtime", "topology")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^">]+)[">]')
 GRPC = re.compile(r"^(grpc|grpcpp|grpc\+\+|google/protobuf)/")
 
@@ -48,14 +55,18 @@ def check_file(root, relative):
             quote, path = match.groups()
             closing = '"' if quote == '"' else ">"
             where = f"{relative}:{number}: #include {quote}{path}{closing}"
-            if folder == "topology" and (GRPC.match(path) or folder_of_include(path) == "proto"):
-                errors.append(f"{where}: topology/ must not see gRPC, protobuf or the kubelet's APIs")
+            sees_kubelet = GRPC.match(path) or folder_of_include(path) == "proto"
+            if folder in NO_KUBELET and sees_kubelet:
+                errors.append(f"{where}: {folder}/ must not see gRPC, protobuf or the kubelet's APIs")
+                continue
+            if relative == IDLE_MAIN and sees_kubelet:
+                errors.append(f"{where}: the idle binary must not see gRPC, protobuf or the kubelet's APIs")
                 continue
             target = folder_of_include(path) if quote == '"' else None
             if target is None or target == folder:
                 continue
-            if relative == "plugin/idle_main.cc" and target not in ("plugin/ops", "topology"):
-                errors.append(f"{where}: the idle binary includes only plugin/ops/ and topology/")
+            if relative == IDLE_MAIN and target not in IDLE:
+                errors.append(f"{where}: the idle binary includes only plugin/runtime/ and topology/")
             elif RANK[target] <= RANK[folder]:
                 errors.append(f"{where}: {folder}/ may include only the folders below it "
                               f"(ARCHITECTURE.md, \"Folders\"), not {target}/")

@@ -665,7 +665,7 @@ void LateBinder::Release(std::map<std::string, Binding>::iterator it, std::strin
 
 std::optional<std::chrono::steady_clock::time_point> LateBinder::ReleaseLocked(
     const std::set<std::string>& live, uint64_t generation) {
-  const auto now = options_.now();
+  const auto now = options_.clock->Now();
   std::optional<std::chrono::steady_clock::time_point> due;
   for (auto it = bindings_.begin(); it != bindings_.end();) {
     const auto current = it++;  // Release erases it
@@ -717,7 +717,7 @@ std::optional<std::chrono::steady_clock::time_point> LateBinder::ReleaseGone() {
       refresh = NewlyStale(std::move(stale), checkpoint_only_);
     }
     if (!bindings_.empty()) {
-      const auto recheck = options_.now() + options_.recheck_every;
+      const auto recheck = options_.clock->Now() + options_.recheck_every;
       due = std::min(due.value_or(recheck), recheck);
     }
   }

@@ -70,6 +70,7 @@
 #include "plugin/kubelet/checkpoint_cache.h"
 #include "plugin/kubelet/pod_resources_client.h"
 #include "plugin/kubelet/resource_name.h"
+#include "plugin/runtime/clock.h"
 #include "topology/device_table.h"
 
 namespace efa::plugin {
@@ -103,9 +104,8 @@ struct LateBinderOptions {
   // containers the checkpoint holds. Null: nothing.
   std::function<void()> refresh_checkpoint;
   // The time the release confirmation counts on (tests move a fake one).
-  std::function<std::chrono::steady_clock::time_point()> now = [] {
-    return std::chrono::steady_clock::now();
-  };
+  // Not owned; outlives the binder.
+  const Clock* clock = &Clock::Steady();
 };
 
 // Counters since start.

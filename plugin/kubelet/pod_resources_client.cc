@@ -23,11 +23,11 @@ PodResourcesClient::PodResourcesClient(std::filesystem::path socket, Options opt
       options_(std::move(options)),
       watch_(socket_),
       tokens_(options_.burst),
-      refilled_(options_.now()) {}
+      refilled_(options_.clock->Now()) {}
 
 bool PodResourcesClient::TakeToken(bool rate_limited) {
   absl::MutexLock lock(&mu_);
-  auto now = options_.now();
+  auto now = options_.clock->Now();
   tokens_ =
       std::min(options_.burst,
                tokens_ + std::chrono::duration<double>(now - refilled_).count() * options_.max_qps);

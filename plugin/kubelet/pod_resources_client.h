@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/kubelet/file_change_watch.h"
+#include "plugin/runtime/clock.h"
 #include "podresources/v1/api.grpc.pb.h"
 
 namespace efa::plugin {
@@ -36,10 +37,9 @@ class PodResourcesClient {
     // A larger answer is refused (RESOURCE_EXHAUSTED) and not read.
     int max_answer_bytes = kMaxPodResourcesAnswerBytes;
     // The time the rate limit refills by: the daemon's clock, so that a test
-    // moving a fake one gives tokens as a real minute would.
-    std::function<std::chrono::steady_clock::time_point()> now = [] {
-      return std::chrono::steady_clock::now();
-    };
+    // moving a fake one gives tokens as a real minute would. Not owned;
+    // outlives the client.
+    const Clock* clock = &Clock::Steady();
   };
   PodResourcesClient(std::filesystem::path socket, Options options);
 

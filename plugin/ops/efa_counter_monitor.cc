@@ -55,9 +55,7 @@ std::string DraDeviceName(const topology::PciAddress& pci) {
 EfaCounterMonitor::EfaCounterMonitor(EfaCounterMonitorOptions options)
     : options_(std::move(options)) {}
 
-EfaCounterMonitor::Clock::time_point EfaCounterMonitor::Now() const {
-  return options_.now ? options_.now() : Clock::now();
-}
+Clock::time_point EfaCounterMonitor::Now() const { return options_.clock->Now(); }
 
 void EfaCounterMonitor::SetDevices(std::vector<topology::EfaDevice> devices) {
   absl::MutexLock lock(&mu_);

@@ -29,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "plugin/runtime/clock.h"
 #include "topology/efa_counters.h"
 #include "topology/efa_device.h"
 #include "topology/pci_address.h"
@@ -93,8 +94,9 @@ struct EfaCounterMonitorOptions {
   // Runs (on the reading thread, no lock held) when the EFAs device health
   // holds Unhealthy change. Null: nothing.
   std::function<void()> on_health_change;
-  // Null: std::chrono::steady_clock::now.
-  std::function<std::chrono::steady_clock::time_point()> now;
+  // The time reads, idle detection and device health count on. Not owned;
+  // outlives the monitor.
+  const Clock* clock = &Clock::Steady();
 };
 
 // One read of the counters and what was judged from it. Immutable.
@@ -148,7 +150,6 @@ class EfaCounterMonitor {
           physical);
 
  private:
-  using Clock = std::chrono::steady_clock;
   // What one EFA's earlier reads left to judge the next by.
   struct EfaState {
     std::optional<uint64_t> bytes;  // tx_bytes + rx_bytes

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "plugin/ops/expected_efas.h"
+#include "plugin/runtime/expected_efas.h"
 #include "topology/efa_device.h"
 #include "topology/host_model.h"
 #include "topology/sysfs.h"

@@ -13,6 +13,8 @@ namespace efa::testing {
 
 class FakeClock final : public plugin::Clock {
  public:
+  FakeClock() = default;
+  explicit FakeClock(duration start) : now_(start.count()) {}
   time_point Now() const override { return time_point(duration(now_.load())); }
   void Advance(duration d) { now_ += d.count(); }
 

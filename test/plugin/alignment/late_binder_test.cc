@@ -19,6 +19,7 @@
 #include "test/sim/machine_spec.h"
 #include "test/sim/sim_root.h"
 #include "test/support/devices.h"
+#include "test/support/fake_clock.h"
 #include "test/support/log_capture.h"
 #include "test/support/temp_dir.h"
 #include "topology/efa_discovery.h"
@@ -68,7 +69,7 @@ class Node {
 
   LateBinderOptions Options() const {
     LateBinderOptions o;
-    o.now = [now = now_] { return *now; };
+    o.clock = clock_.get();
     o.cdi_dir = cdi_dir();
     o.kubelet_dir = kubelet_dir();  // no pod-resources socket there
     o.proc_root = sim_.path() / "proc";
@@ -96,14 +97,14 @@ class Node {
   }
 
   // Moves the binders' clock on.
-  void Advance(std::chrono::milliseconds d) { *now_ += d; }
+  void Advance(std::chrono::milliseconds d) { clock_->Advance(d); }
   // What ReleaseGone returns when it has no release to confirm.
   std::chrono::steady_clock::time_point Recheck() const {
-    return *now_ + LateBinderOptions().recheck_every;
+    return clock_->Now() + LateBinderOptions().recheck_every;
   }
   // What ReleaseGone returns when it noted a binding absent just now.
   std::chrono::steady_clock::time_point Confirm() const {
-    return *now_ + LateBinderOptions().release_after;
+    return clock_->Now() + LateBinderOptions().release_after;
   }
 
   fs::path cdi_dir() const { return sim_.path() / "cdi"; }
@@ -114,8 +115,8 @@ class Node {
   efa::sim::SimRoot sim_;
   std::shared_ptr<efa::topology::DeviceTable> table_;
   std::vector<std::string> efas_;  // PCI order
-  std::shared_ptr<std::chrono::steady_clock::time_point> now_ =
-      std::make_shared<std::chrono::steady_clock::time_point>();
+  std::shared_ptr<efa::testing::FakeClock> clock_ =
+      std::make_shared<efa::testing::FakeClock>(efa::testing::FakeClock::duration::zero());
 };
 
 }  // namespace

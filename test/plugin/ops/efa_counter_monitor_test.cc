@@ -17,6 +17,7 @@
 #include "spdlog/spdlog.h"
 #include "test/sim/sim_root.h"
 #include "test/support/descriptor_table_full.h"
+#include "test/support/fake_clock.h"
 #include "test/support/log_capture.h"
 #include "test/support/sanitized.h"
 #include "topology/efa_discovery.h"
@@ -26,7 +27,6 @@ using namespace std::chrono_literals;
 using namespace efa::plugin;
 using efa::sim::SimRoot;
 using efa::testing::LogCapture;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -39,7 +39,7 @@ constexpr char kEfa2[] = "rdmap144s27";
 struct Node {
   explicit Node(EfaCounterMonitorOptions options = {}) : sim("p4d.24xlarge") {
     options.sysfs_root = sim.sys();
-    options.now = [this] { return now; };
+    options.clock = &clock;
     options.holders = [this]() -> absl::StatusOr<std::vector<EfaHolder>> {
       if (!holders_error.ok()) return holders_error;
       return holders;
@@ -56,7 +56,7 @@ struct Node {
   }
 
   SimRoot sim;
-  Clock::time_point now{std::chrono::hours(1)};
+  efa::testing::FakeClock clock;
   std::vector<EfaHolder> holders;
   absl::Status holders_error;  // not OK: listing them fails so
   int health_changes = 0;
@@ -105,9 +105,9 @@ TEST_CASE("EFA counters are read at most once per interval, for the present EFAs
 
   // Within the interval: the same read, whatever the files say now.
   node.sim.SetCounter(kEfa0, "tx_bytes", 8192);
-  node.now += 9999ms;
+  node.clock.Advance(9999ms);
   CHECK(node.monitor->Sample() == first);
-  node.now += 1ms;
+  node.clock.Advance(1ms);
   auto second = node.monitor->Sample();
   CHECK(second->reads == 2);
   CHECK(node.Efa(*second, kEfa0).counters.Get("tx_bytes") == 8192u);
@@ -213,18 +213,18 @@ TEST_CASE("A container's EFAs that move no bytes for the idle timeout are idle, 
   REQUIRE(s->containers.size() == 1);
   CHECK(s->containers[0].holder.Name() == "default/train-0/main");
   CHECK(s->containers[0].idle.empty());
-  node.now += 10min - 1s;
+  node.clock.Advance(10min - 1s);
   CHECK(node.monitor->Sample()->containers[0].idle.empty());
   CHECK(log.Take().empty());
 
-  node.now += 1s;
+  node.clock.Advance(1s);
   CHECK(node.monitor->Sample()->containers[0].idle == std::vector<std::string>{kEfa0, kEfa1});
   CHECK(log.Take() == std::vector<std::string>{
                           "[warning] allocated EFAs idle: possible TCP fallback: pod "
                           "default/train-0 container main: EFAs rdmap16s27,rdmap32s27 (2 of its "
                           "2) moved no bytes for 10m"});
   // Still idle: said once.
-  node.now += 1min;
+  node.clock.Advance(1min);
   CHECK(node.monitor->Sample()->containers[0].idle.size() == 2);
   CHECK(log.Take().empty());
 
@@ -232,7 +232,7 @@ TEST_CASE("A container's EFAs that move no bytes for the idle timeout are idle, 
   // has been idle all along: it is idle only 10 minutes after it got it.
   node.sim.SetCounter(kEfa1, "rx_bytes", 1);
   node.holders.push_back({"ml", "infer-0", "server", {kEfa2}});
-  node.now += 1min;
+  node.clock.Advance(1min);
   s = node.monitor->Sample();
   REQUIRE(s->containers.size() == 2);
   CHECK(s->containers[0].idle == std::vector<std::string>{kEfa0});
@@ -240,14 +240,14 @@ TEST_CASE("A container's EFAs that move no bytes for the idle timeout are idle, 
   CHECK(log.Take() ==
         std::vector<std::string>{"[info] allocated EFAs moving bytes again: pod default/train-0 "
                                  "container main: EFAs rdmap32s27 (still idle: rdmap16s27)"});
-  node.now += 10min;
+  node.clock.Advance(10min);
   s = node.monitor->Sample();
   CHECK(s->containers[0].idle == std::vector<std::string>{kEfa0, kEfa1});
   CHECK(s->containers[1].idle == std::vector<std::string>{kEfa2});
 
   // The pod goes: its container's series go with it.
   node.holders.erase(node.holders.begin());
-  node.now += 1s;
+  node.clock.Advance(1s);
   s = node.monitor->Sample();
   REQUIRE(s->containers.size() == 1);
   CHECK(s->containers[0].holder.Name() == "ml/infer-0/server");
@@ -260,7 +260,7 @@ TEST_CASE("Holders that cannot be listed leave the last known ones", "[counters]
   node.holders = {{"default", "train-0", "main", {kEfa0}}};
   CHECK(node.monitor->Sample()->containers.size() == 1);
   node.holders_error = absl::UnavailableError("kubelet.sock: List: connection refused");
-  node.now += 1s;
+  node.clock.Advance(1s);
   auto s = node.monitor->Sample();
   REQUIRE(s->containers.size() == 1);
   CHECK(s->containers[0].holder.Name() == "default/train-0/main");
@@ -272,14 +272,14 @@ TEST_CASE("keep_alive_rcvd that stops makes an EFA Unhealthy, healthy again afte
   LogCapture log;
   node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 1);
   node.monitor->Sample();
-  node.now += 10s;
+  node.clock.Advance(10s);
   node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 2);  // seen advancing
   node.monitor->Sample();
-  node.now += 50s;
+  node.clock.Advance(50s);
   node.monitor->Sample();
   CHECK(node.monitor->HealthProblems().empty());
 
-  node.now += 10s;  // 60 s since it last advanced
+  node.clock.Advance(10s);  // 60 s since it last advanced
   auto s = node.monitor->Sample();
   const std::string reason =
       "keep_alive_rcvd has not advanced for 1m (stuck at 2): the device stopped sending "
@@ -292,27 +292,27 @@ TEST_CASE("keep_alive_rcvd that stops makes an EFA Unhealthy, healthy again afte
 
   // It resumes, stalls again within the hold-down (still Unhealthy, said
   // once), resumes: Healthy only a whole hold-down after the last problem.
-  node.now += 10s;
+  node.clock.Advance(10s);
   node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 3);
   node.monitor->Sample();
   for (int i = 0; i < 6; ++i) {
-    node.now += 10s;
+    node.clock.Advance(10s);
     node.monitor->Sample();
   }
   CHECK(node.monitor->HealthProblems().size() == 1);  // stalled 60 s again
-  node.now += 10s;
+  node.clock.Advance(10s);
   node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 4);
   node.monitor->Sample();
-  const auto resumed = node.now;
-  while (node.now < resumed + 5min - 10s) {
-    node.now += 10s;
-    node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 5 + (node.now - resumed) / 10s);
+  const auto resumed = node.clock.Now();
+  while (node.clock.Now() < resumed + 5min - 10s) {
+    node.clock.Advance(10s);
+    node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 5 + (node.clock.Now() - resumed) / 10s);
     node.monitor->Sample();
     REQUIRE(node.monitor->HealthProblems().size() == 1);
   }
   CHECK(node.health_changes == 1);
   CHECK(log.Take().empty());
-  node.now += 10s;
+  node.clock.Advance(10s);
   node.sim.SetCounter(kEfa0, "keep_alive_rcvd", 100);
   node.monitor->Sample();
   CHECK(node.monitor->HealthProblems().empty());
@@ -327,7 +327,7 @@ TEST_CASE("A keep_alive_rcvd never seen advancing is not judged", "[counters][he
   Node node(Health(60s, 10, 5min));
   for (int i = 0; i < 10; ++i) {
     node.monitor->Sample();
-    node.now += 1h;
+    node.clock.Advance(1h);
   }
   CHECK(node.monitor->HealthProblems().empty());
   CHECK(node.health_changes == 0);
@@ -338,7 +338,7 @@ TEST_CASE("Admin commands failing make an EFA Unhealthy", "[counters][health]") 
   LogCapture log;
   node.monitor->Sample();
   node.sim.SetCounter(kEfa0, "cmds_err", 9);
-  node.now += 10s;
+  node.clock.Advance(10s);
   node.monitor->Sample();
   CHECK(node.monitor->HealthProblems().empty());
   node.sim.SetCounter(kEfa0, "cmds_err", 19);
@@ -347,7 +347,7 @@ TEST_CASE("Admin commands failing make an EFA Unhealthy", "[counters][health]") 
   // (EIO stands in for the driver's ENODEV).
   const fs::path tx = node.sim.sys() / "class/infiniband" / kEfa2 / "ports/1/hw_counters/tx_bytes";
   ReadFailsWithEio(tx);
-  node.now += 10s;
+  node.clock.Advance(10s);
   auto s = node.monitor->Sample();
   CHECK(node.monitor->HealthProblems() ==
         std::map<std::string, std::string>{
@@ -363,9 +363,9 @@ TEST_CASE("Admin commands failing make an EFA Unhealthy", "[counters][health]") 
 
   // No more errors for the hold-down: kEfa0 and kEfa1 are Healthy again;
   // kEfa2 still cannot report.
-  node.now += 10s;
+  node.clock.Advance(10s);
   node.monitor->Sample();
-  node.now += 1min;
+  node.clock.Advance(1min);
   node.monitor->Sample();
   const auto problems = node.monitor->HealthProblems();
   CHECK(problems.size() == 1);
@@ -386,7 +386,7 @@ TEST_CASE("Without device health nothing is judged unhealthy", "[counters][healt
   Node node(options);
   node.monitor->Sample();
   node.sim.SetCounter(kEfa0, "no_completion_cmds", 5);
-  node.now += 1h;
+  node.clock.Advance(1h);
   auto s = node.monitor->Sample();
   CHECK(node.monitor->HealthProblems().empty());
   CHECK(node.Efa(*s, kEfa0).unhealthy.empty());
@@ -403,7 +403,7 @@ TEST_CASE("Counter files the daemon cannot read hold no EFA Unhealthy; the devic
   SECTION("a port counter that cannot be parsed") {
     std::ofstream(ports / "tx_bytes") << "garbage\n";
     for (int i = 0; i < 3; ++i) {
-      node.now += 10s;
+      node.clock.Advance(10s);
       auto s = node.monitor->Sample();
       CHECK(node.Efa(*s, kEfa0).counters.unreadable.size() == 1);
       CHECK(s->unreadable_total == i + 1);
@@ -419,7 +419,7 @@ TEST_CASE("Counter files the daemon cannot read hold no EFA Unhealthy; the devic
               ": expected a counter like \"1234\", got \"garbage\"; their EFAs keep their "
               "device health until a read succeeds"});
     node.sim.SetCounter(kEfa0, "tx_bytes", 1);
-    node.now += 10s;
+    node.clock.Advance(10s);
     node.monitor->Sample();
     CHECK(log.Take() == std::vector<std::string>{
                             "[info] EFA counters: every counter file can be read again (was: "
@@ -431,7 +431,7 @@ TEST_CASE("Counter files the daemon cannot read hold no EFA Unhealthy; the devic
       return;
     }
     std::shared_ptr<const EfaCounterSnapshot> s;
-    node.now += 10s;
+    node.clock.Advance(10s);
     {
       efa::testing::DescriptorTableFull full;
       s = node.monitor->Sample();
@@ -447,7 +447,7 @@ TEST_CASE("Counter files the daemon cannot read hold no EFA Unhealthy; the devic
   }
   SECTION("a read the device fails, and no recovery while the files cannot be read") {
     ReadFailsWithEio(ports / "tx_bytes");
-    node.now += 10s;
+    node.clock.Advance(10s);
     node.monitor->Sample();
     REQUIRE(node.monitor->HealthProblems().count(kEfa0) == 1);
     // The device answers again, but another counter cannot be parsed: the
@@ -455,16 +455,16 @@ TEST_CASE("Counter files the daemon cannot read hold no EFA Unhealthy; the devic
     node.sim.SetCounter(kEfa0, "tx_bytes", 1);
     std::ofstream(ports / "rx_bytes") << "garbage\n";
     for (int i = 0; i < 10; ++i) {
-      node.now += 10s;
+      node.clock.Advance(10s);
       node.monitor->Sample();
     }
     CHECK(node.monitor->HealthProblems().count(kEfa0) == 1);
     // Readable again: Healthy a whole hold-down later.
     node.sim.SetCounter(kEfa0, "rx_bytes", 1);
-    node.now += 10s;
+    node.clock.Advance(10s);
     node.monitor->Sample();
     CHECK(node.monitor->HealthProblems().count(kEfa0) == 1);
-    node.now += 1min;
+    node.clock.Advance(1min);
     node.monitor->Sample();
     CHECK(node.monitor->HealthProblems().empty());
   }
@@ -514,11 +514,11 @@ TEST_CASE("EFAs held through ResourceClaims are found by their DRA device names"
             "kubelet lists without devices (its driver named none when it prepared the claim): "
             "its traffic cannot be told apart from the node's"});
   // Said once while the claim is listed.
-  node.now += 1s;
+  node.clock.Advance(1s);
   CHECK(node.monitor->Sample()->containers.size() == 2);
   CHECK(log.Take().empty());
   // Idle detection covers EFAs held through claims as any other.
-  node.now += 10min;
+  node.clock.Advance(10min);
   s = node.monitor->Sample();
   CHECK(s->containers[1].idle == std::vector<std::string>{kEfa1, kEfa2});
 }

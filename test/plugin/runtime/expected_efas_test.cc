@@ -1,4 +1,4 @@
-#include "plugin/ops/expected_efas.h"
+#include "plugin/runtime/expected_efas.h"
 
 #include <catch2/catch.hpp>
 #include <filesystem>

@@ -1,6 +1,6 @@
 // The owner loops' event loop: its descriptors, timers, wake-ups and
 // signals (through a real signalfd).
-#include "plugin/ops/event_loop.h"
+#include "plugin/runtime/event_loop.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -13,8 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "plugin/ops/signals.h"
+#include "plugin/runtime/signals.h"
 #include "test/support/descriptor_table_full.h"
+#include "test/support/fake_clock.h"
 #include "test/support/sanitized.h"
 
 using efa::plugin::EventLoop;
@@ -66,8 +67,8 @@ struct Pipe {
 
 TEST_CASE("The event loop runs its handlers, then the due timers in the order added",
           "[event-loop]") {
-  EventLoop::TimePoint now = EventLoop::TimePoint() + 1h;  // moves only when the test says
-  EventLoop loop({.now = [&now] { return now; }, .take_signals = false, .on_hangup = nullptr});
+  efa::testing::FakeClock clock;  // moves only when the test says
+  EventLoop loop({.clock = &clock, .take_signals = false, .on_hangup = nullptr});
   REQUIRE(loop.Open().ok());
   std::vector<std::string> ran;
   Pipe readable, quiet;
@@ -77,7 +78,7 @@ TEST_CASE("The event loop runs its handlers, then the due timers in the order ad
     REQUIRE(::read(readable.fds[0], &c, 1) == 1);
     ran.push_back("readable pipe");
   });
-  const EventLoop::TimePoint later = now + 1ms;
+  const EventLoop::TimePoint later = clock.Now() + 1ms;
   loop.AddTimer([later] { return later; }, [&ran] { ran.push_back("later"); });
   loop.AddTimer([] { return EventLoop::TimePoint::max(); }, [&ran] { ran.push_back("never"); });
   loop.AddTimer([] { return EventLoop::TimePoint::min(); }, [&ran] { ran.push_back("at once"); });
@@ -86,7 +87,7 @@ TEST_CASE("The event loop runs its handlers, then the due timers in the order ad
   REQUIRE(loop.RunOnce());  // "at once" is due: no wait
   CHECK(ran == std::vector<std::string>{"readable pipe", "at once"});
   ran.clear();
-  now = later;
+  clock.Advance(1ms);
   REQUIRE(loop.RunOnce());
   CHECK(ran == std::vector<std::string>{"later", "at once"});
   CHECK_FALSE(loop.stopped());
@@ -132,7 +133,7 @@ TEST_CASE("The event loop takes SIGHUP to its hook and stops on SIGTERM, through
           "[event-loop]") {
   SignalsBlocked blocked;
   int hangups = 0;
-  EventLoop loop({.now = [] { return SteadyClock::now(); },
+  EventLoop loop({.clock = &efa::plugin::Clock::Steady(),
                   .take_signals = true,
                   .on_hangup = [&hangups] { ++hangups; }});
   REQUIRE(loop.Open().ok());

@@ -1,7 +1,7 @@
 // The HTTP server over real TCP sockets: routes, methods, limits. Requests
 // go through cpp-httplib's client; malformed and stalled ones through a bare
 // socket, which no client library sends.
-#include "plugin/ops/http_server.h"
+#include "plugin/runtime/http_server.h"
 
 #include <arpa/inet.h>
 #include <httplib.h>

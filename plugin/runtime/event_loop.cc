@@ -1,4 +1,4 @@
-#include "plugin/ops/event_loop.h"
+#include "plugin/runtime/event_loop.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -14,8 +14,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "plugin/ops/orphan_reaper.h"
-#include "plugin/ops/signals.h"
+#include "plugin/runtime/orphan_reaper.h"
+#include "plugin/runtime/signals.h"
 #include "spdlog/spdlog.h"
 
 namespace efa::plugin {
@@ -63,7 +63,7 @@ int EventLoop::Timeout(TimePoint wake_by) const {
   TimePoint earliest = wake_by;
   for (const Timer& t : timers_) earliest = std::min(earliest, t.due());
   if (earliest == TimePoint::max()) return -1;
-  const TimePoint now = options_.now();
+  const TimePoint now = options_.clock->Now();
   if (earliest <= now) return 0;
   // Rounded up: rounded down, a deadline 0.9 ms away became a zero timeout
   // and the loop spun until it passed.
@@ -88,7 +88,7 @@ bool EventLoop::RunOnce(TimePoint wake_by) {
   }
   if (fds.back().revents & POLLIN) HandleSignals();
   for (const Timer& t : timers_) {
-    if (options_.now() >= t.due()) t.run();
+    if (options_.clock->Now() >= t.due()) t.run();
   }
   return true;
 }

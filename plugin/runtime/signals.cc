@@ -1,4 +1,4 @@
-#include "plugin/ops/signals.h"
+#include "plugin/runtime/signals.h"
 
 #include <pthread.h>
 #include <sys/signalfd.h>

@@ -3,7 +3,7 @@
 // watch, an eventfd other threads write to wake it, the signals of
 // signals.h through a signalfd, and timers on the caller's clock.
 //
-//   EventLoop loop({.now = ..., .take_signals = true, .on_hangup = ...});
+//   EventLoop loop({.clock = ..., .take_signals = true, .on_hangup = ...});
 //   if (!loop.Open().ok()) ...
 //   loop.Watch(inotify_fd, [&] { HandleInotify(); });
 //   loop.AddTimer([&] { return next_pass; }, [&] { Pass(); });
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "plugin/runtime/clock.h"
 
 namespace efa::plugin {
 
@@ -26,11 +27,11 @@ namespace efa::plugin {
 // and stopped(), which are thread-safe.
 class EventLoop {
  public:
-  using TimePoint = std::chrono::steady_clock::time_point;
+  using TimePoint = Clock::time_point;
   struct Options {
     // The time timers are due on (the daemon's Clock, which tests replace:
-    // they call Wake() after moving it on).
-    std::function<TimePoint()> now = [] { return std::chrono::steady_clock::now(); };
+    // they call Wake() after moving it on). Not owned; outlives the loop.
+    const Clock* clock = &Clock::Steady();
     // Take OwnerLoopSignals() (signals.h) through a signalfd; the caller
     // must have blocked them in every thread. SIGTERM and SIGINT stop the
     // loop, SIGHUP calls on_hangup (ignored when there is none), SIGCHLD

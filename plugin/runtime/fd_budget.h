@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "plugin/ops/http_server.h"
+#include "plugin/runtime/http_server.h"
 
 namespace efa::plugin {
 
@@ -49,7 +49,7 @@ DescriptorBudget ComputeDescriptorBudget(uint64_t soft, uint64_t hard, int in_us
 DescriptorBudget InitDescriptorBudget();
 
 // How many descriptors the HTTP side (every listener and connection of
-// plugin/ops/http_server together) may hold at once: the figure
+// plugin/runtime/http_server together) may hold at once: the figure
 // InitDescriptorBudget fixed, or, in a process that never called it (a
 // test), one computed once from the limit and the descriptors open at the
 // first call, without raising anything. Always >= kMinHttpDescriptors.

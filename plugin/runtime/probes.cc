@@ -1,4 +1,4 @@
-#include "plugin/ops/probes.h"
+#include "plugin/runtime/probes.h"
 
 #include <cmath>
 

@@ -1,5 +1,5 @@
 // The JSON log format: one object per line with time, level and msg.
-#include "plugin/ops/logging.h"
+#include "plugin/runtime/logging.h"
 
 #include <catch2/catch.hpp>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "plugin/ops/fd_budget.h"
+#include "plugin/runtime/fd_budget.h"
 
 #include <sys/resource.h>
 

@@ -1,9 +1,9 @@
-#include "plugin/ops/expected_efas.h"
+#include "plugin/runtime/expected_efas.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "plugin/ops/metrics.h"
+#include "plugin/runtime/metrics.h"
 #include "spdlog/spdlog.h"
 #include "topology/instance_type.h"
 

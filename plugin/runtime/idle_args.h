@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "plugin/ops/http_server.h"
-#include "plugin/ops/logging.h"
+#include "plugin/runtime/http_server.h"
+#include "plugin/runtime/logging.h"
 
 namespace efa::plugin {
 

@@ -1,4 +1,4 @@
-#include "plugin/clock.h"
+#include "plugin/runtime/clock.h"
 
 namespace efa::plugin {
 

@@ -1,6 +1,6 @@
 // Families built at scrape time, serialized by prometheus-cpp and read back
 // by the Python prometheus_client parser.
-#include "plugin/ops/metrics.h"
+#include "plugin/runtime/metrics.h"
 
 #include <prometheus/counter.h>
 #include <prometheus/histogram.h>

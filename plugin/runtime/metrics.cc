@@ -1,4 +1,4 @@
-#include "plugin/ops/metrics.h"
+#include "plugin/runtime/metrics.h"
 
 #include <prometheus/text_serializer.h>
 #include <unistd.h>

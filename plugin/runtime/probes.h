@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "plugin/ops/http_server.h"
+#include "plugin/runtime/http_server.h"
 
 namespace efa::plugin {
 

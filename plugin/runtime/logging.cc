@@ -1,4 +1,4 @@
-#include "plugin/ops/logging.h"
+#include "plugin/runtime/logging.h"
 
 #include <time.h>
 

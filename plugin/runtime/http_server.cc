@@ -1,4 +1,4 @@
-#include "plugin/ops/http_server.h"
+#include "plugin/runtime/http_server.h"
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "plugin/ops/metrics.h"
+#include "plugin/runtime/metrics.h"
 
 namespace efa::plugin {
 

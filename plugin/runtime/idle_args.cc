@@ -1,4 +1,4 @@
-#include "plugin/ops/idle_args.h"
+#include "plugin/runtime/idle_args.h"
 
 #include <cstdint>
 #include <map>

@@ -1,6 +1,6 @@
 // The idle process's command line: what the daemon writes, the idle
 // process reads back unchanged.
-#include "plugin/ops/idle_args.h"
+#include "plugin/runtime/idle_args.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -1,7 +1,7 @@
 // The descriptor budget: the HTTP side gets what the limit leaves after the
 // descriptors open at start and the daemon's reserve, and the soft limit is
 // raised to the hard one.
-#include "plugin/ops/fd_budget.h"
+#include "plugin/runtime/fd_budget.h"
 
 #include <sys/resource.h>
 

@@ -1,4 +1,4 @@
-#include "plugin/ops/orphan_reaper.h"
+#include "plugin/runtime/orphan_reaper.h"
 
 #include <sys/prctl.h>
 #include <sys/wait.h>
