@@ -1,7 +1,55 @@
 // FakeKubelet, the process: construction, Start, Restart and Stop of the
 // Registration server (and of the pod-resources server with it), and the end
-// of a ListAndWatch stream. The other parts are in the files that
-// fake_kubelet_internal.h lists.
+// of a ListAndWatch stream. The class is fake_kubelet.h; the other parts are
+// in the files the table below names.
+//
+// Each behaviour of the kubelet it imitates has one place, and the kubelet
+// source it follows is named once, here: "behaviour: where (FakeKubelet::
+// functions, in fake_kubelet_<file>.cc) <- what in the kubelet" (functions
+// of pkg/kubelet/cm/devicemanager unless a file or package is named;
+// commits of kubernetes/kubernetes; versions where they differ, as
+// Options::kubelet_1_20 lists). The comments at each place say which step of
+// that source a line follows.
+//
+//   Register (dial the plugin, ask its options, answer): Register
+//     (registration) <- devicemanager's Register, its messages too
+//   ListAndWatch (the latest list; the checkpoint rewritten on each): Watch
+//     (registration) <- genericDeviceUpdateCallback
+//   A stream's end, the endpoint dropped after its grace period: Watch,
+//     EndpointRemovedLocked (registration) <- runEndpoint; GetCapacity,
+//     stopGracePeriodExpired; endpointStopGracePeriod (types.go)
+//   Start over a killed kubelet's socket: StartLocked (fake_kubelet.cc)
+//   Restart (the directory emptied, allocations from the checkpoint,
+//     endpoints stopped, pods unsynced): Restart (fake_kubelet.cc) <-
+//     ManagerImpl.Start: removeContents (1.20), CleanupPluginDirectory
+//     (later); readCheckpoint, newStoppedEndpointImpl
+//   Admission, one resource at a time, devices reused: AdmitContainer,
+//     AllocateResource (admission) <- HandlePodAdditions,
+//     allocateContainerResources, devicesToAllocate, devicesToReuse
+//   Removed pods' devices freed: CollectRemovedLocked (admission) <-
+//     UpdateAllocatedDevices
+//   A container's start: StartContainerLocked (admission) <-
+//     GetDeviceRunContainerOptions, callPreStartContainerIfNeeded
+//     (manager.go), preStartContainer (endpoint.go)
+//   A plugin's error in an admission, as printed: (admission) <-
+//     container_manager_linux.go, Go's codes.Code.String()
+//   kubelet_internal_checkpoint: WriteCheckpointLocked, LoadCheckpointLocked
+//     (checkpoint) <- writeCheckpoint, fromCheckpointData
+//   pod-resources List: PodResourcesService::List, FillListLocked
+//     (pod_resources) <- server_v1.go List; pod_devices.go
+//     getContainerDevices (1.20), containerDevicesFromResourceDeviceInstances
+//   GetAllocatableResources (1.21 and later): FillAllocatableLocked
+//     (pod_resources)
+//   DRA, claims prepared and released: PrepareClaim, UnprepareClaimsLocked
+//     (dra) <- pkg/kubelet/cm/dra/manager.go prepareResources,
+//     unprepareResources (001332b)
+//   List's dynamic_resources: FillDynamicResourcesLocked (dra) <- server_v1.go
+//     getContainerResources, dra/manager.go GetContainerClaimInfos,
+//     container_manager_linux.go GetDynamicResources (001332b)
+//   allocatedResourcesStatus: AllocatedResourcesStatus (status) <-
+//     kubelet_pods.go generateAPIPodStatus (001a80e),
+//     UpdateAllocatedResourcesStatus (manager.go, 7510f32)
+//
 #include "test/fake_kubelet/fake_kubelet.h"
 
 #include <sys/un.h>

@@ -1,6 +1,6 @@
 // A fake kubelet for tests and the demo: the device-plugin side of a real
 // kubelet, over real gRPC on real unix sockets, and a miniature of its device
-// manager.
+// manager (which behaviour is where, from which kubelet source: fake_kubelet.cc).
 //
 // It serves v1beta1.Registration on <device_plugin_dir>/kubelet.sock and, like
 // the kubelet, inside Register dials the plugin's socket (<dir>/<endpoint>),
@@ -11,7 +11,7 @@
 // and a fresh kubelet.sock is served.
 //
 // Pod admission (AdmitContainer) follows the kubelet's device manager
-// (pkg/kubelet/cm/devicemanager, allocateContainerResources): one resource at
+// (allocateContainerResources, in fake_kubelet.cc's table): one resource at
 // a time in the order the test gives (the kubelet's is Go map order, random),
 // GetPreferredAllocation when the plugin offers it, Allocate, the devices
 // recorded at once (visible through pod-resources List from then on), and the
@@ -114,7 +114,7 @@ class FakeKubelet {
     // How long the device manager keeps a stopped endpoint (its plugin's
     // stream ended and no plugin registered the resource again) before its
     // GetCapacity drops it: endpointStopGracePeriod, 5 minutes in every
-    // kubelet (pkg/kubelet/cm/devicemanager/types.go). Until then the
+    // kubelet. Until then the
     // resource has no free device and a container start that needs its
     // PreStartContainer fails ("endpoint ... has been stopped", endpoint.go
     // preStartContainer); after it the resource is unregistered: a start of
@@ -286,7 +286,7 @@ class FakeKubelet {
   };
 
   // Admits one container of a pod asking for `requests_in_order` (resource,
-  // device count), as kubelet's allocateContainerResources does, one resource
+  // device count), as the kubelet's device manager does, one resource
   // at a time in the given order: the free devices are the resource's healthy
   // ones (none while its ListAndWatch stream is not open) minus those of other
   // containers; if the plugin offers GetPreferredAllocation it is asked
@@ -361,7 +361,7 @@ class FakeKubelet {
 
   // --- Dynamic resources: the kubelet's DRA manager in miniature. ---
   //
-  // As pkg/kubelet/cm/dra/manager.go (kubernetes/kubernetes 001332b)
+  // As the kubelet's DRA manager (its source: fake_kubelet.cc's table)
   // prepareResources: a ResourceClaim the pod uses is prepared once per node
   // (its claim info cached by namespace/name, every pod using it referenced),
   // each driver of its allocation is asked NodePrepareResources, and every
@@ -402,10 +402,10 @@ class FakeKubelet {
   //
   // What the kubelet writes into status.containerStatuses[].
   // allocatedResourcesStatus when its ResourceHealthStatus gate is on
-  // (alpha 1.31, beta and on 1.36): kubelet_pods.go generateAPIPodStatus
-  // (kubernetes/kubernetes 001a80e) calls the device manager's
-  // UpdateAllocatedResourcesStatus (pkg/kubelet/cm/devicemanager/manager.go,
-  // 7510f32) at every status sync. For each resource of the container, one
+  // (alpha 1.31, beta and on 1.36): generateAPIPodStatus calls the device
+  // manager's UpdateAllocatedResourcesStatus at every status sync (their
+  // sources: fake_kubelet.cc's table).
+  // For each resource of the container, one
   // entry per device ID it holds: the Health of that ID in the latest
   // ListAndWatch list of the resource (allDevices), "Unhealthy" for any
   // value but "Healthy", and "Healthy" when the latest list does not have

@@ -1,6 +1,5 @@
-// FakeKubelet, pod admission: the kubelet's device manager in miniature
-// (pkg/kubelet/cm/devicemanager, allocateContainerResources and
-// GetDeviceRunContainerOptions), over the pod manager's pods.
+// FakeKubelet, pod admission: the kubelet's device manager in miniature,
+// over the pod manager's pods (its sources: fake_kubelet.cc's table).
 #include <algorithm>
 #include <cstdio>
 #include <iterator>

@@ -74,9 +74,8 @@ void FakeKubelet::FillDynamicResourcesLocked(const Pod& pod, const Container& co
     if (it == claim_infos_.end()) return;
     infos.push_back(&it->second);
   }
-  // container_manager_linux.go GetDynamicResources (kubernetes/kubernetes
-  // 001332b): one DynamicResource per claim, one ClaimResource per device
-  // the driver answered, in driver order (a Go map there: random). Its
+  // GetDynamicResources: one DynamicResource per claim, one ClaimResource per
+  // device the driver answered, in driver order (a Go map there: random). Its
   // cdiDevices is declared per driver, not per device, so each device's
   // ClaimResource carries the CDI devices of the driver's devices before it
   // too: copied as it is.

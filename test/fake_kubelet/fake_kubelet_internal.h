@@ -1,16 +1,8 @@
 // What the files of FakeKubelet share and its users need not see: the two
 // gRPC services it serves and the kubelet's timeouts. Included only by
 // test/fake_kubelet/fake_kubelet*.cc; the class itself is fake_kubelet.h.
-//
-// The files, one part of the kubelet each:
-//   fake_kubelet.cc                the process: start, restart, stop
-//   fake_kubelet_registration.cc   Register, the ListAndWatch streams and the
-//                                  calls forwarded to a plugin
-//   fake_kubelet_admission.cc      pod admission (the device manager)
-//   fake_kubelet_checkpoint.cc     kubelet_internal_checkpoint
-//   fake_kubelet_pod_resources.cc  the pod-resources API
-//   fake_kubelet_dra.cc            the DRA manager: prepared claims, dynamic_resources
-//   fake_kubelet_status.cc         the pod status of devices: allocatedResourcesStatus
+// Which file holds which part of the kubelet: the table at the top of
+// fake_kubelet.cc.
 #pragma once
 
 #include <chrono>

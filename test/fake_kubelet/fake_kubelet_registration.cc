@@ -1,5 +1,5 @@
-// FakeKubelet, the device manager's side of the plugins
-// (pkg/kubelet/cm/devicemanager): Register, which dials the plugin before it
+// FakeKubelet, the device manager's side of the plugins (its sources:
+// fake_kubelet.cc's table): Register, which dials the plugin before it
 // answers; the ListAndWatch stream of each registered resource and what it
 // recorded; the calls forwarded to a registered plugin.
 #include <cstdio>

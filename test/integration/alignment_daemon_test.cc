@@ -30,6 +30,7 @@ using efa::testing::AcceleratorKind;
 using efa::testing::FakeAcceleratorPlugin;
 using efa::testing::FakeKubelet;
 using efa::testing::TestNode;
+using efa::testing::TestNodeOptions;
 
 namespace {
 
@@ -40,38 +41,34 @@ using Order = efa::testing::AdmitOrder;
 
 // A node with the machine's GPUs or Neuron devices behind a fake plugin, the
 // daemon (`replicas` device IDs per EFA) registered beside it.
-class AlignedNode : public TestNode {
- public:
-  // `fake_clock`: the daemon reads clock() (TestNode::Pass moves it).
-  AlignedNode(const std::string& machine, AcceleratorKind kind, int replicas = 1,
-              bool fake_clock = false)
-      : TestNode({.machine = machine,
-                  .fake_clock = fake_clock,
-                  .configure = [replicas](DaemonOptions& o) { o.replicas = replicas; },
-                  .accelerators = kind}) {
-    REQUIRE(kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-    REQUIRE(kubelet().WaitForListAndWatchMessages(kEfa, 1, kDeadline));
-  }
+TestNodeOptions AlignedNode(const std::string& machine, AcceleratorKind kind, int replicas = 1,
+                            bool fake_clock = false) {
+  return {.machine = machine,
+          .fake_clock = fake_clock,
+          .accelerators = kind,
+          .replicas = replicas,
+          .wait_serving = true};
+}
 
-  // Admits pods of `accels` accelerators + `efas` EFAs until the node is
-  // full, `rounds` times over (removing them between rounds); returns how
-  // many were aligned out of how many.
-  std::pair<int, int> Run(int accels, int efas, Order order, int rounds, unsigned seed) {
-    return AdmitRounds({accels, efas, order, rounds, seed},
-                       [this](const std::string& uid, const auto&) { return Aligned(uid); });
+// Whether the container's EFAs (replica IDs counted as their EFA) are
+// aligned with its accelerators.
+bool Aligned(TestNode& node, const std::string& uid) {
+  std::vector<std::string> efas;
+  for (const auto& id : node.kubelet().container_devices(uid, "main", kEfa)) {
+    auto replica = efa::topology::ParseReplicaId(id);
+    efas.push_back(replica ? replica->ibdev : id);
   }
+  return node.Aligned(uid, efas);
+}
 
-  // Whether the container's EFAs (replica IDs counted as their EFA) are
-  // aligned with its accelerators.
-  bool Aligned(const std::string& uid) {
-    std::vector<std::string> efas;
-    for (const auto& id : kubelet().container_devices(uid, "main", kEfa)) {
-      auto replica = efa::topology::ParseReplicaId(id);
-      efas.push_back(replica ? replica->ibdev : id);
-    }
-    return TestNode::Aligned(uid, efas);
-  }
-};
+// Admits pods of `accels` accelerators + `efas` EFAs until the node is
+// full, `rounds` times over (removing them between rounds); returns how
+// many were aligned out of how many.
+std::pair<int, int> Run(TestNode& node, int accels, int efas, Order order, int rounds,
+                        unsigned seed) {
+  return node.AdmitRounds({accels, efas, order, rounds, seed},
+                          [&](const std::string& uid, const auto&) { return Aligned(node, uid); });
+}
 
 void Report(const char* what, std::pair<int, int> result) {
   std::printf("alignment %-40s %3d/%3d = %5.1f%%\n", what, result.first, result.second,
@@ -82,12 +79,12 @@ void Report(const char* what, std::pair<int, int> result) {
 
 TEST_CASE("Best effort aligns every container whose GPUs come first (p5)",
           "[alignment][daemon][concurrency]") {
-  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
-  auto one = node.Run(1, 4, Order::kAcceleratorFirst, 3, 1);
+  TestNode node(AlignedNode("p5.48xlarge", AcceleratorKind::kNvidiaGpu));
+  auto one = Run(node, 1, 4, Order::kAcceleratorFirst, 3, 1);
   Report("p5 1 GPU + 4 EFA, GPU first", one);
   CHECK(one.second == 24);
   CHECK(one.first == one.second);
-  auto two = node.Run(2, 8, Order::kAcceleratorFirst, 3, 1);
+  auto two = Run(node, 2, 8, Order::kAcceleratorFirst, 3, 1);
   Report("p5 2 GPU + 8 EFA, GPU first", two);
   CHECK(two.second == 12);
   CHECK(two.first == two.second);
@@ -101,27 +98,27 @@ TEST_CASE("Best effort aligns every container whose GPUs come first (p5)",
 
 TEST_CASE("Best effort aligns at least 95% over random orders (p5)",
           "[alignment][daemon][concurrency]") {
-  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
-  auto efa_first = node.Run(1, 4, Order::kEfaFirst, 3, 7);
+  TestNode node(AlignedNode("p5.48xlarge", AcceleratorKind::kNvidiaGpu));
+  auto efa_first = Run(node, 1, 4, Order::kEfaFirst, 3, 7);
   Report("p5 1 GPU + 4 EFA, EFA first", efa_first);
   CHECK(efa_first.first * 100 >= efa_first.second * 95);
-  auto random = node.Run(1, 4, Order::kRandom, 5, 42);
+  auto random = Run(node, 1, 4, Order::kRandom, 5, 42);
   Report("p5 1 GPU + 4 EFA, random order", random);
   CHECK(random.second == 40);
   CHECK(random.first * 100 >= random.second * 95);
-  auto random2 = node.Run(2, 8, Order::kRandom, 5, 43);
+  auto random2 = Run(node, 2, 8, Order::kRandom, 5, 43);
   Report("p5 2 GPU + 8 EFA, random order", random2);
   CHECK(random2.first * 100 >= random2.second * 95);
 }
 
 TEST_CASE("Best effort aligns Neuron devices through the AWS table (trn2)",
           "[alignment][daemon][concurrency]") {
-  AlignedNode node("trn2.48xlarge", AcceleratorKind::kNeuron);
-  auto first = node.Run(1, 1, Order::kAcceleratorFirst, 2, 1);
+  TestNode node(AlignedNode("trn2.48xlarge", AcceleratorKind::kNeuron));
+  auto first = Run(node, 1, 1, Order::kAcceleratorFirst, 2, 1);
   Report("trn2 1 Neuron + 1 EFA, Neuron first", first);
   CHECK(first.second == 32);
   CHECK(first.first == first.second);
-  auto random = node.Run(1, 1, Order::kRandom, 2, 5);
+  auto random = Run(node, 1, 1, Order::kRandom, 2, 5);
   Report("trn2 1 Neuron + 1 EFA, random order", random);
 }
 
@@ -141,7 +138,7 @@ TEST_CASE("On p6e-gb200 each GPU gets the EFAs that carry its traffic and then i
       {"0000:55:00.0", {"rdmap48s1", "rdmap48s2", "rdmap112s1", "rdmap112s2"}},
       {"0000:95:00.0", {"rdmap176s1", "rdmap176s2", "rdmap240s1", "rdmap240s2"}},
       {"0000:d5:00.0", {"rdmap176s1", "rdmap176s2", "rdmap240s1", "rdmap240s2"}}};
-  AlignedNode node("p6e-gb200.36xlarge", AcceleratorKind::kNvidiaGpu);
+  TestNode node(AlignedNode("p6e-gb200.36xlarge", AcceleratorKind::kNvidiaGpu));
   const auto gpus = efa::topology::ReadNvidiaGpus(node.sim().path() / "proc", nullptr);
   auto gpu_of = [&](const std::string& uid) {
     const auto ids = node.kubelet().container_devices(uid, "main", "nvidia.com/gpu");
@@ -173,7 +170,7 @@ TEST_CASE("On p6e-gb200 each GPU gets the EFAs that carry its traffic and then i
     for (const std::string& efa : got) {
       CHECK((cards.at(gpu).count(efa) == 1 || numa_only.at(gpu).count(efa) == 1));
     }
-    CHECK(node.Aligned(uid));
+    CHECK(Aligned(node, uid));
   }
   CHECK(seen_gpus.size() == 4);
   CHECK(seen_efas.size() == static_cast<size_t>(4 * efas));
@@ -181,7 +178,7 @@ TEST_CASE("On p6e-gb200 each GPU gets the EFAs that carry its traffic and then i
 
 TEST_CASE("A running GPU-only pod never attracts another pod's EFAs",
           "[alignment][daemon][concurrency]") {
-  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  TestNode node(AlignedNode("p5.48xlarge", AcceleratorKind::kNvidiaGpu));
   // GPU 53 (the lowest) goes to a running GPU-only pod.
   REQUIRE(node.kubelet()
               .AdmitContainer("gpu-only", "default", "u1", "main", {{"nvidia.com/gpu", 1}})
@@ -193,7 +190,7 @@ TEST_CASE("A running GPU-only pod never attracts another pod's EFAs",
               .ok());
   CHECK(node.kubelet().container_devices("u2", "main", kEfa) ==
         std::vector<std::string>{"rdmap96s0", "rdmap97s0", "rdmap98s0", "rdmap99s0"});
-  CHECK(node.Aligned("u2"));
+  CHECK(Aligned(node, "u2"));
   auto counts = node.daemon().alignment_stats()->Get();
   CHECK(counts.targeted == 0);
   CHECK(counts.predicted == 1);
@@ -201,7 +198,7 @@ TEST_CASE("A running GPU-only pod never attracts another pod's EFAs",
 
 TEST_CASE("With pod-resources down or rate-limited, allocations succeed and are reported",
           "[alignment][daemon][concurrency]") {
-  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu);
+  TestNode node(AlignedNode("p5.48xlarge", AcceleratorKind::kNvidiaGpu));
   SECTION("down") { node.kubelet().StopPodResources(); }
   SECTION("rate-limited") { node.kubelet().SetPodResourcesExhausted(true); }
   SECTION("slow") { node.kubelet().SetPodResourcesDelay(2s); }
@@ -214,7 +211,7 @@ TEST_CASE("With pod-resources down or rate-limited, allocations succeed and are 
 
 TEST_CASE("A failing alignment report is retried less and less often",
           "[alignment][daemon][concurrency]") {
-  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, 1, /*fake_clock=*/true);
+  TestNode node(AlignedNode("p5.48xlarge", AcceleratorKind::kNvidiaGpu, 1, /*fake_clock=*/true));
   node.kubelet().SetPodResourcesExhausted(true);
   REQUIRE(node.kubelet()
               .AdmitContainer("p", "default", "u1", "main", {{"nvidia.com/gpu", 1}, {kEfa, 4}})
@@ -234,7 +231,7 @@ TEST_CASE("A failing alignment report is retried less and less often",
 
 TEST_CASE("Sharing: with 4 replicas a p5 runs 8 GPU pods and 16 EFA-only pods at once, aligned",
           "[sharing][alignment][daemon][concurrency]") {
-  AlignedNode node("p5.48xlarge", AcceleratorKind::kNvidiaGpu, /*replicas=*/4);
+  TestNode node(AlignedNode("p5.48xlarge", AcceleratorKind::kNvidiaGpu, /*replicas=*/4));
   FakeKubelet& kubelet = node.kubelet();
   const auto advertised = kubelet.devices(kEfa);
   REQUIRE(advertised.size() == 128);
@@ -278,7 +275,7 @@ TEST_CASE("Sharing: with 4 replicas a p5 runs 8 GPU pods and 16 EFA-only pods at
     }
     if (gpu) {
       ++gpu_pods;
-      aligned += node.Aligned(uid) ? 1 : 0;
+      aligned += Aligned(node, uid) ? 1 : 0;
     }
   }
   Report("p5 sharing x4: 1 GPU + 4 EFA among EFA-only", {aligned, gpu_pods});

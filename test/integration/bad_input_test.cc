@@ -69,8 +69,7 @@ class ServedNode : public TestNode {
  public:
   // `fake_clock`: the daemon reads clock() (TestNode::Pass moves it).
   explicit ServedNode(bool fake_clock = false)
-      : TestNode({.machine = "p4d.24xlarge", .fake_clock = fake_clock}) {
-    REQUIRE(kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+      : TestNode({.machine = "p4d.24xlarge", .fake_clock = fake_clock, .wait_serving = true}) {
     REQUIRE(WaitAll("Healthy"));
   }
 

@@ -72,8 +72,8 @@ class MonitoredNode : public TestNode {
       : TestNode({.machine = machine,
                   .prepare = prepare,
                   .run = DaemonRun::kLater,
-                  .fake_clock = fake_clock}),
-        machine_(machine) {
+                  .fake_clock = fake_clock,
+                  .monitor = true}) {
     // Watched only when they exist at start (as on a node).
     fs::create_directories(cdi_dir());
     fs::create_directories(registry());
@@ -85,36 +85,12 @@ class MonitoredNode : public TestNode {
       o.cdi_dir = sim().path() / "var/run/cdi-claims";
       fs::create_directories(o.cdi_dir);
     }
-    monitor_ =
-        std::make_unique<DaemonMonitor>(MonitorOptions{o.rescan_interval, "", o.roots.sysfs, 0});
-    monitor_->Attach(o);
-    StartDaemon([this](const Daemon& daemon) {
-      monitor_->Watch(&daemon);
-      auto http = HttpServer::Start("127.0.0.1:0", monitor_->Routes());
-      REQUIRE(http.ok());
-      http_ = *std::move(http);
-      auto probes = HttpServer::Start("127.0.0.1:0", monitor_->ProbeRoutes());
-      REQUIRE(probes.ok());
-      probes_ = *std::move(probes);
-    });
+    StartDaemon();
   }
-  // The daemon's hooks point at the monitor: it stops first.
-  ~MonitoredNode() { StopDaemon(); }
 
-  const std::string& machine() const { return machine_; }
-  fs::path cdi_dir() const { return sim().path() / "var/run/cdi"; }
   fs::path registry() const { return kubelet_dir() / "plugins_registry"; }
 
-  HttpReply Get(const std::string& path) { return HttpGet(http_->port(), path); }
-  uint16_t metrics_port() const { return http_->port(); }
-  uint16_t probe_port() const { return probes_->port(); }
-  Metrics Scrape() { return efa::testing::Scrape(metrics_port()); }
-
-  // The daemon publishes its state once per loop pass and the RPC metrics
-  // after each handler returns: scrape until `want` holds.
-  bool WaitMetrics(const std::function<bool(const Metrics&)>& want) {
-    return WaitScrape(metrics_port(), want);
-  }
+  HttpReply Get(const std::string& path) { return HttpGet(metrics_port(), path); }
   bool WaitReply(const std::string& path, int status, const std::string& body) {
     const auto deadline = std::chrono::steady_clock::now() + kDeadline;
     HttpReply reply;
@@ -126,12 +102,6 @@ class MonitoredNode : public TestNode {
     UNSCOPED_INFO(path << " answered " << reply.status << " " << reply.body);
     return false;
   }
-
- private:
-  const std::string machine_;
-  std::unique_ptr<DaemonMonitor> monitor_;
-  std::unique_ptr<HttpServer> http_;
-  std::unique_ptr<HttpServer> probes_;
 };
 
 grpc::Status Allocate(FakeKubelet& kubelet, std::initializer_list<const char*> ids) {
@@ -174,13 +144,13 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
           "[monitor][daemon][concurrency]") {
   MonitoredNode node("p4d.24xlarge");
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  REQUIRE(node.WaitMetrics(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 4},
-                                {"efa_device_plugin_devices{health=\"unhealthy\"}", 0},
-                                {"efa_device_plugin_registered", 1},
-                                {"efa_device_plugin_registrations_total", 1},
-                                {"efa_device_plugin_kubelet_restarts_total", 0},
-                                {"efa_device_plugin_efas_found", 4},
-                                {"efa_device_plugin_efas_expected", 4}})));
+  REQUIRE(node.WaitScrape(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 4},
+                               {"efa_device_plugin_devices{health=\"unhealthy\"}", 0},
+                               {"efa_device_plugin_registered", 1},
+                               {"efa_device_plugin_registrations_total", 1},
+                               {"efa_device_plugin_kubelet_restarts_total", 0},
+                               {"efa_device_plugin_efas_found", 4},
+                               {"efa_device_plugin_efas_expected", 4}})));
   // Before any Allocate, every code it answers has its series at 0: the
   // first refusal is then an increase() (a series born at 1 is none).
   for (grpc::StatusCode code : kAllocateCodes) {
@@ -198,16 +168,16 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
   // A uverbs node disappears: one device turns Unhealthy.
   fs::remove(node.sim().path() / "dev/infiniband/uverbs1");
   REQUIRE(
-      node.WaitMetrics(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 3},
-                            {"efa_device_plugin_devices{health=\"unhealthy\"}", 1},
-                            {"efa_device_plugin_efa_advertised_unhealthy{efa=\"rdmap32s27\"}", 1},
-                            {"efa_device_plugin_efas_found", 4}})));
+      node.WaitScrape(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 3},
+                           {"efa_device_plugin_devices{health=\"unhealthy\"}", 1},
+                           {"efa_device_plugin_efa_advertised_unhealthy{efa=\"rdmap32s27\"}", 1},
+                           {"efa_device_plugin_efas_found", 4}})));
 
   // Allocations: one granted (2 EFAs), one refused (the unhealthy device).
   REQUIRE(Allocate(node.kubelet(), {"rdmap16s27", "rdmap144s27"}).ok());
   CHECK(Allocate(node.kubelet(), {"rdmap32s27"}).error_code() ==
         grpc::StatusCode::FAILED_PRECONDITION);
-  CHECK(node.WaitMetrics(Has(
+  CHECK(node.WaitScrape(Has(
       {{"efa_device_plugin_allocations_total{code=\"OK\"}", 1},
        {"efa_device_plugin_allocations_total{code=\"FAILED_PRECONDITION\"}", 1},
        {"efa_device_plugin_allocation_size_bucket{le=\"1\"}", 0},
@@ -222,10 +192,10 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
   node.sim().RestoreUverbs(1);
   REQUIRE(node.kubelet().Restart().ok());
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
-  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 4},
-                              {"efa_device_plugin_devices{health=\"unhealthy\"}", 0},
-                              {"efa_device_plugin_registrations_total", 2},
-                              {"efa_device_plugin_kubelet_restarts_total", 1}})));
+  CHECK(node.WaitScrape(Has({{"efa_device_plugin_devices{health=\"healthy\"}", 4},
+                             {"efa_device_plugin_devices{health=\"unhealthy\"}", 0},
+                             {"efa_device_plugin_registrations_total", 2},
+                             {"efa_device_plugin_kubelet_restarts_total", 1}})));
   // Alignment counters are exported (GetPreferredAllocation was not called).
   const Metrics m = node.Scrape();
   CHECK(m.count("efa_device_plugin_efa_advertised_unhealthy{efa=\"rdmap32s27\"}") == 0);
@@ -242,10 +212,10 @@ TEST_CASE("Readiness and the guard metrics follow the MOFED conflict and the DRA
       node.WaitReply("/readyz", 200, "ok: vpc.amazonaws.com/efa is registered with the kubelet\n"));
   CHECK(node.Get("/healthz").status == 200);
   CHECK(node.Get("/healthz").body.rfind("ok: the owner loop ran ", 0) == 0);
-  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
-                              {"efa_device_plugin_mofed_state{state=\"on\"}", 0},
-                              {"efa_device_plugin_dra_driver_present", 0},
-                              {"efa_device_plugin_withdrawn", 0}})));
+  CHECK(node.WaitScrape(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
+                             {"efa_device_plugin_mofed_state{state=\"on\"}", 0},
+                             {"efa_device_plugin_dra_driver_present", 0},
+                             {"efa_device_plugin_withdrawn", 0}})));
 
   // A GPU container is given MOFED (policy warn): a conflict, shown in the
   // metrics; the daemon still serves as configured, so still ready.
@@ -255,14 +225,14 @@ TEST_CASE("Readiness and the guard metrics follow the MOFED conflict and the DRA
       [](const GuardStatus& s) { return s.mofed.state == MofedState::kOn; }, kDeadline));
   CHECK(node.Get("/readyz").status == 200);
   CHECK(node.Get("/readyz").body == "ok: vpc.amazonaws.com/efa is registered with the kubelet\n");
-  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 0},
-                              {"efa_device_plugin_mofed_state{state=\"on\"}", 1},
-                              {"efa_device_plugin_efas_held_unhealthy", 0},
-                              {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
+  CHECK(node.WaitScrape(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 0},
+                             {"efa_device_plugin_mofed_state{state=\"on\"}", 1},
+                             {"efa_device_plugin_efas_held_unhealthy", 0},
+                             {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
   // The pod goes: the kubelet rewrites the checkpoint without it.
   REQUIRE(node.kubelet().RemovePod("uid-mofed").ok());
-  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
-                              {"efa_device_plugin_mofed_state{state=\"on\"}", 0}})));
+  CHECK(node.WaitScrape(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
+                             {"efa_device_plugin_mofed_state{state=\"on\"}", 0}})));
   CHECK(
       node.WaitReply("/readyz", 200, "ok: vpc.amazonaws.com/efa is registered with the kubelet\n"));
 
@@ -276,14 +246,14 @@ TEST_CASE("Readiness and the guard metrics follow the MOFED conflict and the DRA
                      "vpc.amazonaws.com/efa is withdrawn, as --dra-policy=yield asks (" +
                          driver.socket_path().string() +
                          ": the dra.net DRA driver's registration socket accepts connections)\n"));
-  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_dra_driver_present", 1},
-                              {"efa_device_plugin_withdrawn", 1},
-                              {"efa_device_plugin_devices{health=\"healthy\"}", 0},
-                              {"efa_device_plugin_devices{health=\"unhealthy\"}", 0}})));
+  CHECK(node.WaitScrape(Has({{"efa_device_plugin_dra_driver_present", 1},
+                             {"efa_device_plugin_withdrawn", 1},
+                             {"efa_device_plugin_devices{health=\"healthy\"}", 0},
+                             {"efa_device_plugin_devices{health=\"unhealthy\"}", 0}})));
   driver.Stop();
   CHECK(
       node.WaitReply("/readyz", 200, "ok: vpc.amazonaws.com/efa is registered with the kubelet\n"));
-  CHECK(node.WaitMetrics(Has(
+  CHECK(node.WaitScrape(Has(
       {{"efa_device_plugin_withdrawn", 0}, {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
   CHECK(node.Scrape().at("efa_device_plugin_guard_checks_total") >= 4);
 }
@@ -295,24 +265,24 @@ TEST_CASE("Under policy protect the MOFED metrics and health go on, off and on a
   const auto gpus = StartMofedGpuPlugin(node);
   for (int round = 0; round < 2; ++round) {
     CAPTURE(round);
-    CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
-                                {"efa_device_plugin_efas_held_unhealthy", 0},
-                                {"efa_device_plugin_devices{health=\"healthy\"}", 4},
-                                {"efa_device_plugin_devices{health=\"unhealthy\"}", 0}})));
+    CHECK(node.WaitScrape(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
+                               {"efa_device_plugin_efas_held_unhealthy", 0},
+                               {"efa_device_plugin_devices{health=\"healthy\"}", 4},
+                               {"efa_device_plugin_devices{health=\"unhealthy\"}", 0}})));
     // A GPU container given MOFED is admitted, then its pod goes.
     const std::string uid = "uid-train-" + std::to_string(round);
     AdmitGpuPod(node, uid);
-    CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"on\"}", 1},
-                                {"efa_device_plugin_efas_held_unhealthy", 1},
-                                {"efa_device_plugin_devices{health=\"healthy\"}", 0},
-                                {"efa_device_plugin_devices{health=\"unhealthy\"}", 4}})));
+    CHECK(node.WaitScrape(Has({{"efa_device_plugin_mofed_state{state=\"on\"}", 1},
+                               {"efa_device_plugin_efas_held_unhealthy", 1},
+                               {"efa_device_plugin_devices{health=\"healthy\"}", 0},
+                               {"efa_device_plugin_devices{health=\"unhealthy\"}", 4}})));
     // What the kubelet is told agrees with the metric.
     const auto list = node.daemon().advertised();
     for (const auto& d : list.devices()) CHECK(d.health() == "Unhealthy");
     REQUIRE(node.kubelet().RemovePod(uid).ok());
   }
-  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
-                              {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
+  CHECK(node.WaitScrape(Has({{"efa_device_plugin_mofed_state{state=\"off\"}", 1},
+                             {"efa_device_plugin_devices{health=\"healthy\"}", 4}})));
   const auto list = node.daemon().advertised();
   CHECK(list.devices_size() == 4);
   for (const auto& d : list.devices()) CHECK(d.health() == "Healthy");
@@ -322,9 +292,9 @@ TEST_CASE("A node without EFA is ready with nothing to register",
           "[monitor][daemon][concurrency]") {
   MonitoredNode node("no-efa");
   CHECK(node.WaitReply("/readyz", 200, "ok: no EFA on this node, nothing to register\n"));
-  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_registered", 0},
-                              {"efa_device_plugin_efas_found", 0},
-                              {"efa_device_plugin_devices{health=\"healthy\"}", 0}})));
+  CHECK(node.WaitScrape(Has({{"efa_device_plugin_registered", 0},
+                             {"efa_device_plugin_efas_found", 0},
+                             {"efa_device_plugin_devices{health=\"healthy\"}", 0}})));
   // No EFA count is known for an m5.8xlarge: the expected count is absent.
   CHECK(node.Scrape().count("efa_device_plugin_efas_expected") == 0);
 }
@@ -337,9 +307,9 @@ TEST_CASE("A p5.48xlarge with 31 EFAs reports the shortfall in its metrics",
     fs::remove(sim.path() / "dev/infiniband/uverbs31");
   });
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-  CHECK(node.WaitMetrics(Has({{"efa_device_plugin_efas_found", 31},
-                              {"efa_device_plugin_efas_expected", 32},
-                              {"efa_device_plugin_devices{health=\"healthy\"}", 31}})));
+  CHECK(node.WaitScrape(Has({{"efa_device_plugin_efas_found", 31},
+                             {"efa_device_plugin_efas_expected", 32},
+                             {"efa_device_plugin_devices{health=\"healthy\"}", 31}})));
 }
 
 TEST_CASE("Liveness allows three rescan intervals and some slack between loop passes",
@@ -819,7 +789,7 @@ TEST_CASE("Every metric keeps its name, type, labels and HELP text for a Prometh
     REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
     CHECK(Allocate(node.kubelet(), {"rdmap16s27"}).ok());
     CHECK(Allocate(node.kubelet(), {"nope"}).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(node.WaitMetrics(
+    REQUIRE(node.WaitScrape(
         Has({{"efa_device_plugin_allocations_total{code=\"OK\"}", 1},
              {"efa_device_plugin_allocations_total{code=\"INVALID_ARGUMENT\"}", 1}})));
     const auto summary = SummarizeExposition(node.Get("/metrics").body);

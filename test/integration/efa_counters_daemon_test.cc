@@ -34,6 +34,7 @@ using efa::testing::FakeKubelet;
 using efa::testing::HealthOf;
 using efa::testing::Metrics;
 using efa::testing::TestNode;
+using efa::testing::TestNodeOptions;
 
 namespace {
 
@@ -66,59 +67,51 @@ std::vector<std::string> PciOrder(std::vector<std::string> ids) {
 // A simulated p4d (or `machine`), the fake kubelet and the daemon binary
 // with `flags`, logging at info, serving /metrics on a free loopback port;
 // registered.
-class CounterNode : public TestNode {
- public:
-  explicit CounterNode(const std::vector<std::string>& flags,
-                       const std::function<void(SimRoot&)>& prepare = nullptr,
-                       const std::string& machine = "p4d.24xlarge")
-      : TestNode({.machine = machine, .prepare = prepare, .run = DaemonRun::kLater}) {
-    std::vector<std::string> args{"--metrics-address", "127.0.0.1:0", "--probe-address", ""};
-    args.insert(args.end(), flags.begin(), flags.end());
-    StartBinary(args);
-    REQUIRE(kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-    REQUIRE(kubelet().WaitForStreaming(kEfa, true, kDeadline));
-    REQUIRE(WaitLog("serving /metrics, /healthz and /readyz on "));
-    port_ = static_cast<uint16_t>(LoggedPort("/metrics, /healthz and /readyz"));
-    REQUIRE(port_ > 0);
-  }
+TestNodeOptions CounterNode(const std::vector<std::string>& flags,
+                            const std::function<void(SimRoot&)>& prepare = nullptr,
+                            const std::string& machine = "p4d.24xlarge") {
+  std::vector<std::string> args{"--probe-address", ""};
+  args.insert(args.end(), flags.begin(), flags.end());
+  return {.machine = machine,
+          .prepare = prepare,
+          .run = DaemonRun::kBinary,
+          .flags = args,
+          .monitor = true,
+          .wait_serving = true};
+}
 
-  Metrics Scrape() { return efa::testing::Scrape(port_); }
-  // Scrapes until `want` holds (each scrape may read the counters anew).
-  bool WaitScrape(const std::function<bool(const Metrics&)>& want) {
-    return efa::testing::WaitScrape(port_, want);
-  }
-  // Keep-alives are judged once seen advancing: waits for two reads of
-  // `efa`'s keep_alive_rcvd that differ.
-  bool WaitKeepAlivesAdvancing(const std::string& efa) {
-    const std::string series = Series("efa_keep_alive_rcvd_total", kEfaLabels.at(efa));
-    double seen = 0;
-    return WaitScrape([&](const Metrics& m) {
-             seen = m.count(series) ? m.at(series) : 0;
-             return seen > 0;
-           }) &&
-           WaitScrape([&](const Metrics& m) { return m.count(series) && m.at(series) > seen; });
-  }
-  // The EFAs of an admitted container of one pod.
-  std::vector<std::string> Admit(const std::string& pod, int efas) {
-    auto admitted = kubelet().AdmitContainer(pod, "default", "uid-" + pod, "main", {{kEfa, efas}});
-    REQUIRE(admitted.ok());
-    return PciOrder(admitted->allocations.at(0).device_ids);
-  }
-  bool WaitHealth(const std::map<std::string, std::string>& want) {
-    return kubelet().WaitForDevices(
-        kEfa,
-        [&](const std::vector<v1beta1::Device>& devices) {
-          for (const auto& [id, h] : want) {
-            if (HealthOf(devices, id) != h) return false;
-          }
-          return true;
-        },
-        kDeadline);
-  }
+// Keep-alives are judged once seen advancing: waits for two reads of
+// `efa`'s keep_alive_rcvd that differ.
+bool WaitKeepAlivesAdvancing(const TestNode& node, const std::string& efa) {
+  const std::string series = Series("efa_keep_alive_rcvd_total", kEfaLabels.at(efa));
+  double seen = 0;
+  return node.WaitScrape([&](const Metrics& m) {
+    seen = m.count(series) ? m.at(series) : 0;
+    return seen > 0;
+  }) && node.WaitScrape([&](const Metrics& m) { return m.count(series) && m.at(series) > seen; });
+}
 
- private:
-  uint16_t port_ = 0;
-};
+// The EFAs of an admitted container of one pod.
+std::vector<std::string> Admit(TestNode& node, const std::string& pod, int efas) {
+  auto admitted =
+      node.kubelet().AdmitContainer(pod, "default", "uid-" + pod, "main", {{kEfa, efas}});
+  REQUIRE(admitted.ok());
+  return PciOrder(admitted->allocations.at(0).device_ids);
+}
+
+// Waits until the kubelet's latest list shows each EFA of `want` with its
+// health.
+bool WaitHealth(TestNode& node, const std::map<std::string, std::string>& want) {
+  return node.kubelet().WaitForDevices(
+      kEfa,
+      [&](const std::vector<v1beta1::Device>& devices) {
+        for (const auto& [id, h] : want) {
+          if (HealthOf(devices, id) != h) return false;
+        }
+        return true;
+      },
+      kDeadline);
+}
 
 // The simulated driver of the node's EFAs: raises a counter of each running
 // EFA every 20 ms, as a device posting keep-alives or moving bytes does.
@@ -157,13 +150,13 @@ TEST_CASE(
     "container, and counts a missing counter file",
     "[counters][daemon][process][concurrency]") {
   // rdmap160s27's driver has no port counters (an older kernel).
-  CounterNode node({"--counter-interval", "1h"}, [](SimRoot& sim) {
+  TestNode node(CounterNode({"--counter-interval", "1h"}, [](SimRoot& sim) {
     fs::remove_all(sim.sys() / "class/infiniband/rdmap160s27/ports/1/hw_counters");
-  });
+  }));
   node.sim().SetCounter("rdmap16s27", "tx_bytes", 4096);
   node.sim().SetCounter("rdmap16s27", "rx_bytes", 1024);
   node.sim().SetCounter("rdmap32s27", "rdma_write_bytes", 65536);
-  const std::vector<std::string> held = node.Admit("train-0", 2);
+  const std::vector<std::string> held = Admit(node, "train-0", 2);
 
   // The first read is the first scrape's, although the daemon has run.
   const Metrics m = node.Scrape();
@@ -216,8 +209,8 @@ TEST_CASE(
     "The daemon binary serves the efa driver's network counters per EFA and per container that "
     "holds the EFA",
     "[counters][daemon][process]") {
-  CounterNode node({"--counter-interval", "1h"});
-  const std::vector<std::string> held = node.Admit("train-0", 2);
+  TestNode node(CounterNode({"--counter-interval", "1h"}));
+  const std::vector<std::string> held = Admit(node, "train-0", 2);
   REQUIRE(held.size() == 2);
   // A value of its own for each counter of each EFA: a series of one EFA
   // (or one counter) shown as another's would differ.
@@ -262,12 +255,12 @@ TEST_CASE(
     "EFA or per container, and reports no error",
     "[counters][daemon][process]") {
   // The built-in g5.48xlarge runs a driver before r2.17.0.
-  CounterNode node({"--counter-interval", "1h"}, nullptr, "g5.48xlarge");
+  TestNode node(CounterNode({"--counter-interval", "1h"}, nullptr, "g5.48xlarge"));
   const std::string efa = "rdmap0s21";
   const std::string efa_labels = "efa=\"rdmap0s21\",pci_address=\"0000:00:15.0\",numa_node=\"-1\"";
   REQUIRE_THROWS(node.sim().SetCounter(efa, "unresponsive_remote_events", 1));
   node.sim().SetCounter(efa, "tx_bytes", 4096);
-  REQUIRE(node.Admit("train-0", 1) == std::vector<std::string>{efa});
+  REQUIRE(Admit(node, "train-0", 1) == std::vector<std::string>{efa});
 
   const Metrics m = node.Scrape();
   for (const std::string& name : kNetworkCounters) {
@@ -292,8 +285,8 @@ TEST_CASE(
 
 TEST_CASE("A running pod's EFAs that move no bytes are reported idle once, until bytes move",
           "[counters][daemon][process][concurrency]") {
-  CounterNode node({"--counter-interval", "100ms", "--idle-timeout", "1s"});
-  const std::vector<std::string> held = node.Admit("train-0", 2);
+  TestNode node(CounterNode({"--counter-interval", "100ms", "--idle-timeout", "1s"}));
+  const std::vector<std::string> held = Admit(node, "train-0", 2);
   REQUIRE(held.size() == 2);
   const std::string idle =
       Series("container_idle_efas", "namespace=\"default\",pod=\"train-0\",container=\"main\"");
@@ -327,36 +320,36 @@ TEST_CASE(
     "With device health on, an EFA whose keep-alives stop or whose admin commands fail is "
     "Unhealthy until it has recovered for the hold-down",
     "[counters][health][daemon][process][concurrency]") {
-  CounterNode node({"--device-health", "--device-health-keep-alive-timeout", "2s",
-                    "--device-health-hold-down", "1s", "--counter-interval", "100ms"});
+  TestNode node(CounterNode({"--device-health", "--device-health-keep-alive-timeout", "2s",
+                             "--device-health-hold-down", "1s", "--counter-interval", "100ms"}));
   Ticker keep_alive(node.sim(), "keep_alive_rcvd", kEfas);
   const std::map<std::string, std::string> all_healthy = {{"rdmap16s27", "Healthy"},
                                                           {"rdmap32s27", "Healthy"},
                                                           {"rdmap144s27", "Healthy"},
                                                           {"rdmap160s27", "Healthy"}};
-  REQUIRE(node.WaitHealth(all_healthy));
-  REQUIRE(node.WaitKeepAlivesAdvancing("rdmap16s27"));
+  REQUIRE(WaitHealth(node, all_healthy));
+  REQUIRE(WaitKeepAlivesAdvancing(node, "rdmap16s27"));
 
   // The first EFA's keep-alives stop. No scrape: the daemon reads by itself.
   keep_alive.Pause(0, true);
   auto want = all_healthy;
   want["rdmap16s27"] = "Unhealthy";
-  CHECK(node.WaitHealth(want));
+  CHECK(WaitHealth(node, want));
   CHECK(node.WaitLog(
       "EFA rdmap16s27 is unhealthy by its counters: keep_alive_rcvd has not advanced for 2s"));
   const Metrics m = node.Scrape();
   CHECK(m.at(Series("efa_unhealthy_by_counters", "efa=\"rdmap16s27\",reason=\"keep_alive\"")) == 1);
   CHECK(m.at("efa_device_plugin_devices{health=\"unhealthy\"}") == 1);
   keep_alive.Pause(0, false);
-  CHECK(node.WaitHealth(all_healthy));
+  CHECK(WaitHealth(node, all_healthy));
   CHECK(node.WaitLog("EFA rdmap16s27 is healthy again by its counters: no problem for 1s"));
 
   // Ten admin commands of the second EFA fail at once.
   node.sim().SetCounter("rdmap32s27", "cmds_err", 10);
   want = all_healthy;
   want["rdmap32s27"] = "Unhealthy";
-  CHECK(node.WaitHealth(want));
-  CHECK(node.WaitHealth(all_healthy));
+  CHECK(WaitHealth(node, want));
+  CHECK(WaitHealth(node, all_healthy));
   CHECK(node.LogLines("EFA rdmap32s27 is unhealthy by its counters: admin commands failing: "
                       "cmds_err rose by 10 since the last read (limit 10)") == 1);
   CHECK(node.LogLines("EFA rdmap32s27 is healthy again by its counters") == 1);
@@ -370,13 +363,13 @@ TEST_CASE(
     "On a node moving to DRA the daemon binary yields and still serves every EFA's counters, per "
     "pod for EFAs held by the device plugin and through ResourceClaims",
     "[counters][daemon][process][dra]") {
-  CounterNode node({"--counter-interval", "1h"});
+  TestNode node(CounterNode({"--counter-interval", "1h"}));
   fs::create_directories(node.kubelet_dir() / "plugins_registry");
   efa::testing::FakeDraDriver dranet(node.kubelet_dir() / "plugins_registry");
   // Before the move: a pod of the device plugin. Then dra.net registers:
   // the daemon withdraws the resource (no device left for the kubelet to
   // give) but the running pod keeps its EFAs.
-  const std::vector<std::string> old_efas = node.Admit("old-0", 2);
+  const std::vector<std::string> old_efas = Admit(node, "old-0", 2);
   dranet.Start();
   REQUIRE(node.kubelet().WaitForDevices(
       kEfa, [](const std::vector<v1beta1::Device>& d) { return d.empty(); }, kDeadline));
@@ -444,11 +437,11 @@ TEST_CASE(
                                           "1h",
                                           "--counter-interval",
                                           "100ms"};
-  CounterNode node(flags);
+  TestNode node(CounterNode(flags));
   Ticker keep_alive(node.sim(), "keep_alive_rcvd", kEfas);
-  REQUIRE(node.WaitKeepAlivesAdvancing(kEfas[1]));
-  const std::vector<std::string> train = node.Admit("train-0", 2);
-  const std::vector<std::string> infer = node.Admit("infer-0", 2);
+  REQUIRE(WaitKeepAlivesAdvancing(node, kEfas[1]));
+  const std::vector<std::string> train = Admit(node, "train-0", 2);
+  const std::vector<std::string> infer = Admit(node, "infer-0", 2);
   REQUIRE(train == std::vector<std::string>{kEfas[0], kEfas[1]});
   REQUIRE(infer == std::vector<std::string>{kEfas[2], kEfas[3]});
   using Status = std::vector<FakeKubelet::ResourceStatus>;
@@ -461,10 +454,10 @@ TEST_CASE(
   // infer-0's second EFA stops sending keep-alives; train-0's first is
   // removed (its verbs device gone).
   keep_alive.Pause(3, true);
-  REQUIRE(node.WaitHealth({{kEfas[3], "Unhealthy"}}));
+  REQUIRE(WaitHealth(node, {{kEfas[3], "Unhealthy"}}));
   keep_alive.Pause(0, true);  // no driver to count them once it is gone
   fs::remove(node.sim().sys() / "class/infiniband" / kEfas[0]);
-  REQUIRE(node.WaitHealth({{kEfas[0], "Unhealthy"}}));
+  REQUIRE(WaitHealth(node, {{kEfas[0], "Unhealthy"}}));
   const Status train_status{{kEfa, {{kEfas[0], "Unhealthy"}, {kEfas[1], "Healthy"}}}};
   const Status infer_status{{kEfa, {{kEfas[2], "Healthy"}, {kEfas[3], "Unhealthy"}}}};
   CHECK(status("train-0") == train_status);

@@ -42,6 +42,7 @@ using efa::testing::DaemonRun;
 using efa::testing::DirEntries;
 using efa::testing::FakeKubelet;
 using efa::testing::TestNode;
+using efa::testing::TestNodeOptions;
 
 namespace {
 
@@ -70,35 +71,17 @@ void Print(const char* when, const Footprint& f) {
   std::printf("  %-28s fds %lld, threads %lld, RSS %lld KiB\n", when, f.fds, f.threads, f.rss_kib);
 }
 
-// The daemon binary on a simulated node with a fake kubelet (pod-resources
-// served too), its log in the node's directory.
-class DaemonNode : public TestNode {
- public:
-  // `late_binding`: the daemon binds EFAs at PreStartContainer and writes
-  // its CDI specs to cdi_dir().
-  explicit DaemonNode(const std::string& machine, bool late_binding = false)
-      : TestNode({.machine = machine, .run = DaemonRun::kLater}), late_binding_(late_binding) {
-    fs::create_directories(cdi_dir());
-    Launch();
-  }
-
-  // Starts the binary with this test's flags (again after KillBinary: a
-  // restart).
-  void Launch() {
-    std::vector<std::string> flags = {"--log-level",     "warn", "--metrics-address", "",
-                                      "--probe-address", "",     "--rescan-interval", "1s"};
-    if (late_binding_) {
-      flags.insert(flags.end(), {"--alignment", "late-binding", "--cdi-dir", cdi_dir().string()});
-    }
-    StartBinary(flags);
-  }
-
-  fs::path socket() const { return device_plugin_dir() / "efa/aws-efa-device-plugin.sock"; }
-  fs::path cdi_dir() const { return sim().path() / "var/run/cdi"; }
-
- private:
-  const bool late_binding_;
-};
+// The daemon's binary on `machine` with this file's flags (again after
+// KillBinary: TestNode::StartBinary()). `late_binding`: the daemon binds
+// EFAs at PreStartContainer and writes its CDI specs to cdi_dir().
+TestNodeOptions FaultNode(const std::string& machine, bool late_binding = false) {
+  TestNodeOptions options{.machine = machine,
+                          .run = DaemonRun::kBinary,
+                          .flags = {"--log-level", "warn", "--metrics-address", "",
+                                    "--probe-address", "", "--rescan-interval", "1s"}};
+  if (late_binding) options.alignment = efa::plugin::AlignmentMode::kLateBinding;
+  return options;
+}
 
 // The host device nodes a container gets: from the Allocate answer
 // (best effort), or from the CDI spec its answer names (late binding);
@@ -129,7 +112,7 @@ std::vector<std::string> DeviceIds(const std::vector<v1beta1::Device>& devices) 
 
 TEST_CASE("Kubelet restarts in a row: registered every time, nothing leaks",
           "[fault][process][concurrency]") {
-  DaemonNode node("p5.48xlarge");
+  TestNode node(FaultNode("p5.48xlarge"));
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.kubelet().WaitForStreaming(kEfa, true, kDeadline));
   // Each restart serves afresh on a new gRPC server, whose threads TSan sees
@@ -174,7 +157,7 @@ TEST_CASE("Kubelet restarts in a row: registered every time, nothing leaks",
 }
 
 TEST_CASE("16 clients calling at once while devices come and go", "[fault][process][concurrency]") {
-  DaemonNode node("p5.48xlarge");
+  TestNode node(FaultNode("p5.48xlarge"));
   FakeKubelet& kubelet = node.kubelet();
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(kubelet.WaitForDevices(
@@ -183,8 +166,8 @@ TEST_CASE("16 clients calling at once while devices come and go", "[fault][proce
   const Footprint before = Measure(node.pid());
 
   // A watcher of its own: every message is the whole node, each device once.
-  auto channel =
-      grpc::CreateChannel("unix:" + node.socket().string(), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel("unix:" + node.plugin_socket().string(),
+                                     grpc::InsecureChannelCredentials());
   auto watch_stub = v1beta1::DevicePlugin::NewStub(channel);
   grpc::ClientContext watch_context;
   auto reader = watch_stub->ListAndWatch(&watch_context, v1beta1::Empty());
@@ -232,8 +215,8 @@ TEST_CASE("16 clients calling at once while devices come and go", "[fault][proce
   std::vector<std::thread> clients;
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&, c] {
-      auto ch =
-          grpc::CreateChannel("unix:" + node.socket().string(), grpc::InsecureChannelCredentials());
+      auto ch = grpc::CreateChannel("unix:" + node.plugin_socket().string(),
+                                    grpc::InsecureChannelCredentials());
       auto stub = v1beta1::DevicePlugin::NewStub(ch);
       std::mt19937 rng(c);
       for (int i = 0; i < kCalls; ++i) {
@@ -315,7 +298,7 @@ TEST_CASE("SIGKILL in an admission storm: no EFA is ever held by two live contai
           "[fault][process][concurrency]") {
   const bool late = GENERATE(false, true);
   CAPTURE(late);
-  DaemonNode node("p5.48xlarge", late);
+  TestNode node(FaultNode("p5.48xlarge", late));
   FakeKubelet& kubelet = node.kubelet();
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(kubelet.WaitForStreaming(kEfa, true, kDeadline));
@@ -379,7 +362,7 @@ TEST_CASE("SIGKILL in an admission storm: no EFA is ever held by two live contai
     killer.join();
     REQUIRE(killed);
     ++kills;
-    node.Launch();
+    node.StartBinary();
     REQUIRE(kubelet.WaitForRegistrations(kEfa, round + 2, kDeadline));
     REQUIRE(kubelet.WaitForStreaming(kEfa, true, kDeadline));
     check();
@@ -423,7 +406,7 @@ TEST_CASE(
     "A full or read-only CDI dir: Allocate answers, PreStartContainer fails naming the "
     "spec and the cause, nothing partial is left, and the retry binds",
     "[fault][process][late-binding][concurrency]") {
-  DaemonNode node("p5.48xlarge", /*late_binding=*/true);
+  TestNode node(FaultNode("p5.48xlarge", /*late_binding=*/true));
   FakeKubelet& kubelet = node.kubelet();
   REQUIRE(kubelet.WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(kubelet.WaitForStreaming(kEfa, true, kDeadline));

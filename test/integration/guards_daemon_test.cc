@@ -44,9 +44,10 @@ using efa::testing::kEfa;
 // directories and a plugins registry; the daemon starts on StartDaemon().
 class GuardedNode : public TestNode {
  public:
+  // `fake_clock`: the daemon reads clock() instead of the real clock.
   explicit GuardedNode(MofedPolicy mofed, DraPolicy dra = DraPolicy::kYield,
-                       std::chrono::milliseconds rescan = 10s)
-      : TestNode({.machine = "p4d.24xlarge", .run = DaemonRun::kLater}),
+                       std::chrono::milliseconds rescan = 10s, bool fake_clock = false)
+      : TestNode({.machine = "p4d.24xlarge", .run = DaemonRun::kLater, .fake_clock = fake_clock}),
         proc_(sim().path() / "proc") {
     fs::create_directories(registry());
     fs::create_directories(cdi_dir());
@@ -56,12 +57,8 @@ class GuardedNode : public TestNode {
     options().cdi_spec_dirs = {cdi_dir(), sim().path() / "etc/cdi"};
   }
 
-  // Before StartDaemon(): the daemon reads clock() instead of the real clock.
-  void UseFakeClock() { options().clock = &clock(); }
-
   FakeProc& proc() { return proc_; }
   fs::path registry() const { return kubelet_dir() / "plugins_registry"; }
-  fs::path cdi_dir() const { return sim().path() / "var/run/cdi"; }
 
   // The kubelet owns the checkpoint (it rewrites it from memory on every
   // device list), so tests change it as a kubelet restart does: the new
@@ -325,8 +322,7 @@ TEST_CASE(
     "Under protect a deleted MOFED pod's entry left in the checkpoint stops counting once "
     "pod-resources has left it out for the confirmation time",
     "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kProtect);
-  node.UseFakeClock();
+  GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 10s, /*fake_clock=*/true);
   node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
@@ -358,10 +354,9 @@ TEST_CASE(
 
 TEST_CASE("An nvidia-device-plugin process with --mofed-enabled is found by the periodic check",
           "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kProtect);
+  GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 10s, /*fake_clock=*/true);
   const fs::path socket = node.device_plugin_dir() / "nvidia-gpu.sock";
   node.proc().AddProcess(4242, {"/usr/bin/nvidia-device-plugin"}, {"PATH=/bin"}, "v0.19.3", socket);
-  node.UseFakeClock();
   node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
@@ -404,11 +399,10 @@ TEST_CASE("Among 10,000 nvidia-device-plugin processes the daemon finds the plug
 
 TEST_CASE("A process that only calls itself nvidia-device-plugin does not make EFAs Unhealthy",
           "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kProtect);
+  GuardedNode node(MofedPolicy::kProtect, DraPolicy::kYield, 10s, /*fake_clock=*/true);
   // exec -a nvidia-device-plugin ... --mofed-enabled, without the plugin's socket.
   node.proc().AddProcess(4242, {"nvidia-device-plugin", "--mofed-enabled"}, {"MOFED_ENABLED=true"},
                          "v0.19.1");
-  node.UseFakeClock();
   node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   const std::string ignored =

@@ -35,6 +35,7 @@ using efa::testing::FakeKubelet;
 using efa::testing::ProbeOnce;
 using efa::testing::Prober;
 using efa::testing::TestNode;
+using efa::testing::TestNodeOptions;
 
 namespace {
 
@@ -61,42 +62,32 @@ long long OpenFiles(pid_t pid) {
 
 // The daemon's binary on a simulated p5 with 1024 descriptors, registered
 // with the fake kubelet, both listeners on free loopback ports.
-class FloodedNode : public TestNode {
- public:
-  FloodedNode()
-      : TestNode({.machine = "p5.48xlarge",
-                  .run = DaemonRun::kBinary,
-                  .flags = {"--log-level", "info", "--metrics-address", "127.0.0.1:0",
-                            "--probe-address", "127.0.0.1:0"},
-                  .max_files = kContainerFiles}) {
-    // Both listeners are serving before the daemon registers.
-    REQUIRE(kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
-    REQUIRE(WaitAll("Healthy"));
-    metrics_port_ = LoggedPort("/metrics, /healthz and /readyz");
-    probe_port_ = LoggedPort("/healthz and /readyz");
-    REQUIRE(metrics_port_ > 0);
-    REQUIRE(probe_port_ > 0);
-    // Both probes pass before the flood (the kubelet's initial delay): the
-    // owner loop's first pass ends after the registration.
-    for (const char* path : {"/healthz", "/readyz"}) {
-      const auto until = std::chrono::steady_clock::now() + kDeadline;
-      while (ProbeOnce(probe_port(), path, 1s).status != 200 &&
-             std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(10ms);
-      }
-      REQUIRE(ProbeOnce(probe_port(), path, 1s).status == 200);
+TestNodeOptions FloodedNode() {
+  return {.machine = "p5.48xlarge",
+          .run = DaemonRun::kBinary,
+          .flags = {"--log-level", "info", "--probe-address", "127.0.0.1:0"},
+          .max_files = kContainerFiles,
+          .monitor = true,
+          .wait_serving = true};
+}
+
+// Before a flood: every EFA Healthy, both probes passing (the kubelet's
+// initial delay: the owner loop's first pass ends after the registration),
+// and this process able to hold the flood's connections.
+void ReadyForFlood(TestNode& node) {
+  REQUIRE(node.WaitAll("Healthy"));
+  REQUIRE(node.metrics_port() > 0);
+  REQUIRE(node.probe_port() > 0);
+  for (const char* path : {"/healthz", "/readyz"}) {
+    const auto until = std::chrono::steady_clock::now() + kDeadline;
+    while (ProbeOnce(node.probe_port(), path, 1s).status != 200 &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(10ms);
     }
-    // This process holds the flood's connections.
-    REQUIRE(efa::testing::RaiseFileLimit(kFloodConnections + 1024) >= kFloodConnections + 256);
+    REQUIRE(ProbeOnce(node.probe_port(), path, 1s).status == 200);
   }
-
-  uint16_t metrics_port() const { return static_cast<uint16_t>(metrics_port_); }
-  uint16_t probe_port() const { return static_cast<uint16_t>(probe_port_); }
-
- private:
-  int metrics_port_ = 0;
-  int probe_port_ = 0;
-};
+  REQUIRE(efa::testing::RaiseFileLimit(kFloodConnections + 1024) >= kFloodConnections + 256);
+}
 
 // Waits (bounded) until every slot of `flood` connected once: the flood
 // presses with all it has.
@@ -113,7 +104,8 @@ void WaitFloodUp(const ConnectionFlood& flood) {
 
 TEST_CASE("A flood of the metrics port leaves the probes, re-registration and device health alone",
           "[http][process][flood]") {
-  FloodedNode node;
+  TestNode node(FloodedNode());
+  ReadyForFlood(node);
   auto flood = std::make_unique<ConnectionFlood>(node.metrics_port(), kFloodConnections);
   WaitFloodUp(*flood);
   Prober prober(node.probe_port(), {"/healthz", "/readyz"}, {"/healthz"});
@@ -179,7 +171,8 @@ TEST_CASE(
     "A flood of the probe port leaves /metrics answering, and the probes of another address "
     "passing",
     "[http][process][flood]") {
-  FloodedNode node;
+  TestNode node(FloodedNode());
+  ReadyForFlood(node);
   ConnectionFlood flood(node.probe_port(), kFloodConnections);
   WaitFloodUp(flood);
   const auto start = std::chrono::steady_clock::now();

@@ -62,18 +62,17 @@ class LateNode : public TestNode {
   // node when empty); `replicas`: device IDs per EFA (sharing).
   LateNode(const std::string& machine, AcceleratorKind kind, fs::path cdi_dir = {},
            AlignmentMode mode = AlignmentMode::kLateBinding, int replicas = 1)
-      : TestNode({.machine = machine, .run = DaemonRun::kLater, .accelerators = kind}) {
-    DaemonOptions& o = options();
-    o.alignment = mode;
-    o.cdi_dir = cdi_dir.empty() ? sim().path() / "var/run/cdi" : cdi_dir;
-    // Never the host's; the MOFED guard watches the spec dir late binding
-    // writes to, as on a node (/var/run/cdi).
-    o.cdi_spec_dirs = {sim().path() / "etc/cdi", o.cdi_dir};
-    if (cdi_dir.empty()) fs::create_directories(o.cdi_dir);  // watched from the start
-    o.replicas = replicas;
-    // Released on the first look without the container, as the pods churn
-    // here faster than a real node's (the confirmation has unit tests).
-    o.late_release_after = std::chrono::milliseconds(0);
+      : TestNode({.machine = machine,
+                  .run = DaemonRun::kLater,
+                  // Released on the first look without the container, as the
+                  // pods churn here faster than a real node's (the
+                  // confirmation has unit tests).
+                  .configure =
+                      [](DaemonOptions& o) { o.late_release_after = std::chrono::milliseconds(0); },
+                  .accelerators = kind,
+                  .alignment = mode,
+                  .cdi_dir = std::move(cdi_dir),
+                  .replicas = replicas}) {
     StartServing();
     inventory_ = efa::topology::DiscoverEfaDevices(sim().roots());
   }
@@ -83,9 +82,7 @@ class LateNode : public TestNode {
     const int before = kubelet().registrations(kEfa);
     const int messages = kubelet().list_and_watch_messages(kEfa);
     StartDaemon();
-    REQUIRE(kubelet().WaitForRegistrations(kEfa, before + 1, kDeadline));
-    REQUIRE(kubelet().WaitForListAndWatchMessages(kEfa, messages + 1, kDeadline));
-    REQUIRE(kubelet().WaitForStreaming(kEfa, true, kDeadline));
+    WaitServing(before, messages);
   }
 
   absl::StatusOr<FakeKubelet::AdmittedContainer> Admit(const std::string& uid, int accels, int efas,
@@ -173,7 +170,6 @@ class LateNode : public TestNode {
 
   bool late() const { return options().alignment == AlignmentMode::kLateBinding; }
   const efa::plugin::LateBinder& binder() { return *daemon().late_binder(); }
-  const fs::path& cdi_dir() const { return options().cdi_dir; }
   const efa::topology::Inventory& inventory() const { return inventory_; }
 
  private:

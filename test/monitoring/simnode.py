@@ -117,7 +117,7 @@ class SimNode:
     def scrape(self):
         return http_get(f"http://127.0.0.1:{self.metrics_port()}/metrics")
 
-    # A device removed as the kernel removes it (lifecycle_main.cc's
+    # A device removed as the kernel removes it (lifecycle_node.cc's
     # RemoveEfa): its class entries and its device node; a uevent counted.
     def remove_efa(self, ibdev):
         sys_dir = os.path.join(self.root, "sys")

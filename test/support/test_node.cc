@@ -6,10 +6,12 @@
 #include <random>
 
 #include "plugin/alignment/alignment.h"
+#include "plugin/config.h"
 #include "plugin/kubelet/kubelet_checkpoint.h"
 #include "test/support/build_paths.h"
 #include "test/support/daemon_log.h"
 #include "test/support/devices.h"
+#include "test/support/scrape.h"
 #include "test/support/temp_dir.h"
 #include "topology/efa_discovery.h"
 #include "topology/hwloc_loader.h"
@@ -39,10 +41,17 @@ TestNode::TestNode(TestNodeOptions options)
   options_.roots = sim_.roots();
   options_.kubelet_dir = kubelet_dir();
   options_.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
+  if (config_.alignment) {
+    if (config_.cdi_dir.empty()) fs::create_directories(cdi_dir());  // watched from the start
+    options_.alignment = *config_.alignment;
+    options_.cdi_dir = cdi_dir();
+    options_.cdi_spec_dirs.push_back(cdi_dir());
+  }
+  options_.replicas = config_.replicas;
   if (config_.fake_clock) options_.clock = &clock_;
   if (config_.configure) config_.configure(options_);
   if (config_.run == DaemonRun::kInProcess) StartDaemon();
-  if (config_.run == DaemonRun::kBinary) StartBinary(config_.flags, config_.max_files);
+  if (config_.run == DaemonRun::kBinary) StartBinary();
   if (config_.accelerators) {
     accelerators_ = std::make_unique<FakeAcceleratorPlugin>(
         *sim::FindMachine(config_.machine), *config_.accelerators, device_plugin_dir());
@@ -57,6 +66,15 @@ TestNode::TestNode(TestNodeOptions options)
         topology::HostModel::FromHwloc(topology::DiscoverEfaDevices(sim_.roots()), topo->get());
     gpus_ = topology::ReadNvidiaGpus(sim_.path() / "proc", nullptr);
   }
+  if (config_.wait_serving) {
+    WaitServing();
+    if (config_.monitor && process_) {
+      REQUIRE(WaitLog("serving /metrics, /healthz and /readyz on "));
+      metrics_port_ = static_cast<uint16_t>(LoggedPort("/metrics, /healthz and /readyz"));
+      REQUIRE(metrics_port_ > 0);
+      probe_port_ = static_cast<uint16_t>(LoggedPort("/healthz and /readyz"));
+    }
+  }
 }
 
 TestNode::~TestNode() {
@@ -66,10 +84,34 @@ TestNode::~TestNode() {
 
 fs::path TestNode::checkpoint() const { return device_plugin_dir() / plugin::kCheckpointFile; }
 
+fs::path TestNode::plugin_socket() const {
+  return device_plugin_dir() / "efa/aws-efa-device-plugin.sock";
+}
+
+fs::path TestNode::cdi_dir() const {
+  return config_.cdi_dir.empty() ? sim_.path() / "var/run/cdi" : config_.cdi_dir;
+}
+
 void TestNode::StartDaemon(const std::function<void(plugin::Daemon&)>& before_run) {
   StopDaemon();
+  if (config_.monitor && !monitor_) {
+    monitor_ = std::make_unique<plugin::DaemonMonitor>(
+        plugin::MonitorOptions{options_.rescan_interval, "", options_.roots.sysfs, 0});
+    monitor_->Attach(options_);
+  }
   daemon_ = std::make_unique<plugin::Daemon>(options_);
   judged_ = 0;  // the new daemon's alignment stats start again
+  if (monitor_) {
+    monitor_->Watch(daemon_.get());
+    if (!http_) {
+      auto http = plugin::HttpServer::Start("127.0.0.1:0", monitor_->Routes());
+      REQUIRE(http.ok());
+      http_ = *std::move(http);
+      auto probes = plugin::HttpServer::Start("127.0.0.1:0", monitor_->ProbeRoutes());
+      REQUIRE(probes.ok());
+      probes_ = *std::move(probes);
+    }
+  }
   if (before_run) before_run(*daemon_);
   thread_ = std::thread([this] { exit_code_ = daemon_->Run(); });
 }
@@ -95,9 +137,20 @@ bool TestNode::PassUntil(const std::function<bool()>& done) {
 
 void TestNode::StartBinary(const std::vector<std::string>& flags, rlim_t max_files) {
   process_.reset();  // a killed daemon leaves its socket: the new one removes it
+  metrics_port_ = probe_port_ = 0;
   std::vector<std::string> args = config_.wrapper;
   args.push_back(config_.binary.empty() ? kPluginBinary : config_.binary.string());
   for (const std::string& flag : sim_.DaemonFlags()) args.push_back(flag);
+  if (config_.alignment) {
+    if (config_.cdi_dir.empty()) fs::create_directories(cdi_dir());
+    args.insert(args.end(),
+                {"--alignment", std::string(plugin::AlignmentModeName(*config_.alignment)),
+                 "--cdi-dir", cdi_dir().string()});
+  }
+  if (config_.replicas != 1) {
+    args.insert(args.end(), {"--sharing-replicas", std::to_string(config_.replicas)});
+  }
+  if (config_.monitor) args.insert(args.end(), {"--metrics-address", "127.0.0.1:0"});
   args.insert(args.end(), flags.begin(), flags.end());
   process_ = std::make_unique<ChildProcess>(args, log(), max_files);
 }
@@ -116,6 +169,32 @@ bool TestNode::WaitLog(const std::string& text) const {
 }
 
 int TestNode::LoggedPort(const std::string& what) const { return testing::LoggedPort(log(), what); }
+
+uint16_t TestNode::metrics_port() const {
+  if (http_) return http_->port();
+  if (metrics_port_ == 0) {
+    return static_cast<uint16_t>(LoggedPort("/metrics, /healthz and /readyz"));
+  }
+  return metrics_port_;
+}
+
+uint16_t TestNode::probe_port() const {
+  if (probes_) return probes_->port();
+  if (probe_port_ == 0) return static_cast<uint16_t>(LoggedPort("/healthz and /readyz"));
+  return probe_port_;
+}
+
+Metrics TestNode::Scrape() const { return testing::Scrape(metrics_port()); }
+
+bool TestNode::WaitScrape(const std::function<bool(const Metrics&)>& want) const {
+  return testing::WaitScrape(metrics_port(), want);
+}
+
+void TestNode::WaitServing(int registrations, int messages) {
+  REQUIRE(kubelet_.WaitForRegistrations(kEfa, registrations + 1, kDeadline));
+  REQUIRE(kubelet_.WaitForListAndWatchMessages(kEfa, messages + 1, kDeadline));
+  REQUIRE(kubelet_.WaitForStreaming(kEfa, true, kDeadline));
+}
 
 bool TestNode::WaitHealth(const std::string& id, const std::string& health) {
   return kubelet_.WaitForDevices(

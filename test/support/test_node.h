@@ -2,11 +2,12 @@
 // (test/sim), the fake kubelet in the machine's kubelet directory over real
 // unix sockets, and the daemon, either in this process on a thread (with a
 // fake clock when a test moves time itself) or as its binary; with the waits
-// the integration tests share. A test file adds only what is its own (a
-// guard's fakes, an HTTP monitor, alignment rounds) around one of these.
+// the integration tests share. What several test files need (the daemon's
+// HTTP monitor, late binding's CDI directory, sharing's replicas, the wait
+// for the first registration) is an option; a test file adds only what is
+// its own (a guard's fakes, its requests and checks) around one of these.
 //
-//   TestNode node({.machine = "p5.48xlarge"});           // the daemon in process
-//   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+//   TestNode node({.machine = "p5.48xlarge", .wait_serving = true});  // in process
 //   fs::remove(node.sim().path() / "dev/infiniband/uverbs1");
 //   CHECK(node.WaitHealth("rdmap80s0", "Unhealthy"));
 //
@@ -18,6 +19,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +28,8 @@
 #include <vector>
 
 #include "plugin/daemon.h"
+#include "plugin/daemon_monitor.h"
+#include "plugin/ops/http_server.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
@@ -93,6 +97,27 @@ struct TestNodeOptions {
   // the daemon and registered with the kubelet before the constructor
   // returns.
   std::optional<AcceleratorKind> accelerators = std::nullopt;
+  // The daemon's alignment mode (unset: its default). With it, the daemon
+  // writes late binding's CDI specs to cdi_dir(), made before it starts;
+  // in process that directory is also one of its CDI spec dirs (the MOFED
+  // guard watches it, as on a node), as the binary `--alignment` and
+  // `--cdi-dir` only.
+  std::optional<plugin::AlignmentMode> alignment = std::nullopt;
+  // With `alignment`: where late binding writes its specs (empty: the
+  // node's var/run/cdi).
+  std::filesystem::path cdi_dir = {};
+  // Sharing's device IDs per EFA (1: none).
+  int replicas = 1;
+  // The daemon's /metrics (and its probes) on ports of 127.0.0.1
+  // (metrics_port(), probe_port()): in process a DaemonMonitor of the
+  // node's, attached at the first StartDaemon and served from then on; as
+  // the binary its `--metrics-address` (a probe listener of its own only
+  // as its flags say), the port read from its log.
+  bool monitor = false;
+  // The constructor returns once the daemon registered, sent its first
+  // device list and streams (WaitServing); with `monitor` as the binary,
+  // once it serves /metrics.
+  bool wait_serving = false;
 };
 
 class TestNode {
@@ -116,6 +141,12 @@ class TestNode {
   std::filesystem::path checkpoint() const;
   // The EFAs the machine had at the start (after `prepare`).
   size_t efas() const { return efas_; }
+  const std::string& machine() const { return config_.machine; }
+  // The daemon's socket in device_plugin_dir().
+  std::filesystem::path plugin_socket() const;
+  // Where late binding writes its CDI specs (the options' cdi_dir, else
+  // the node's var/run/cdi).
+  std::filesystem::path cdi_dir() const;
 
   // ---- The daemon in process -------------------------------------------
   // The options of the next StartDaemon: the node's roots and kubelet
@@ -124,7 +155,8 @@ class TestNode {
   plugin::DaemonOptions& options() { return options_; }
   const plugin::DaemonOptions& options() const { return options_; }
   // Builds a daemon from options() and runs it on a thread; `before_run`
-  // sees it built, before it runs. A daemon stopped before is replaced (a
+  // sees it built, before it runs (with `monitor`, after the monitor
+  // watches it and serves). A daemon stopped before is replaced (a
   // restart).
   void StartDaemon(const std::function<void(plugin::Daemon&)>& before_run = nullptr);
   // Stops the daemon and joins its thread; returns Run()'s exit code (-1
@@ -142,9 +174,13 @@ class TestNode {
 
   // ---- The daemon's binary ---------------------------------------------
   // Starts the binary on this node (the options' binary, under their
-  // wrapper) with `flags` after the node's, its output in log(). A binary
-  // started before must have ended (KillBinary).
+  // wrapper) with `flags` after the node's and the options' alignment,
+  // replicas and monitor, its output in log(). A binary started before
+  // must have ended (KillBinary).
   void StartBinary(const std::vector<std::string>& flags, rlim_t max_files = 0);
+  // The same with the options' flags and descriptor limit (again after
+  // KillBinary: a restart).
+  void StartBinary() { StartBinary(config_.flags, config_.max_files); }
   // SIGKILL (to the wrapper, with one); returns whether it died of it. Safe
   // on any thread (no Catch2).
   bool KillBinary();
@@ -158,7 +194,21 @@ class TestNode {
   // <what> on ... (port N"); 0 when none.
   int LoggedPort(const std::string& what) const;
 
+  // ---- The daemon's HTTP monitor (the `monitor` option) -----------------
+  // Ports of 127.0.0.1: /metrics (which answers the probes too), and the
+  // probes' own listener (0 when the binary's flags give it none).
+  uint16_t metrics_port() const;
+  uint16_t probe_port() const;
+  // One scrape of /metrics; WaitScrape scrapes until `want` holds
+  // (kDeadline): the daemon publishes its state once per loop pass.
+  std::map<std::string, double> Scrape() const;
+  bool WaitScrape(const std::function<bool(const std::map<std::string, double>&)>& want) const;
+
   // ---- The kubelet's view ----------------------------------------------
+  // Waits (kDeadline; REQUIRE) until the daemon registered for the
+  // `registrations`+1th time, sent the kubelet its `messages`+1th device
+  // list and streams: serving after a (re)start, counted from before it.
+  void WaitServing(int registrations = 0, int messages = 0);
   // Waits (kDeadline) until the kubelet's latest list shows `id` as
   // `health`.
   bool WaitHealth(const std::string& id, const std::string& health);
@@ -200,6 +250,15 @@ class TestNode {
   int exit_code_ = -1;
   std::unique_ptr<ChildProcess> process_;
   std::unique_ptr<FakeAcceleratorPlugin> accelerators_;
+  // With `monitor` in process: the monitor (the daemon's hooks point at it:
+  // the destructor stops the daemon first) and its listeners.
+  std::unique_ptr<plugin::DaemonMonitor> monitor_;
+  std::unique_ptr<plugin::HttpServer> http_;
+  std::unique_ptr<plugin::HttpServer> probes_;
+  // As the binary: the ports its log gave at the start (wait_serving; 0:
+  // read from the log when asked).
+  uint16_t metrics_port_ = 0;
+  uint16_t probe_port_ = 0;
   // Aligned()'s view of the machine (with accelerators).
   std::shared_ptr<const topology::HostModel> model_;
   std::vector<topology::NvidiaGpu> gpus_;
