@@ -167,7 +167,8 @@ void MeasureRpcs(Bench& bench) {
   const fs::path lone_kubelet = bench.p5.path() / "kubelet-absent";
   ChildProcess lone_daemon(bench.DaemonArgs(bench.p5, lone_kubelet),
                            bench.logs() / "daemon-no-lookup.log");
-  Server daemon("the daemon", bench.p5.path() / "kubelet/device-plugins/efa/aws-efa-device-plugin.sock",
+  Server daemon("the daemon",
+                bench.p5.path() / "kubelet/device-plugins/efa/aws-efa-device-plugin.sock",
                 bench.daemon->pid());
   Server echo("the echo server", echo_socket, bench.echo->pid());
   Server lone("the daemon without pod-resources",

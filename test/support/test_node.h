@@ -29,7 +29,7 @@
 
 #include "plugin/daemon.h"
 #include "plugin/daemon_monitor.h"
-#include "plugin/ops/http_server.h"
+#include "plugin/runtime/http_server.h"
 #include "test/fake_kubelet/fake_accelerator_plugin.h"
 #include "test/fake_kubelet/fake_kubelet.h"
 #include "test/sim/sim_root.h"
