@@ -21,7 +21,10 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr auto kRegisterTimeout = std::chrono::seconds(10);
+constexpr auto kMinBackoff = std::chrono::milliseconds(250);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(8000);
+// The first retry after kubelet.sock was created (RetryLater).
+constexpr auto kNewKubeletRetry = std::chrono::milliseconds(2);
 
 // 0 when a unix socket can be bound at `path` (it is removed again), else
 // the errno.
@@ -104,6 +107,7 @@ void Registrar::RegisterAgainNow(Reason reason) {
                                  "registering again"
                                : "kubelet.sock appeared; registering");
       reset_backoff = true;
+      new_kubelet_ = true;
       break;
     case Reason::kPluginSocketDeleted:
       spdlog::info("{} was deleted; serving and registering again", kPluginSocket);
@@ -232,6 +236,7 @@ void Registrar::Register() {
   if (status.ok()) {
     registered_ = true;
     backoff_ = std::chrono::milliseconds(0);
+    new_kubelet_ = false;
     ++registrations_;
     spdlog::info("registered {} with the kubelet at {}", options_.resource_name,
                  kubelet_socket().string());
@@ -242,9 +247,19 @@ void Registrar::Register() {
 }
 
 void Registrar::RetryLater(std::string_view why) {
-  backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(250), kMaxBackoff);
+  // inotify reports kubelet.sock at its bind(), and the kubelet listen()s
+  // just after: a connection in between is refused. Measured on a
+  // rebooting node, where the kubelet admits pods milliseconds later, so
+  // the retries after a new kubelet.sock start at 2 ms (logged at debug),
+  // doubling to the usual pace.
+  const bool quick = new_kubelet_ && backoff_ * 2 < kMinBackoff;
+  backoff_ = std::clamp(backoff_ * 2, new_kubelet_ ? kNewKubeletRetry : kMinBackoff, kMaxBackoff);
+  if (backoff_ >= kMinBackoff) new_kubelet_ = false;
   next_attempt_ = options_.clock->Now() + backoff_;
-  if (!why.empty()) spdlog::warn("{}; retrying in {} ms", why, backoff_.count());
+  if (!why.empty()) {
+    spdlog::log(quick ? spdlog::level::debug : spdlog::level::warn, "{}; retrying in {} ms", why,
+                backoff_.count());
+  }
 }
 
 }  // namespace efa::plugin

@@ -92,6 +92,9 @@ class Registrar {
   bool standing_aside_ = false;
   Clock::time_point next_attempt_;
   std::chrono::milliseconds backoff_{0};  // doubles while attempts fail
+  // kubelet.sock was created and no attempt has succeeded since: the first
+  // retries come within milliseconds (RetryLater).
+  bool new_kubelet_ = false;
   std::atomic<int> registrations_{0};
   std::atomic<int> kubelet_restarts_{0};
 };

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "test/fake_kubelet/serve_unix.h"
+#include "test/plugin/guard_fakes.h"
 #include "test/support/fake_clock.h"
 #include "test/support/temp_dir.h"
 
@@ -55,10 +56,9 @@ TEST_CASE("Registering again for the same kubelet keeps the backoff, for a new o
     CHECK(node.registrar.next_attempt() == node.clock.Now());
   }
   CHECK(node.FailOnce() == milliseconds(1000));
-  // A new kubelet, lost events, the DRA driver gone: from the shortest delay.
+  // Lost events, the DRA driver gone: from the shortest delay.
   for (Registrar::Reason fresh :
-       {Registrar::Reason::kKubeletSocketCreated, Registrar::Reason::kEventsLost,
-        Registrar::Reason::kDraDriverGone}) {
+       {Registrar::Reason::kEventsLost, Registrar::Reason::kDraDriverGone}) {
     node.FailOnce();
     node.registrar.RegisterAgainNow(fresh);
     CHECK(node.registrar.next_attempt() == node.clock.Now());
@@ -89,4 +89,23 @@ TEST_CASE("The registrar stands aside while another server listens on its socket
   CHECK_FALSE(node.registrar.standing_aside());
   node.registrar.StopServer();
   CHECK_FALSE(fs::exists(socket));
+}
+
+TEST_CASE("After a new kubelet.sock the retries start within milliseconds", "[registrar]") {
+  // The kubelet binds its socket, which inotify reports, and listens just
+  // after: a Register in between is refused, as this one is (a socket
+  // bound and never listening). The retries then come at 2, 4, ... ms, up
+  // to the usual 250 ms and on from there.
+  NoKubelet node;
+  const int bound = efa::testing::BindUnixSocket(node.dir.path() / "device-plugins/kubelet.sock");
+  REQUIRE(bound >= 0);
+  node.FailOnce();
+  node.FailOnce();  // 500 ms
+  node.registrar.RegisterAgainNow(Registrar::Reason::kKubeletSocketCreated);
+  CHECK(node.registrar.next_attempt() == node.clock.Now());
+  for (int ms : {2, 4, 8, 16, 32, 64, 128, 256, 512}) CHECK(node.FailOnce() == milliseconds(ms));
+  // The same kubelet again (its stream ended): the usual pace.
+  node.registrar.RegisterAgainNow(Registrar::Reason::kStreamEnded);
+  CHECK(node.FailOnce() == milliseconds(1024));
+  ::close(bound);
 }
