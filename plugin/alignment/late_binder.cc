@@ -761,6 +761,20 @@ void LateBinder::RefreshStaleById(const Checkpointed& checkpointed,
   if (refresh && options_.refresh_checkpoint) options_.refresh_checkpoint();
 }
 
+std::optional<ContainerDevices> LateBinder::HeldByIdAtWholeRead(const std::string& claim) {
+  // Not read whole now: a container that held the claim's IDs by ID at the
+  // latest whole read still does (soak seed 1001, late binding, step 238:
+  // a best-effort container restarted during a full descriptor table).
+  absl::MutexLock lock(&mu_);
+  if (!held_by_id_) return std::nullopt;
+  for (const ContainerDevices& c : *held_by_id_) {
+    if (c.efa_resource == options_.resource_name && ClaimName(c.efas, c.efa_resource) == claim) {
+      return c;
+    }
+  }
+  return std::nullopt;
+}
+
 absl::Status LateBinder::KeptById(const Claim& claim, const ContainerDevices& container) {
   // Admitted under an earlier configuration that gave device nodes by ID:
   // the container holds those EFAs (its Allocate answer gives them again at
@@ -792,6 +806,10 @@ absl::Status LateBinder::PreStart(const topology::DeviceTable& table,
   if (auto it = checkpointed.claims.find(claim.name);
       it != checkpointed.claims.end() && it->second.efa_resource == options_.resource_name) {
     container = it->second;
+  } else if (!checkpointed.problem.empty()) {
+    container = HeldByIdAtWholeRead(claim.name);
+  }
+  if (container) {
     claim.owner = container->pod_uid;
     claim.resource = container->efa_resource;
   }

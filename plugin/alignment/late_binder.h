@@ -302,6 +302,10 @@ class LateBinder {
     std::string owner;
     std::string resource;  // the IDs' EFA resource name, "" when not known
   };
+  // The container holding `claim`'s IDs by ID at the latest whole checkpoint
+  // read, if any (PreStart, when the checkpoint is not read whole now).
+  std::optional<ContainerDevices> HeldByIdAtWholeRead(const std::string& claim)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // PreStart of a container that holds its EFAs by ID: nothing to bind.
   absl::Status KeptById(const Claim& claim, const ContainerDevices& container);
   // After a refusal for want of EFAs: when the checkpoint holds containers

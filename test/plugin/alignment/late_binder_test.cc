@@ -721,6 +721,37 @@ TEST_CASE("A container restarted while the checkpoint is unreadable keeps its bi
   CHECK(binder.counts().released == 0);
 }
 
+TEST_CASE("A container holding EFAs by ID restarted while the checkpoint is unreadable keeps them",
+          "[late-binding][upgrade]") {
+  // Soak seed 1001 (late binding, step 238): "old" admitted under best
+  // effort holds group 2 by ID, every other EFA is held too; the daemon
+  // now late-binds ("new") and read the checkpoint whole once; then old's
+  // container restarts during a full descriptor table.
+  Node node;
+  std::vector<FakeCheckpointEntry> entries = {ByIdEntry("old", kEfa, node.Group(2)),
+                                              Entry("new", kEfa, node.Group(5))};
+  for (int g = 0; g < 8; ++g) {
+    if (g != 2 && g != 5) {
+      entries.push_back(ByIdEntry("uid-" + std::to_string(g), kEfa, node.Group(g)));
+    }
+  }
+  node.WriteCheckpoint(entries);
+  LateBinder binder(node.Options());
+  REQUIRE(binder.Recover().ok());
+  REQUIRE(binder.PreStart(node.table(), node.Group(5)).ok());  // "new", late-bound
+  binder.ReleaseGone();                                        // reads the checkpoint whole
+  std::ofstream(node.kubelet_dir() / "device-plugins/kubelet_internal_checkpoint") << "{";
+  // Its Allocate answer gives it group 2 again: nothing to bind, nothing
+  // refused.
+  const absl::Status restarted = binder.PreStart(node.table(), node.Group(2));
+  INFO(restarted.message());
+  CHECK(restarted.ok());
+  CHECK_FALSE(binder.BoundEfas(node.Group(2)).has_value());
+  CHECK(binder.counts().kept == 1);
+  CHECK(binder.counts().failed == 0);
+  CHECK(binder.counts().bound == 1);
+}
+
 namespace {
 
 // uid-5, late-bound by a daemon now gone: its tokens name the EFAs beside
