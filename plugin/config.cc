@@ -311,17 +311,11 @@ const std::vector<std::pair<CdiHandover, std::string>>& EnumNames() {
 }
 template <>
 const std::vector<std::pair<MofedPolicy, std::string>>& EnumNames() {
-  static const auto* names = new std::vector<std::pair<MofedPolicy, std::string>>{
-      {MofedPolicy::kWarn, "warn"}, {MofedPolicy::kProtect, "protect"}, {MofedPolicy::kOff, "off"}};
-  return *names;
+  return MofedPolicyNames();
 }
 template <>
 const std::vector<std::pair<DraPolicy, std::string>>& EnumNames() {
-  static const auto* names =
-      new std::vector<std::pair<DraPolicy, std::string>>{{DraPolicy::kYield, "yield"},
-                                                         {DraPolicy::kIgnore, "ignore"},
-                                                         {DraPolicy::kMonitor, "monitor"}};
-  return *names;
+  return DraPolicyNames();
 }
 
 template <typename E>
@@ -826,44 +820,84 @@ std::string_view AlignmentModeName(AlignmentMode mode) {
   return "?";
 }
 
+namespace {
+
+// A setting's value as the configuration holds it, and back: paths are
+// text there.
+template <typename To, typename From>
+To Convert(const From& from) {
+  if constexpr (std::is_same_v<To, From>) {
+    return from;
+  } else if constexpr (std::is_same_v<To, std::string>) {
+    return from.string();  // a path
+  } else {
+    return To(from.begin(), from.end());  // a path from text, or a list of either
+  }
+}
+
+// The one place that says which setting each option sets: `visit(key,
+// field)` for every option (but sharingRenameByDefault, which chooses
+// the daemon's resource name with sharingReplicas: ToSettings).
+template <typename C, typename S, typename Visit>
+void ForEachSetting(C& c, S& s, const Visit& visit) {
+  auto& d = s.daemon;
+  visit(c.sysfs_root, d.roots.sysfs);
+  visit(c.dev_root, d.roots.dev);
+  visit(c.proc_root, d.roots.proc);
+  visit(c.kubelet_dir, d.kubelet_dir);
+  visit(c.topology_xml, d.topology_xml);
+  visit(c.instance_type, d.instance_type);
+  visit(c.report_numa, d.report_numa);
+  visit(c.rescan_interval, d.rescan_interval);
+  visit(c.log_level, s.log_level);
+  visit(c.log_format, s.log_format);
+  visit(c.metrics_address, s.metrics_address);
+  visit(c.probe_address, s.probe_address);
+  visit(c.metrics_max_connections, s.limits.metrics_connections);
+  visit(c.probe_max_connections, s.limits.probe_connections);
+  visit(c.http_request_timeout, s.limits.request_timeout);
+  visit(c.alignment, d.alignment);
+  visit(c.gpu_resources, d.accelerator_resources.gpu);
+  visit(c.neuron_resources, d.accelerator_resources.neuron);
+  visit(c.neuroncore_resources, d.accelerator_resources.neuroncore);
+  visit(c.neuroncores_per_device, d.accelerator_resources.neuroncores_per_device);
+  visit(c.cdi_dir, d.cdi_dir);
+  visit(c.cdi_handover, d.cdi_handover);
+  visit(c.mofed_policy, d.guards.mofed_policy);
+  visit(c.dra_policy, d.guards.dra_policy);
+  visit(c.dra_drivers, d.guards.dra_drivers);
+  visit(c.cdi_spec_dirs, d.guards.cdi_spec_dirs);
+  visit(c.expected_efa_count, s.expected_efa_count);
+  visit(c.sharing_replicas, d.replicas);
+  visit(c.sharing_rename_by_default, s.sharing_rename_by_default);
+  visit(c.counter_interval, d.counters.interval);
+  visit(c.idle_timeout, d.counters.idle_timeout);
+  visit(c.device_health, d.counters.health.enabled);
+  visit(c.device_health_keep_alive_timeout, d.counters.health.keep_alive_timeout);
+  visit(c.device_health_admin_errors, d.counters.health.admin_errors);
+  visit(c.device_health_hold_down, d.counters.health.hold_down);
+}
+
+}  // namespace
+
 Config DefaultConfig() {
   Config c;
-  c.sysfs_root = "/sys";
-  c.dev_root = "/dev";
-  c.proc_root = "/proc";
-  c.kubelet_dir = "/var/lib/kubelet";
-  c.topology_xml = "";
-  c.instance_type = "";
-  c.report_numa = true;
-  c.rescan_interval = milliseconds(10000);
-  c.log_level = LogLevel::kInfo;
-  c.log_format = LogFormat::kText;
-  c.metrics_address = ":8080";
-  c.probe_address = ":8081";
-  c.metrics_max_connections = 64;
-  c.probe_max_connections = 16;
-  c.http_request_timeout = milliseconds(3000);
-  c.alignment = AlignmentMode::kBestEffort;
-  c.gpu_resources = Strings{"nvidia.com/gpu"};
-  c.neuron_resources = Strings{"aws.amazon.com/neuron"};
-  c.neuroncore_resources = Strings{"aws.amazon.com/neuroncore"};
-  c.neuroncores_per_device = 0;
-  c.cdi_dir = "/var/run/cdi";
-  c.cdi_handover = CdiHandover::kBoth;
-  c.mofed_policy = MofedPolicy::kWarn;
-  c.dra_policy = DraPolicy::kYield;
-  c.dra_drivers = Strings{kDraDriverName};
-  c.cdi_spec_dirs = Strings{"/etc/cdi", "/var/run/cdi"};
-  c.expected_efa_count = 0;
-  c.sharing_replicas = 1;
-  c.sharing_rename_by_default = false;
-  c.counter_interval = milliseconds(15000);
-  c.idle_timeout = milliseconds(600000);
-  c.device_health = false;
-  c.device_health_keep_alive_timeout = milliseconds(60000);
-  c.device_health_admin_errors = 10;
-  c.device_health_hold_down = milliseconds(300000);
+  const Settings s;
+  ForEachSetting(c, s, [](auto& key, const auto& field) {
+    key = Convert<typename std::remove_reference_t<decltype(key)>::value_type>(field);
+  });
   return c;
+}
+
+Settings ToSettings(const Config& c) {
+  Settings s;
+  ForEachSetting(c, s, [](const auto& key, auto& field) {
+    if (key) field = Convert<std::remove_reference_t<decltype(field)>>(*key);
+  });
+  if (s.daemon.replicas > 1 && s.sharing_rename_by_default) {
+    s.daemon.resource_name = kSharedResourceName;
+  }
+  return s;
 }
 
 Config MergeConfig(Config base, const Config& over) {
@@ -1031,34 +1065,6 @@ std::string EffectiveConfig::Summary() const {
   return out;
 }
 
-DaemonOptions ToDaemonOptions(const Config& c) {
-  const Config d = MergeConfig(DefaultConfig(), c);
-  DaemonOptions o;
-  o.roots = {*d.sysfs_root, *d.dev_root, *d.proc_root};
-  o.kubelet_dir = *d.kubelet_dir;
-  o.report_numa = *d.report_numa;
-  o.rescan_interval = *d.rescan_interval;
-  o.topology_xml = *d.topology_xml;
-  o.instance_type = *d.instance_type;
-  o.alignment = *d.alignment;
-  o.accelerator_resources.gpu = *d.gpu_resources;
-  o.accelerator_resources.neuron = *d.neuron_resources;
-  o.accelerator_resources.neuroncore = *d.neuroncore_resources;
-  o.accelerator_resources.neuroncores_per_device = *d.neuroncores_per_device;
-  o.cdi_dir = *d.cdi_dir;
-  o.cdi_handover = *d.cdi_handover;
-  o.mofed_policy = *d.mofed_policy;
-  o.dra_policy = *d.dra_policy;
-  o.dra_drivers = *d.dra_drivers;
-  o.cdi_spec_dirs.assign(d.cdi_spec_dirs->begin(), d.cdi_spec_dirs->end());
-  o.replicas = *d.sharing_replicas;
-  o.resource_name =
-      *d.sharing_replicas > 1 && *d.sharing_rename_by_default ? kSharedResourceName : kResourceName;
-  o.counter_interval = *d.counter_interval;
-  o.idle_timeout = *d.idle_timeout;
-  o.device_health = {*d.device_health, *d.device_health_keep_alive_timeout,
-                     *d.device_health_admin_errors, *d.device_health_hold_down};
-  return o;
-}
+DaemonOptions ToDaemonOptions(const Config& c) { return ToSettings(c).daemon; }
 
 }  // namespace efa::plugin

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "plugin/daemon.h"
+#include "plugin/runtime/http_server.h"
 #include "plugin/runtime/logging.h"
 
 namespace CLI {
@@ -71,7 +72,22 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
-// Every option at its default value.
+// What the configuration sets, each field at its default: the daemon's
+// options (whose defaults are theirs and their parts') and the process's
+// own. The configuration's defaults are read from here.
+struct Settings {
+  DaemonOptions daemon;
+  std::string metrics_address = ":8080";  // "" turns the HTTP endpoints off
+  std::string probe_address = ":8081";    // "" turns the probe listener off
+  EndpointLimits limits;
+  LogLevel log_level = LogLevel::kInfo;
+  LogFormat log_format = LogFormat::kText;
+  int expected_efa_count = 0;  // 0: from the instance type
+  // With replicas > 1: serve the shared resource name (docs/alignment.md).
+  bool sharing_rename_by_default = false;
+};
+
+// Every option at its default value (Settings').
 Config DefaultConfig();
 
 // `base` with every option that `over` sets replaced by `over`'s value.
@@ -141,7 +157,10 @@ absl::StatusOr<EffectiveConfig> ResolveConfig(const Config& flags,
                                               const EnvLookup& env);
 absl::StatusOr<EffectiveConfig> ResolveConfig(const ConfigFlags& flags, const EnvLookup& env);
 
-// The daemon's options for an effective configuration (every field set).
+// The settings a configuration gives: the defaults, with every option it
+// sets replaced.
+Settings ToSettings(const Config& config);
+// ToSettings(config).daemon.
 DaemonOptions ToDaemonOptions(const Config& config);
 
 std::string_view LogLevelName(LogLevel level);

@@ -69,17 +69,9 @@ Daemon::Daemon(DaemonOptions options)
                   .resource_name = options_.resource_name,
                   .clock = options_.clock},
                  &service_),
-      guards_({.kubelet_dir = options_.kubelet_dir,
-               .proc_root = options_.roots.proc,
-               .mofed_policy = options_.mofed_policy,
-               .mofed_time_box = options_.mofed_time_box,
-               .dra_policy = options_.dra_policy,
-               .dra_drivers = options_.dra_drivers,
-               .cdi_spec_dirs = options_.cdi_spec_dirs,
-               .rescan_interval = options_.rescan_interval,
-               .resource_name = options_.resource_name,
-               .clock = options_.clock,
-               .watches = &watches_}),
+      // The settings, then kubelet_dir, proc_root, rescan_interval, resource_name, clock, watches.
+      guards_({options_.guards, options_.kubelet_dir, options_.roots.proc, options_.rescan_interval,
+               options_.resource_name, options_.clock, &watches_}),
       counters_(std::make_unique<EfaCounterMonitor>(CounterOptions())),
       tracker_(
           {.roots = options_.roots,
@@ -105,10 +97,8 @@ Daemon::Daemon(DaemonOptions options)
 
 EfaCounterMonitorOptions Daemon::CounterOptions() {
   EfaCounterMonitorOptions counters;
+  static_cast<EfaCounterSettings&>(counters) = options_.counters;
   counters.sysfs_root = options_.roots.sysfs;
-  counters.interval = options_.counter_interval;
-  counters.idle_timeout = options_.idle_timeout;
-  counters.health = options_.device_health;
   counters.holders = EfaCounterMonitor::PodResourcesHolders(
       options_.kubelet_dir / "pod-resources/kubelet.sock",
       [this](const std::vector<std::string>& ids) { return HeldEfas(ids); });
@@ -176,12 +166,12 @@ void Daemon::AddTimers() {
                    ReportAlignment();
                  });
   loop_.AddTimer([this] { return next_release_; }, [this] { ReleaseGone(); });
-  if (options_.device_health.enabled) {
+  if (options_.counters.health.enabled) {
     loop_.AddTimer([this] { return next_health_read_; },
                    [this] {
                      // A scrape in between reads for it; then this answers the last read.
                      counters_->Sample();
-                     next_health_read_ = options_.clock->Now() + options_.counter_interval;
+                     next_health_read_ = options_.clock->Now() + options_.counters.interval;
                    });
   }
   loop_.AddTimer([this] { return health_changed_ ? kNow : kNever; },
@@ -255,7 +245,15 @@ void Daemon::TryRegister() {
   // A stream that ended before this point (the restarted kubelet closing
   // the old one) is answered by this very registration: not another one.
   stream_ended_ = false;
+  // The socket this registration reaches, when it is the same before and
+  // after: its creation, reported after the registration, is no restart.
+  const std::optional<FileIdentity> before = Identify(registrar_.kubelet_socket());
   registrar_.Register();
+  registered_to_.reset();
+  if (registrar_.registered() && before && before->present &&
+      Identify(registrar_.kubelet_socket()) == before) {
+    registered_to_ = before;
+  }
 }
 
 void Daemon::HandleInotify() {
@@ -276,7 +274,8 @@ void Daemon::HandleInotify() {
       } else if (ev->wd == kubelet_watch_) {
         if (ev->mask & IN_IGNORED) {
           kubelet_watch_ = -1;  // the directory went: on timers until watched again
-        } else if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO))) {
+        } else if (name == "kubelet.sock" && (ev->mask & (IN_CREATE | IN_MOVED_TO)) &&
+                   !RegisteredTo(Identify(registrar_.kubelet_socket()))) {
           registrar_.RegisterAgainNow(Registrar::Reason::kKubeletSocketCreated);
         } else if (name == kPluginSocketDir && (ev->mask & (IN_DELETE | IN_MOVED_FROM))) {
           registrar_.RegisterAgainNow(Registrar::Reason::kPluginSocketDeleted);
@@ -501,6 +500,10 @@ void Daemon::WatchKubeletDir() {
                        .Add(options_.kubelet_dir / "device-plugins",
                             IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM | IN_CLOSE_WRITE)
                        .wd;
+}
+
+bool Daemon::RegisteredTo(const std::optional<FileIdentity>& kubelet_socket) const {
+  return registrar_.registered() && registered_to_ && kubelet_socket == registered_to_;
 }
 
 void Daemon::LookForKubeletSocket() {

@@ -28,6 +28,7 @@
 #include "plugin/rpc_observer.h"
 #include "plugin/runtime/clock.h"
 #include "plugin/runtime/event_loop.h"
+#include "plugin/runtime/host_paths.h"
 #include "topology/sysfs.h"
 
 namespace efa::plugin {
@@ -38,9 +39,13 @@ enum class AlignmentMode {
   kOff,
 };
 
+// Every default of the daemon's options is here or in the part's settings it
+// holds (GuardSettings, EfaCounterSettings, LateBinderOptions,
+// topology::HostRoots, plugin/runtime/host_paths.h); the configuration's
+// defaults are read from them (plugin/config.cc, DefaultConfig).
 struct DaemonOptions {
   topology::HostRoots roots;
-  std::filesystem::path kubelet_dir = "/var/lib/kubelet";
+  std::filesystem::path kubelet_dir = kDefaultKubeletDir;
   bool report_numa = true;
   // Fallback rescan for hosts where neither uevents nor inotify report a
   // change (a pod without the host's network namespace gets no uevents).
@@ -62,7 +67,7 @@ struct DaemonOptions {
   AlignmentMode alignment = AlignmentMode::kBestEffort;
   AcceleratorResources accelerator_resources;
   // Where late binding writes its CDI specs (a host path the runtime reads).
-  std::filesystem::path cdi_dir = "/var/run/cdi";
+  std::filesystem::path cdi_dir = kRuntimeCdiDir;
   // How long a late binding's container must stay absent from the kubelet's
   // records before the binding is released (LateBinderOptions).
   std::chrono::milliseconds late_release_after = LateBinderOptions().release_after;
@@ -71,26 +76,15 @@ struct DaemonOptions {
   std::chrono::milliseconds late_recheck_every = LateBinderOptions().recheck_every;
   // How late binding's Allocate answer names the CDI device.
   CdiHandover cdi_handover = CdiHandover::kBoth;
-  // Guards (docs/guards.md): what to do when the NVIDIA device plugin has
-  // MOFED on, and while the EFA DRA driver serves the node.
-  MofedPolicy mofed_policy = MofedPolicy::kWarn;
-  // How long one MOFED check may scan /proc (MofedGuard::Options).
-  std::chrono::milliseconds mofed_time_box = kMofedCheckTimeBox;
-  DraPolicy dra_policy = DraPolicy::kYield;
-  // The DRA drivers that hand out EFAs, by the name they register under.
-  std::vector<std::string> dra_drivers = {kDraDriverName};
-  // Where the NVIDIA MOFED CDI spec may be (host paths, like the roots).
-  std::vector<std::filesystem::path> cdi_spec_dirs = {"/etc/cdi", "/var/run/cdi"};
+  // Guards (docs/guards.md).
+  GuardSettings guards;
   // Sharing (docs/alignment.md, "Sharing"): device IDs per EFA, and the resource name.
   int replicas = 1;
   std::string resource_name = kResourceName;
-  // The EFAs' own counters (docs/observability.md, "EFA traffic and device health"): the
-  // least time between two reads, how long a held EFA may move no bytes
-  // before it counts as idle, and device health from the counters (opt-in;
-  // then the owner loop reads them every counter_interval).
-  std::chrono::milliseconds counter_interval{15000};
-  std::chrono::milliseconds idle_timeout{600000};
-  DeviceHealthOptions device_health;
+  // The EFAs' own counters (docs/observability.md, "EFA traffic and device
+  // health"): device health from them is opt-in; then the owner loop reads
+  // them every counters.interval.
+  EfaCounterSettings counters;
   // Observability hooks (not owned; may be null): told of every unary RPC
   // the service handles, and of every inventory a rescan finds (on the
   // owner thread; must be quick).
@@ -203,6 +197,8 @@ class Daemon {
   // `path`'s identity; absent on ENOENT and ENOTDIR, nullopt on another
   // error (which says nothing about the file).
   static std::optional<FileIdentity> Identify(const std::filesystem::path& path);
+  // Whether the registration in effect reached this kubelet.sock.
+  bool RegisteredTo(const std::optional<FileIdentity>& kubelet_socket) const;
   // The constructor's parts: the counters' options, and the aligner and
   // late binder the alignment mode asks for.
   EfaCounterMonitorOptions CounterOptions();
@@ -316,6 +312,11 @@ class Daemon {
   int kubelet_watch_ = -1;  // the device-plugins dir; -1: on timers
   // kubelet.sock at the latest look on timers (none before the first).
   std::optional<FileIdentity> kubelet_socket_seen_;
+  // The kubelet.sock the registration in effect reached (none: cannot
+  // tell). inotify may report its creation after that registration, when
+  // the kubelet created it between the look at queued events and the
+  // connection: that report is no restart.
+  std::optional<FileIdentity> registered_to_;
   std::map<std::string, std::string> reserved_;      // LateBinder::Reserved, advertised
   std::map<std::string, std::string> held_missing_;  // HeldMissing(), advertised
 };

@@ -38,10 +38,11 @@
 
 namespace efa::plugin {
 
+// The configuration's values, given by main.cc (no defaults here).
 struct MonitorOptions {
-  std::chrono::milliseconds rescan_interval{10000};
+  std::chrono::milliseconds rescan_interval{};
   std::string instance_type;  // empty: the DMI product name under sysfs_root
-  std::filesystem::path sysfs_root = "/sys";
+  std::filesystem::path sysfs_root;
   int expected_efa_count = 0;  // 0: from the instance type
 };
 

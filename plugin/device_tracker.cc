@@ -220,8 +220,8 @@ bool DeviceTracker::UpdateModel() {
   // not on every rescan or health change.
   if (!model_stale_) return false;
   model_stale_ = false;
-  topology::TopologySource source{"/", options_.topology_xml};
-  if (options_.roots.sysfs != "/sys") source.fsroot = options_.roots.sysfs.parent_path().string();
+  const topology::TopologySource source =
+      topology::SourceFor(options_.roots.sysfs, options_.topology_xml);
   auto topology = topology::LoadTopology(source);
   if (!topology.ok()) {
     spdlog::warn("no PCI topology ({}); placing EFAs by NUMA node and root complex only",

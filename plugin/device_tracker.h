@@ -33,8 +33,9 @@ class DeviceTracker {
     std::string topology_xml;
     // The instance type for the model; empty: the DMI product name.
     std::string instance_type;
-    // A full rescan at least this often, whatever the uevent count says.
-    std::chrono::milliseconds full_rescan_interval{300000};
+    // A full rescan at least this often, whatever the uevent count says
+    // (given by the daemon: DaemonOptions holds the default).
+    std::chrono::milliseconds full_rescan_interval{};
     // Told of every inventory a rescan finds (may be null; must be quick).
     std::function<void(const topology::Inventory&)> on_inventory;
     const Clock* clock = &Clock::Steady();

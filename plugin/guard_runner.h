@@ -18,6 +18,7 @@
 #include "plugin/guards/mofed_guard.h"
 #include "plugin/inotify_watches.h"
 #include "plugin/runtime/clock.h"
+#include "plugin/runtime/host_paths.h"
 #include "topology/efa_device.h"
 
 namespace efa::plugin {
@@ -52,20 +53,31 @@ struct GuardVerdict {
   bool register_again = false;
 };
 
+// What the configuration sets of the guards (docs/guards.md), with its
+// defaults: DaemonOptions holds one.
+struct GuardSettings {
+  // What to do when the NVIDIA device plugin has MOFED on, and while the
+  // EFA DRA driver serves the node.
+  MofedPolicy mofed_policy = MofedPolicy::kWarn;
+  // How long one MOFED check may scan /proc (MofedGuard::Options).
+  std::chrono::milliseconds mofed_time_box = kMofedCheckTimeBox;
+  DraPolicy dra_policy = DraPolicy::kYield;
+  // The DRA drivers that hand out EFAs, by the name they register under.
+  std::vector<std::string> dra_drivers = {kDraDriverName};
+  // Where the NVIDIA MOFED CDI spec may be (host paths, like the roots).
+  std::vector<std::filesystem::path> cdi_spec_dirs = {kStaticCdiDir, kRuntimeCdiDir};
+};
+
 // Runs the MOFED and DRA guards for the owner loop. Owner thread only,
 // except status() and WaitForStatusForTest().
 class GuardRunner {
  public:
-  struct Options {
+  // The settings, and what the daemon gives every part (no defaults here).
+  struct Options : GuardSettings {
     std::filesystem::path kubelet_dir;
     std::filesystem::path proc_root;
-    MofedPolicy mofed_policy = MofedPolicy::kWarn;
-    std::chrono::milliseconds mofed_time_box = kMofedCheckTimeBox;
-    DraPolicy dra_policy = DraPolicy::kYield;
-    std::vector<std::string> dra_drivers;
-    std::vector<std::filesystem::path> cdi_spec_dirs;
     // The periodic pass's interval: the longest delay of a DRA re-probe.
-    std::chrono::milliseconds rescan_interval{10000};
+    std::chrono::milliseconds rescan_interval{};
     std::string resource_name;  // for the logs
     const Clock* clock = &Clock::Steady();
     // The owner loop's inotify instance (not owned, may be null): the

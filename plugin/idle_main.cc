@@ -88,7 +88,9 @@ absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> ServeIdleEndpoints(cons
 // Waits until an EFA appears (nullopt); else the exit code: 0 after a stop
 // signal, 1 when the wait fails.
 std::optional<int> WaitForEfa(const IdleArgs& a) {
-  const efa::topology::HostRoots roots{a.sysfs_root, a.dev_root, "/proc"};
+  efa::topology::HostRoots roots;
+  roots.sysfs = a.sysfs_root;
+  roots.dev = a.dev_root;
   efa::plugin::EventLoop loop({.take_signals = true, .on_hangup = nullptr});  // SIGHUP: ignored
   if (absl::Status opened = loop.Open(); !opened.ok()) {
     spdlog::error("{}", std::string(opened.message()));

@@ -23,8 +23,8 @@ namespace efa::plugin {
 class InotifyWatches {
  public:
   struct Options {
-    // The periodic pass's interval, for the logs.
-    std::chrono::milliseconds rescan_interval{10000};
+    // The periodic pass's interval, for the logs (given by the daemon).
+    std::chrono::milliseconds rescan_interval{};
   };
   // What Add() found.
   struct Watch {

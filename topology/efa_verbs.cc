@@ -15,7 +15,7 @@ namespace efa::topology {
 namespace fs = std::filesystem;
 
 void PointLibibverbsAt(const fs::path& sysfs_root) {
-  if (sysfs_root != "/sys") ::setenv("SYSFS_PATH", sysfs_root.c_str(), /*overwrite=*/1);
+  if (sysfs_root != HostRoots{}.sysfs) ::setenv("SYSFS_PATH", sysfs_root.c_str(), /*overwrite=*/1);
 }
 
 absl::Status MarkVerbsProviders(Inventory& inventory) {

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "topology/sysfs.h"
 
 extern char** environ;
 
@@ -166,6 +167,12 @@ absl::StatusOr<std::string> ExportFakeRoot(const std::string& fsroot) {
 }
 
 }  // namespace
+
+TopologySource SourceFor(const std::filesystem::path& sysfs_root, std::string xml_path) {
+  TopologySource source{"/", std::move(xml_path)};
+  if (sysfs_root != HostRoots{}.sysfs) source.fsroot = sysfs_root.parent_path().string();
+  return source;
+}
 
 absl::StatusOr<HwlocTopology> LoadTopology(const TopologySource& source) {
   auto topology = NewTopology();

@@ -4,6 +4,7 @@
 
 #include <hwloc.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -23,6 +24,9 @@ struct TopologySource {
   std::string fsroot;
   std::string xml_path;
 };
+// The source for a sysfs root: the live system when it is the host's own
+// (HostRoots' default), else the directory that holds the simulated sys/.
+TopologySource SourceFor(const std::filesystem::path& sysfs_root, std::string xml_path);
 
 // Loads the topology. With a fake fsroot the x86 CPUID backend is turned off
 // so that the build host's CPUs do not leak into the simulated machine.

@@ -24,8 +24,9 @@
 namespace efa::plugin {
 
 struct AlignerOptions {
-  std::filesystem::path kubelet_dir = "/var/lib/kubelet";
-  std::filesystem::path proc_root = "/proc";
+  // Given by the daemon (DaemonOptions holds their defaults).
+  std::filesystem::path kubelet_dir;
+  std::filesystem::path proc_root;
   AcceleratorResources resources;
   PodResourcesClient::Options pod_resources;
   // Late binding: the physical EFAs bound for a container's kubelet device

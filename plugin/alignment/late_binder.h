@@ -76,9 +76,10 @@
 namespace efa::plugin {
 
 struct LateBinderOptions {
-  std::filesystem::path cdi_dir = "/var/run/cdi";
-  std::filesystem::path kubelet_dir = "/var/lib/kubelet";
-  std::filesystem::path proc_root = "/proc";
+  // Given by the daemon (DaemonOptions holds their defaults).
+  std::filesystem::path cdi_dir;
+  std::filesystem::path kubelet_dir;
+  std::filesystem::path proc_root;
   // False: the daemon allocates by device ID (best effort, alignment off);
   // PreStart is not called, and the bindings recovered are only kept.
   bool late_binding = true;

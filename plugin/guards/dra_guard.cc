@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -37,23 +36,17 @@ int ProbeSocket(const fs::path& path) {
 
 }  // namespace
 
-absl::StatusOr<DraPolicy> ParseDraPolicy(std::string_view text) {
-  if (text == "yield") return DraPolicy::kYield;
-  if (text == "ignore") return DraPolicy::kIgnore;
-  if (text == "monitor") return DraPolicy::kMonitor;
-  return absl::InvalidArgumentError(absl::StrCat("dra policy \"",
-                                                 absl::CHexEscape(std::string(text)),
-                                                 "\": expected yield, ignore or monitor"));
+const std::vector<std::pair<DraPolicy, std::string>>& DraPolicyNames() {
+  static const auto* names =
+      new std::vector<std::pair<DraPolicy, std::string>>{{DraPolicy::kYield, "yield"},
+                                                         {DraPolicy::kIgnore, "ignore"},
+                                                         {DraPolicy::kMonitor, "monitor"}};
+  return *names;
 }
 
 std::string_view DraPolicyName(DraPolicy policy) {
-  switch (policy) {
-    case DraPolicy::kYield:
-      return "yield";
-    case DraPolicy::kIgnore:
-      return "ignore";
-    case DraPolicy::kMonitor:
-      return "monitor";
+  for (const auto& [value, name] : DraPolicyNames()) {
+    if (value == policy) return name;
   }
   return "?";
 }

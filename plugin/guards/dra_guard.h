@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,9 +35,9 @@ enum class DraPolicy {
   kIgnore,   // serve anyway (log a warning)
   kMonitor,  // a DRA node pool's node: never register, present or not; export health and traffic
 };
-// "yield", "ignore", "monitor". Parse errors name the text:
-//   "dra policy \"x\": expected yield, ignore or monitor".
-absl::StatusOr<DraPolicy> ParseDraPolicy(std::string_view text);
+// Each policy and its name ("yield", "ignore", "monitor"), in declaration
+// order: the configuration reads and writes them from here.
+const std::vector<std::pair<DraPolicy, std::string>>& DraPolicyNames();
 std::string_view DraPolicyName(DraPolicy policy);
 
 struct DraReport {

@@ -113,22 +113,15 @@ std::optional<std::chrono::milliseconds> GoneContainers::GoneFor(
   return left_out;
 }
 
-absl::StatusOr<MofedPolicy> ParseMofedPolicy(std::string_view text) {
-  if (text == "warn") return MofedPolicy::kWarn;
-  if (text == "protect") return MofedPolicy::kProtect;
-  if (text == "off") return MofedPolicy::kOff;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "mofed policy \"", absl::CHexEscape(std::string(text)), "\": expected warn, protect or off"));
+const std::vector<std::pair<MofedPolicy, std::string>>& MofedPolicyNames() {
+  static const auto* names = new std::vector<std::pair<MofedPolicy, std::string>>{
+      {MofedPolicy::kWarn, "warn"}, {MofedPolicy::kProtect, "protect"}, {MofedPolicy::kOff, "off"}};
+  return *names;
 }
 
 std::string_view MofedPolicyName(MofedPolicy policy) {
-  switch (policy) {
-    case MofedPolicy::kWarn:
-      return "warn";
-    case MofedPolicy::kProtect:
-      return "protect";
-    case MofedPolicy::kOff:
-      return "off";
+  for (const auto& [value, name] : MofedPolicyNames()) {
+    if (value == policy) return name;
   }
   return "?";
 }

@@ -38,6 +38,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -66,9 +67,9 @@ enum class MofedPolicy {
   kProtect,  // also report every EFA Unhealthy until the conflict clears
   kOff,      // do not look
 };
-// "warn", "protect", "off". Parse errors name the text:
-//   "mofed policy \"x\": expected warn, protect or off".
-absl::StatusOr<MofedPolicy> ParseMofedPolicy(std::string_view text);
+// Each policy and its name ("warn", "protect", "off"), in declaration order:
+// the configuration reads and writes them from here.
+const std::vector<std::pair<MofedPolicy, std::string>>& MofedPolicyNames();
 std::string_view MofedPolicyName(MofedPolicy policy);
 
 enum class MofedState { kOff, kOn, kUnknown };

@@ -82,13 +82,19 @@ struct DeviceHealthOptions {
   std::chrono::milliseconds hold_down{300000};
 };
 
-struct EfaCounterMonitorOptions {
-  std::filesystem::path sysfs_root = "/sys";
+// What the configuration sets of the counters (docs/observability.md, "EFA
+// traffic and device health"), with its defaults: DaemonOptions holds one.
+struct EfaCounterSettings {
   // The least time between two reads of the counters.
   std::chrono::milliseconds interval{15000};
   // A held EFA that moved no bytes this long is idle.
   std::chrono::milliseconds idle_timeout{600000};
   DeviceHealthOptions health;
+};
+
+// The settings, and what the daemon gives the monitor.
+struct EfaCounterMonitorOptions : EfaCounterSettings {
+  std::filesystem::path sysfs_root;
   // Null: no per-container view and no idle detection.
   EfaHoldersFn holders;
   // Runs (on the reading thread, no lock held) when the EFAs device health

@@ -317,8 +317,8 @@ std::string_view RelationCode(Distance distance) {
 TopologyReport BuildTopologyReport(const TopologyReportOptions& options) {
   TopologyReport report;
   report.inventory = topology::DiscoverEfaDevices(options.roots);
-  topology::TopologySource source{"/", options.topology_xml};
-  if (options.roots.sysfs != "/sys") source.fsroot = options.roots.sysfs.parent_path().string();
+  const topology::TopologySource source =
+      topology::SourceFor(options.roots.sysfs, options.topology_xml);
   report.instance_type = ResolveInstanceType(options.instance_type, options.roots.sysfs);
   report.instance_type_source = options.instance_type.empty() ? "DMI product name" : "instanceType";
   auto tree = topology::LoadTopology(source);

@@ -110,9 +110,9 @@ class HttpServer {
 // two caps within what the process can spare for HTTP, so that a flood
 // never takes the descriptors the daemon's own work needs.
 struct EndpointLimits {
-  int metrics_connections = 64;
+  int metrics_connections = HttpServerOptions{}.max_connections;
   int probe_connections = 16;
-  std::chrono::milliseconds request_timeout{3000};
+  std::chrono::milliseconds request_timeout = HttpServerOptions{}.request_timeout;
 };
 
 // The counters of the two listeners. Thread-safe.

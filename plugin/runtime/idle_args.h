@@ -13,17 +13,18 @@
 
 namespace efa::plugin {
 
+// Every value is the daemon's configuration's (no defaults here).
 struct IdleArgs {
-  std::string sysfs_root = "/sys";
-  std::string dev_root = "/dev";
-  std::chrono::milliseconds rescan_interval{10000};
+  std::string sysfs_root;
+  std::string dev_root;
+  std::chrono::milliseconds rescan_interval{};
   std::string metrics_address;
   std::string probe_address;
   EndpointLimits limits;
   std::string instance_type;
   int expected_efa_count = 0;
-  LogLevel log_level = LogLevel::kInfo;
-  LogFormat log_format = LogFormat::kText;
+  LogLevel log_level{};
+  LogFormat log_format{};
   // The daemon's command line (its binary first), after `--`.
   std::vector<std::string> daemon;
 };

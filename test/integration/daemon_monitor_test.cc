@@ -78,8 +78,8 @@ class MonitoredNode : public TestNode {
     fs::create_directories(cdi_dir());
     fs::create_directories(registry());
     DaemonOptions& o = options();
-    o.cdi_spec_dirs = {cdi_dir()};
-    o.mofed_policy = mofed_policy;
+    o.guards.cdi_spec_dirs = {cdi_dir()};
+    o.guards.mofed_policy = mofed_policy;
     o.alignment = alignment;
     if (alignment == AlignmentMode::kLateBinding) {
       o.cdi_dir = sim().path() / "var/run/cdi-claims";

@@ -52,9 +52,9 @@ class GuardedNode : public TestNode {
     fs::create_directories(registry());
     fs::create_directories(cdi_dir());
     options().rescan_interval = rescan;
-    options().mofed_policy = mofed;
-    options().dra_policy = dra;
-    options().cdi_spec_dirs = {cdi_dir(), sim().path() / "etc/cdi"};
+    options().guards.mofed_policy = mofed;
+    options().guards.dra_policy = dra;
+    options().guards.cdi_spec_dirs = {cdi_dir(), sim().path() / "etc/cdi"};
   }
 
   FakeProc& proc() { return proc_; }
@@ -385,7 +385,7 @@ TEST_CASE("Among 10,000 nvidia-device-plugin processes the daemon finds the plug
                          node.device_plugin_dir() / "nvidia-gpu.sock");
   // Room for a slow machine (a sanitizer build scans 10,000 entries in
   // about 0.7 s); the default time box has its own tests.
-  node.options().mofed_time_box = std::chrono::seconds(60);
+  node.options().guards.mofed_time_box = std::chrono::seconds(60);
   node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Unhealthy"));
@@ -454,7 +454,7 @@ TEST_CASE(
     "[guards][daemon][concurrency]") {
   GuardedNode node(MofedPolicy::kWarn);
   // dra.net here serves ENA interfaces only; the EFAs' driver is another.
-  node.options().dra_drivers = {"efa.dra.example.com"};
+  node.options().guards.dra_drivers = {"efa.dra.example.com"};
   node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));

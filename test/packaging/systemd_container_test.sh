@@ -196,27 +196,40 @@ inside systemctl restart "$PKG"
 # register: the fake kubelet on the host waits for the registration, asks
 # for 4 EFAs and keeps serving (--hold); then /readyz in the container.
 register() {
-  local deadline=$((SECONDS + 60)) out readyz
+  local started=$SECONDS out readyz fake_state="still running"
   # The binary itself in the background ($! is what the kill below ends).
   "$FAKE_KUBELET" --dir "$work/kubelet/device-plugins" --timeout 60s --allocate 4 --hold \
     >"$work/kubelet.out" 2>&1 &
   fake_pid=$!
   until grep -q "holding until SIGTERM" "$work/kubelet.out"; do
-    if [ "$SECONDS" -ge "$deadline" ] || ! kill -0 "$fake_pid" 2>/dev/null; then break; fi
+    if ! kill -0 "$fake_pid" 2>/dev/null; then
+      wait "$fake_pid"
+      fake_state="exited with status $?"
+      fake_pid=""
+      break
+    fi
+    [ "$SECONDS" -lt $((started + 60)) ] || break
     sleep 0.2
   done
   out="$(cat "$work/kubelet.out")"
   if grep -q "^Registered vpc.amazonaws.com/efa" <<<"$out" && grep -q "^32 device(s) advertised: 32 healthy" <<<"$out" &&
      grep -qE "^Allocate .*:$" <<<"$out"; then
     pass "$1: the service registers with the kubelet, advertises 32 EFAs, answers Allocate: $(grep -E '^Allocate' <<<"$out")"
-  else fail "$1: registration with the fake kubelet" "$out"$'\n'"$(journal | tail -20)"; fi
+  else
+    # What the fake kubelet did, and its file, for a failure that shows no output of it.
+    fail "$1: registration with the fake kubelet" \
+      "the fake kubelet ($FAKE_KUBELET) $fake_state after $((SECONDS - started)) s; its output \
+($(stat -c '%s bytes' "$work/kubelet.out" 2>&1)):"$'\n'"$out"$'\n'"$(ls -la "$work/kubelet/device-plugins" 2>&1)"$'\n'"the daemon's journal:"$'\n'"$(journal | tail -20)"
+  fi
   readyz="$(inside bash -c 'exec 3<>/dev/tcp/127.0.0.1/8081 && printf "GET /readyz HTTP/1.0\r\n\r\n" >&3 && head -1 <&3' 2>&1)"
   if [[ "$readyz" == *" 200 "* ]]; then pass "$1: /readyz on 127.0.0.1:8081: ${readyz%$'\r'}"
   else fail "$1: /readyz answers 200" "$readyz"; fi
   [ -z "${2:-}" ] || "$2"
-  kill "$fake_pid" 2>/dev/null
-  wait "$fake_pid" 2>/dev/null
-  fake_pid=""
+  if [ -n "$fake_pid" ]; then
+    kill "$fake_pid" 2>/dev/null
+    wait "$fake_pid" 2>/dev/null
+    fake_pid=""
+  fi
 }
 # beside_it: the daemon as the chart's pod runs it, here on the host (its
 # own mount namespace), started beside the running service on the same

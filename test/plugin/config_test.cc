@@ -247,21 +247,21 @@ TEST_CASE("Every option parses from the file", "[config]") {
   CHECK(o.cdi_handover == CdiHandover::kAnnotation);
   // Both by default: older kubelets read only the annotation (docs/alignment.md, "Late binding").
   CHECK(ToDaemonOptions(DefaultConfig()).cdi_handover == CdiHandover::kBoth);
-  CHECK(o.mofed_policy == MofedPolicy::kProtect);
-  CHECK(o.dra_policy == DraPolicy::kIgnore);
-  CHECK(o.dra_drivers == std::vector<std::string>{"dra.net", "efa.dra.example.com"});
-  CHECK(o.cdi_spec_dirs == std::vector<fs::path>{"/etc/cdi"});
+  CHECK(o.guards.mofed_policy == MofedPolicy::kProtect);
+  CHECK(o.guards.dra_policy == DraPolicy::kIgnore);
+  CHECK(o.guards.dra_drivers == std::vector<std::string>{"dra.net", "efa.dra.example.com"});
+  CHECK(o.guards.cdi_spec_dirs == std::vector<fs::path>{"/etc/cdi"});
   CHECK(o.replicas == 4);
   CHECK(o.resource_name == "vpc.amazonaws.com/efa.shared");
-  CHECK(o.counter_interval == std::chrono::seconds(30));
-  CHECK(o.idle_timeout == std::chrono::hours(2));
-  CHECK(o.device_health.enabled);
-  CHECK(o.device_health.keep_alive_timeout == std::chrono::seconds(45));
-  CHECK(o.device_health.admin_errors == 3);
-  CHECK(o.device_health.hold_down == std::chrono::minutes(10));
+  CHECK(o.counters.interval == std::chrono::seconds(30));
+  CHECK(o.counters.idle_timeout == std::chrono::hours(2));
+  CHECK(o.counters.health.enabled);
+  CHECK(o.counters.health.keep_alive_timeout == std::chrono::seconds(45));
+  CHECK(o.counters.health.admin_errors == 3);
+  CHECK(o.counters.health.hold_down == std::chrono::minutes(10));
   // Device health is off by default.
-  CHECK_FALSE(ToDaemonOptions(DefaultConfig()).device_health.enabled);
-  CHECK(ToDaemonOptions(DefaultConfig()).idle_timeout == std::chrono::minutes(10));
+  CHECK_FALSE(ToDaemonOptions(DefaultConfig()).counters.health.enabled);
+  CHECK(ToDaemonOptions(DefaultConfig()).counters.idle_timeout == std::chrono::minutes(10));
   // Renaming applies only while sharing; by default the name stays.
   c->sharing_replicas = 1;
   CHECK(ToDaemonOptions(*c).resource_name == "vpc.amazonaws.com/efa");
@@ -270,6 +270,49 @@ TEST_CASE("Every option parses from the file", "[config]") {
   c->sharing_replicas = 2;
   c->sharing_rename_by_default = std::nullopt;
   CHECK(ToDaemonOptions(*c).resource_name == "vpc.amazonaws.com/efa");
+
+  // The process's own settings.
+  const Settings s = ToSettings(*c);
+  CHECK(s.metrics_address == "127.0.0.1:9090");
+  CHECK(s.probe_address.empty());
+  CHECK(s.limits.metrics_connections == 8);
+  CHECK(s.limits.probe_connections == 2);
+  CHECK(s.limits.request_timeout == std::chrono::milliseconds(1500));
+  CHECK(s.log_level == LogLevel::kTrace);
+  CHECK(s.log_format == LogFormat::kJson);
+  CHECK(s.expected_efa_count == 31);
+  CHECK(s.daemon.accelerator_resources.neuroncore ==
+        std::vector<std::string>{"aws.amazon.com/neuroncore"});
+}
+
+// The defaults are written once, in the options of the parts that use them
+// (plugin/daemon.h, the parts' settings, plugin/runtime/host_paths.h);
+// the configuration, its --help and docs/configuration.md read them there.
+TEST_CASE("The configuration's defaults are the parts' own, every option has one", "[config]") {
+  const Config d = DefaultConfig();
+  const DaemonOptions daemon;
+  CHECK(*d.sysfs_root == efa::topology::HostRoots{}.sysfs.string());
+  CHECK(*d.kubelet_dir == kDefaultKubeletDir);
+  CHECK(*d.cdi_dir == kRuntimeCdiDir);
+  CHECK(*d.cdi_spec_dirs == std::vector<std::string>{kStaticCdiDir, kRuntimeCdiDir});
+  CHECK(*d.rescan_interval == daemon.rescan_interval);
+  CHECK(*d.mofed_policy == GuardSettings{}.mofed_policy);
+  CHECK(*d.dra_drivers == std::vector<std::string>{"dra.net"});
+  CHECK(*d.counter_interval == EfaCounterSettings{}.interval);
+  CHECK(*d.device_health_hold_down == DeviceHealthOptions{}.hold_down);
+  CHECK(*d.metrics_max_connections == EndpointLimits{}.metrics_connections);
+  CHECK(*d.http_request_timeout == EndpointLimits{}.request_timeout);
+  // No option without a default (it would print as ~).
+  const std::string yaml = EffectiveConfig{d, {}}.ToYaml();
+  INFO(yaml);
+  CHECK(yaml.find(": ~") == std::string::npos);
+  // And the defaults give the default options.
+  const DaemonOptions back = ToDaemonOptions(d);
+  CHECK(back.roots.proc == daemon.roots.proc);
+  CHECK(back.cdi_dir == daemon.cdi_dir);
+  CHECK(back.guards.cdi_spec_dirs == daemon.guards.cdi_spec_dirs);
+  CHECK(back.counters.health.admin_errors == daemon.counters.health.admin_errors);
+  CHECK(back.resource_name == daemon.resource_name);
 }
 
 TEST_CASE("The printed configuration reads back as the same configuration", "[config]") {

@@ -40,12 +40,12 @@ TestNode::TestNode(TestNodeOptions options)
   if (config_.kubelet) REQUIRE(kubelet_.Start().ok());
   options_.roots = sim_.roots();
   options_.kubelet_dir = kubelet_dir();
-  options_.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
+  options_.guards.cdi_spec_dirs = {sim_.path() / "etc/cdi"};  // never the host's
   if (config_.alignment) {
     if (config_.cdi_dir.empty()) fs::create_directories(cdi_dir());  // watched from the start
     options_.alignment = *config_.alignment;
     options_.cdi_dir = cdi_dir();
-    options_.cdi_spec_dirs.push_back(cdi_dir());
+    options_.guards.cdi_spec_dirs.push_back(cdi_dir());
   }
   options_.replicas = config_.replicas;
   if (config_.fake_clock) options_.clock = &clock_;

@@ -32,6 +32,7 @@ void CheckEveryName(const std::vector<std::pair<E, std::string>>& names, E IdleA
   for (const auto& entry : names) {
     IdleArgs written;
     written.*field = entry.first;
+    written.rescan_interval = std::chrono::seconds(10);
     written.daemon = {"/d"};
     IdleArgs read;  // starts at another value, so a name ignored shows
     read.*field = entry.first == names.front().first ? names.back().first : names.front().first;
