@@ -325,6 +325,7 @@ void Daemon::PeriodicCheck() {
   WatchKubeletDir();
   if (on_timers) LookForKubeletSocket();
   LookForPluginSocket();
+  LookAtRdmaNetnsMode();
   // The guards and the device tracker ask for their own watches again.
   tracker_.PeriodicLook(/*force=*/CheckGuards());
   ReportAlignment(/*periodic=*/true);
@@ -502,6 +503,24 @@ void Daemon::WatchKubeletDir() {
                        .wd;
 }
 
+void Daemon::LookAtRdmaNetnsMode() {
+  // Unreadable (no ib_core) says nothing: the last answer stands.
+  const std::optional<bool> shared = topology::ReadRdmaNetnsShared(options_.roots.sysfs);
+  if (!shared || !*shared == rdma_netns_exclusive_.load()) return;
+  rdma_netns_exclusive_ = !*shared;
+  if (*shared) {
+    spdlog::info("the RDMA subsystem shares its devices among network namespaces again");
+    return;
+  }
+  spdlog::warn(
+      "the RDMA subsystem is in exclusive network namespace mode ({}: N): an EFA is usable, and "
+      "seen, only in the network namespace it is in. Containers outside the host's cannot open "
+      "the EFAs they are given (uverbs open fails with EPERM), and EFAs a DRA driver moves into "
+      "pods are out of this daemon's sight. `rdma system set netns shared` shares them again "
+      "(docs/runbook.md, EfaRdmaNetnsExclusive)",
+      (options_.roots.sysfs / "module/ib_core/parameters/netns_mode").string());
+}
+
 bool Daemon::RegisteredTo(const std::optional<FileIdentity>& kubelet_socket) const {
   return registrar_.registered() && registered_to_ && kubelet_socket == registered_to_;
 }
@@ -530,6 +549,7 @@ void Daemon::LookForPluginSocket() {
 
 void Daemon::Start() {
   tracker_.Rescan();
+  LookAtRdmaNetnsMode();
   // Alive from here on: /healthz must not wait for the first registration,
   // which may block for the registration's timeout (the idle process
   // answered 200 until it exec'ed this one).

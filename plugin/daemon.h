@@ -151,6 +151,9 @@ class Daemon {
   // refused, or gave no instance): the periodic pass looks at them instead.
   // Thread-safe.
   int watches_unavailable() const { return watches_.unavailable(); }
+  // Whether the RDMA subsystem was in exclusive network namespace mode at
+  // the latest look that could tell (topology::ReadRdmaNetnsShared).
+  bool rdma_netns_exclusive() const { return rdma_netns_exclusive_.load(); }
   // Entries of the kubelet checkpoint skipped at its latest read because
   // they could not be parsed. Thread-safe.
   int checkpoint_entries_skipped() const { return checkpoint_entries_skipped_.load(); }
@@ -197,6 +200,8 @@ class Daemon {
   // `path`'s identity; absent on ENOENT and ENOTDIR, nullopt on another
   // error (which says nothing about the file).
   static std::optional<FileIdentity> Identify(const std::filesystem::path& path);
+  // Reads the RDMA subsystem's network namespace mode; logs a change.
+  void LookAtRdmaNetnsMode();
   // Whether the registration in effect reached this kubelet.sock.
   bool RegisteredTo(const std::optional<FileIdentity>& kubelet_socket) const;
   // The constructor's parts: the counters' options, and the aligner and
@@ -290,6 +295,7 @@ class Daemon {
   std::atomic<bool> health_changed_{false};  // device health from the counters changed
   std::atomic<bool> report_requested_{false};
   std::atomic<bool> stream_ended_{false};
+  std::atomic<bool> rdma_netns_exclusive_{false};
   std::atomic<int64_t> heartbeat_ns_{0};  // clock(); 0: none yet
   std::atomic<bool> registered_now_{false};
   std::atomic<bool> standing_aside_now_{false};

@@ -112,6 +112,13 @@ void CollectOwnerLoop(const Daemon& daemon, const std::set<std::string>& unhealt
                    "on its timers: the periodic pass looks for what their events would report.",
                    MetricType::Gauge),
             daemon.watches_unavailable());
+  AddSample(Family(out, "rdma_netns_exclusive",
+                   "1 while the RDMA subsystem is in exclusive network namespace mode (ib_core "
+                   "netns_mode N): containers outside the host's network namespace cannot open "
+                   "their EFAs, and EFAs a DRA driver moves into pods are out of the daemon's "
+                   "sight.",
+                   MetricType::Gauge),
+            daemon.rdma_netns_exclusive() ? 1 : 0);
   const auto beat = daemon.heartbeat();
   AddSample(Family(out, "heartbeat_age_seconds",
                    "Seconds since the owner loop's last pass (see /healthz).", MetricType::Gauge),

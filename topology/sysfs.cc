@@ -169,6 +169,14 @@ absl::StatusOr<std::string> ReadAttribute(const fs::path& path) {
   return data;
 }
 
+std::optional<bool> ReadRdmaNetnsShared(const fs::path& sysfs_root) {
+  const auto mode = ReadAttribute(sysfs_root / "module/ib_core/parameters/netns_mode");
+  if (!mode.ok()) return std::nullopt;
+  if (*mode == "Y" || *mode == "1") return true;
+  if (*mode == "N" || *mode == "0") return false;
+  return std::nullopt;
+}
+
 absl::StatusOr<uint32_t> ReadHexAttribute(const fs::path& path) {
   auto text = ReadAttribute(path);
   if (!text.ok()) return text.status();

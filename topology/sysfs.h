@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,14 @@ absl::StatusOr<std::string> ReadFileBounded(const std::filesystem::path& path, s
 absl::StatusOr<std::string> ReadAttribute(const std::filesystem::path& path);
 absl::StatusOr<uint32_t> ReadHexAttribute(const std::filesystem::path& path);
 absl::StatusOr<int64_t> ReadIntAttribute(const std::filesystem::path& path);
+
+// Whether the RDMA subsystem shares its devices among network namespaces,
+// from ib_core's module/ib_core/parameters/netns_mode under `sysfs_root`
+// ("Y" shared, the default; "N" exclusive: a device is usable, and seen in
+// sysfs, only in the one namespace it is in). `rdma system set netns`
+// changes the same variable (Linux drivers/infiniband/core/device.c,
+// ib_devices_shared_netns). nullopt when it cannot be read (no ib_core).
+std::optional<bool> ReadRdmaNetnsShared(const std::filesystem::path& sysfs_root);
 
 // Names in a directory, sorted. A missing directory is NotFound; every
 // error (of opendir or of a later readdir) carries its errno (ErrnoOf).

@@ -328,6 +328,31 @@ TEST_CASE("Liveness allows three rescan intervals and some slack between loop pa
   CHECK_FALSE(Liveness(t0, t0 + 16s, 100ms).ok);
 }
 
+TEST_CASE(
+    "The RDMA subsystem's exclusive network namespace mode is exported; an unreadable mode "
+    "changes nothing",
+    "[monitor]") {
+  MonitoredNode node("p4d.24xlarge", nullptr, MofedPolicy::kWarn, AlignmentMode::kBestEffort,
+                     /*fake_clock=*/true);
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  const std::string gauge = "efa_device_plugin_rdma_netns_exclusive";
+  // A periodic pass, done: the heartbeat of the pass at the new time comes
+  // before its timers run; the next pass's comes after them.
+  auto periodic_pass = [&] { return node.Pass(10s) && node.Pass(1ms); };
+  CHECK(node.Scrape().at(gauge) == 0);  // no ib_core parameter on the simulated node
+  const fs::path mode = node.sim().path() / "sys/module/ib_core/parameters/netns_mode";
+  fs::create_directories(mode.parent_path());
+  std::ofstream(mode) << "N\n";
+  REQUIRE(periodic_pass());
+  CHECK(node.Scrape().at(gauge) == 1);
+  fs::remove(mode);
+  REQUIRE(periodic_pass());
+  CHECK(node.Scrape().at(gauge) == 1);  // the last answer stands
+  std::ofstream(mode) << "Y\n";
+  REQUIRE(periodic_pass());
+  CHECK(node.Scrape().at(gauge) == 0);
+}
+
 TEST_CASE("/healthz fails once the owner loop has not run for three rescan intervals and 15 s",
           "[monitor]") {
   MonitoredNode node("p4d.24xlarge", nullptr, MofedPolicy::kWarn, AlignmentMode::kBestEffort,
@@ -740,6 +765,11 @@ const std::string kExposition =
     "  efa_device_plugin_mofed_state{state=\"off\"}\n"
     "  efa_device_plugin_mofed_state{state=\"on\"}\n"
     "  efa_device_plugin_mofed_state{state=\"unknown\"}\n"
+    "efa_device_plugin_rdma_netns_exclusive gauge \"1 while the RDMA subsystem is in exclusive "
+    "network namespace mode (ib_core netns_mode N): containers outside the host's network "
+    "namespace cannot open their EFAs, and EFAs a DRA driver moves into pods are out of the "
+    "daemon's sight.\"\n"
+    "  efa_device_plugin_rdma_netns_exclusive{}\n"
     "efa_device_plugin_registered gauge \"1 while vpc.amazonaws.com/efa is registered.\"\n"
     "  efa_device_plugin_registered{}\n"
     "efa_device_plugin_registrations counter \"Successful registrations with the kubelet.\"\n"

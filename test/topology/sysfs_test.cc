@@ -4,6 +4,10 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "test/support/descriptor_table_full.h"
 #include "test/support/sanitized.h"
@@ -51,6 +55,20 @@ TEST_CASE("sysfs reads name the path on failure", "[topology]") {
   CHECK(ListDirectory(dir / "missing").status().code() == absl::StatusCode::kNotFound);
   CHECK(*ListDirectory(dir) == std::vector<std::string>{"dangling", "numa_node"});
   fs::remove_all(dir);
+}
+
+TEST_CASE("The RDMA subsystem's network namespace mode is read from ib_core's parameter",
+          "[topology]") {
+  efa::testing::TempDir dir;
+  CHECK_FALSE(ReadRdmaNetnsShared(dir.path()).has_value());  // no ib_core: nothing to say
+  const std::filesystem::path params = dir.path() / "module/ib_core/parameters";
+  std::filesystem::create_directories(params);
+  for (const auto& [text, shared] : std::vector<std::pair<std::string, std::optional<bool>>>{
+           {"Y\n", true}, {"N\n", false}, {"1", true}, {"0", false}, {"maybe\n", std::nullopt}}) {
+    CAPTURE(text);
+    std::ofstream(params / "netns_mode") << text;
+    CHECK(ReadRdmaNetnsShared(dir.path()) == shared);
+  }
 }
 
 TEST_CASE("The bounded reader reads up to its limit and keeps errno in its errors", "[topology]") {
