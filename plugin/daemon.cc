@@ -506,19 +506,19 @@ void Daemon::WatchKubeletDir() {
 void Daemon::LookAtRdmaNetnsMode() {
   // Unreadable (no ib_core) says nothing: the last answer stands.
   const std::optional<bool> shared = topology::ReadRdmaNetnsShared(options_.roots.sysfs);
-  if (!shared || !*shared == rdma_netns_exclusive_.load()) return;
-  rdma_netns_exclusive_ = !*shared;
-  if (*shared) {
+  if (!shared) return;
+  const bool exclusive = !*shared;
+  if (exclusive == rdma_netns_exclusive_.exchange(exclusive)) return;
+  if (!exclusive) {
     spdlog::info("the RDMA subsystem shares its devices among network namespaces again");
     return;
   }
   spdlog::warn(
-      "the RDMA subsystem is in exclusive network namespace mode ({}: N): an EFA is usable, and "
-      "seen, only in the network namespace it is in. Containers outside the host's cannot open "
-      "the EFAs they are given (uverbs open fails with EPERM), and EFAs a DRA driver moves into "
-      "pods are out of this daemon's sight. `rdma system set netns shared` shares them again "
-      "(docs/runbook.md, EfaRdmaNetnsExclusive)",
-      (options_.roots.sysfs / "module/ib_core/parameters/netns_mode").string());
+      "the RDMA subsystem is in exclusive network namespace mode (ib_core's netns_mode N): an "
+      "EFA is usable, and seen, only in the network namespace it is in. Containers outside the "
+      "host's cannot open the EFAs they are given (uverbs open fails with EPERM), and EFAs a DRA "
+      "driver moves into pods are out of this daemon's sight. `rdma system set netns shared` "
+      "shares them again (docs/runbook.md, EfaRdmaNetnsExclusive)");
 }
 
 bool Daemon::RegisteredTo(const std::optional<FileIdentity>& kubelet_socket) const {
