@@ -361,10 +361,11 @@ TEST_CASE("The plugin socket outlives kubelet restarts: registering again is one
 }
 
 namespace {
-// Waits, at most kDeadline, until the daemon has counted `n` failed
+// Waits, at most `timeout`, until the daemon has counted `n` failed
 // listings and reads (it has no event of its own to wait on: polled).
-bool WaitForDiscoveryErrors(const Daemon& daemon, int64_t n) {
-  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+bool WaitForDiscoveryErrors(const Daemon& daemon, int64_t n,
+                            std::chrono::milliseconds timeout = kDeadline) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     const Daemon::DiscoveryErrorCounts errors = daemon.discovery_errors();
     if (errors.list + errors.read >= n) return true;
@@ -388,9 +389,17 @@ TEST_CASE(
   {
     efa::testing::DescriptorTableFull full;
     // A full rescan falls due, and a device is removed (its inotify event
-    // brings another rescan): neither can list class/infiniband.
-    REQUIRE(node.Pass(5min));
-    REQUIRE(WaitForDiscoveryErrors(node.daemon(), 1));
+    // brings another rescan): neither can list class/infiniband. A
+    // descriptor another thread of this process frees between the fill and
+    // the pass lets that listing succeed (no log, no error: seen in 1 to 2
+    // runs of 10): the table is filled again for another.
+    bool failed = false;
+    for (int attempt = 0; attempt < 5 && !failed; ++attempt) {
+      full.Refill();
+      REQUIRE(node.Pass(5min));
+      failed = WaitForDiscoveryErrors(node.daemon(), 1, 2s);
+    }
+    REQUIRE(failed);
     full.Refill();
     const int64_t before =
         node.daemon().discovery_errors().list + node.daemon().discovery_errors().read;
