@@ -5,7 +5,6 @@
 // (lifecycle_checks.cc).
 #pragma once
 
-// leaves event classes out, to bisect. Exits 0 when every run held.
 #include <fcntl.h>
 #include <httplib.h>
 #include <poll.h>
