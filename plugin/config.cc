@@ -32,6 +32,7 @@ enum class Check {
   kPath,          // non-empty
   kInstanceType,  // empty, or letters, digits, '.', '-'
   kAddress,       // "" or host:port
+  kServer,        // "" or host:port with a host
   kResources,     // list of domain/name resource names
   kDirs,          // list of non-empty paths
   kDriverNames,   // list of DRA driver names (DNS subdomains: a-z, 0-9, '.', '-')
@@ -278,6 +279,28 @@ const std::vector<Option>& Options() {
        .help = "deviceHealth: Healthy again only after this long without a problem",
        .type_name = "DURATION",
        .check = Check::kLongDuration},
+      {.key = "claimLookup",
+       .field = &Config::claim_lookup,
+       .help = "Look up in the API server the devices of a ResourceClaim the kubelet lists "
+               "without any (DRANET's), for its containers' EFA series; needs a token allowed to "
+               "get resourceclaims",
+       .type_name = "BOOL"},
+      {.key = "apiServer",
+       .field = &Config::api_server,
+       .help = "claimLookup: the API server (\"\": the pod's KUBERNETES_SERVICE_HOST and "
+               "KUBERNETES_SERVICE_PORT)",
+       .type_name = "HOST:PORT",
+       .check = Check::kServer},
+      {.key = "apiTokenFile",
+       .field = &Config::api_token_file,
+       .help = "claimLookup: the bearer token, read at every lookup",
+       .type_name = "PATH",
+       .check = Check::kPath},
+      {.key = "apiCaFile",
+       .field = &Config::api_ca_file,
+       .help = "claimLookup: the CA certificates the API server's certificate is checked against",
+       .type_name = "PATH",
+       .check = Check::kPath},
   };
   return *options;
 }
@@ -370,6 +393,8 @@ std::string Expected(const Option& o) {
         return "an EC2 instance type like \"p5.48xlarge\"";
       case Check::kAddress:
         return "an address like \":8080\" or \"127.0.0.1:8080\", or \"\" for none";
+      case Check::kServer:
+        return "a server like \"10.100.0.1:443\" or \"api.example.com:443\", or \"\"";
       default:
         return "a path";
     }
@@ -457,6 +482,11 @@ absl::StatusOr<T> ParseText(const Option& o, std::string_view text) {
         break;
       case Check::kAddress:
         if (!text.empty() && !ParseListenAddress(text).ok()) return Mismatch(Expected<T>(o), text);
+        break;
+      case Check::kServer:
+        if (!text.empty() && (text.front() == ':' || !ParseListenAddress(text).ok())) {
+          return Mismatch(Expected<T>(o), text);
+        }
         break;
       default:
         break;
@@ -876,6 +906,10 @@ void ForEachSetting(C& c, S& s, const Visit& visit) {
   visit(c.device_health_keep_alive_timeout, d.counters.health.keep_alive_timeout);
   visit(c.device_health_admin_errors, d.counters.health.admin_errors);
   visit(c.device_health_hold_down, d.counters.health.hold_down);
+  visit(c.claim_lookup, d.counters.claim_lookup);
+  visit(c.api_server, d.counters.api_server.address);
+  visit(c.api_token_file, d.counters.api_server.token_file);
+  visit(c.api_ca_file, d.counters.api_server.ca_file);
 }
 
 }  // namespace

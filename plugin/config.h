@@ -68,6 +68,10 @@ struct Config {
   std::optional<std::chrono::milliseconds> device_health_keep_alive_timeout;
   std::optional<int> device_health_admin_errors;
   std::optional<std::chrono::milliseconds> device_health_hold_down;
+  std::optional<bool> claim_lookup;
+  std::optional<std::string> api_server;  // "": the pod's KUBERNETES_SERVICE_HOST and _PORT
+  std::optional<std::string> api_token_file;
+  std::optional<std::string> api_ca_file;
 
   bool operator==(const Config&) const = default;
 };

@@ -102,6 +102,9 @@ EfaCounterMonitorOptions Daemon::CounterOptions() {
   counters.holders = EfaCounterMonitor::PodResourcesHolders(
       options_.kubelet_dir / "pod-resources/kubelet.sock",
       [this](const std::vector<std::string>& ids) { return HeldEfas(ids); });
+  if (options_.counters.claim_lookup) {
+    counters.claim_devices = EfaCounterMonitor::ApiServerClaims(options_.counters.api_server);
+  }
   counters.on_health_change = [this] {
     health_changed_ = true;
     Wake();

@@ -463,6 +463,18 @@ void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
                    "meanwhile.",
                    MetricType::Counter),
             static_cast<double>(snapshot.unreadable_total));
+  if (snapshot.claim_lookups < 0) return;
+  AddSample(Family(out, "claim_lookups_total",
+                   "Lookups in the API server of a ResourceClaim the kubelet lists without "
+                   "devices (claimLookup).",
+                   MetricType::Counter),
+            static_cast<double>(snapshot.claim_lookups));
+  AddSample(Family(out, "claim_lookup_errors_total",
+                   "Claim lookups that failed (the API server unreachable, the token refused, "
+                   "the claim not allocated); their containers get no per-container series "
+                   "until one succeeds.",
+                   MetricType::Counter),
+            static_cast<double>(snapshot.claim_lookup_errors));
 }
 
 std::string DaemonMonitor::CountersText(std::shared_ptr<const EfaCounterSnapshot> snapshot) const {

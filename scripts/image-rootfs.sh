@@ -58,6 +58,7 @@ copy_lib() {  # NAME NEEDED_BY
   queue+=("$libdir/$1")
 }
 copy_lib libibverbs.so.1 "the inventory command's dlopen"
+copy_lib libssl.so.3 "the claim lookup's dlopen"
 i=0
 while [ "$i" -lt "${#queue[@]}" ]; do
   elf="${queue[$i]}"

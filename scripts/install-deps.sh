@@ -24,6 +24,7 @@ libraries=(
   libibverbs-dev ibverbs-providers libhwloc-dev
   libyaml-cpp-dev libspdlog-dev libfmt-dev
   prometheus-cpp-dev libevent-dev
+  libssl-dev  # the claim lookup's TLS (headers; libssl3 is loaded at its first GET)
 )
 # Headers only (Architecture: all).
 headers=(libcli11-dev nlohmann-json3-dev)

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "nlohmann/json.hpp"
 #include "plugin/alignment/alignment.h"
 #include "plugin/kubelet/pod_resources_client.h"
 #include "spdlog/spdlog.h"
@@ -247,27 +249,43 @@ void EfaCounterMonitor::NoteUnreadable(EfaCounterSnapshot& snapshot) {
 }
 
 std::vector<EfaHolder> EfaCounterMonitor::ResolveDra(std::vector<EfaHolder> holders,
-                                                     const EfaCounterSnapshot& snapshot) {
+                                                     EfaCounterSnapshot& snapshot) {
   std::map<std::string, std::string> efa_by_name;  // DRANET's device name -> ibdev
   for (const auto& efa : snapshot.efas) {
     efa_by_name.emplace(DraDeviceName(efa.device.pci), efa.device.ibdev);
   }
   std::set<std::string> deviceless;
+  std::map<std::string, std::vector<DraDevice>> known;
+  LookupBudget budget;
   std::vector<EfaHolder> out;
   for (EfaHolder& h : holders) {
-    std::vector<DraDevice> efas;
+    std::vector<DraDevice> devices;
     for (DraDevice& d : h.dra_devices) {
-      if (d.device.empty()) {
-        const std::string claim = d.claim_namespace + "/" + d.claim_name;
-        deviceless.insert(claim);
-        if (deviceless_claims_.count(claim)) continue;
-        spdlog::info(
-            "pod {}/{} container {} uses ResourceClaim {}, which the kubelet lists without "
-            "devices (its driver named none when it prepared the claim): its traffic cannot be "
-            "told apart from the node's",
-            h.pod_namespace, h.pod, h.container, claim);
+      if (!d.device.empty()) {
+        devices.push_back(std::move(d));
         continue;
       }
+      if (const auto* found = ClaimDevices(d, budget, known)) {
+        for (DraDevice device : *found) {
+          device.claim_name = d.claim_name;
+          device.claim_namespace = d.claim_namespace;
+          devices.push_back(std::move(device));
+        }
+        continue;
+      }
+      const std::string claim = d.claim_namespace + "/" + d.claim_name;
+      deviceless.insert(claim);
+      if (deviceless_claims_.count(claim)) continue;
+      spdlog::info(
+          "pod {}/{} container {} uses ResourceClaim {}, which the kubelet lists without "
+          "devices (its driver named none when it prepared the claim): its traffic cannot be "
+          "told apart from the node's{}",
+          h.pod_namespace, h.pod, h.container, claim,
+          options_.claim_devices ? " until a lookup of the claim succeeds"
+                                 : " (claimLookup finds its devices)");
+    }
+    std::vector<DraDevice> efas;
+    for (DraDevice& d : devices) {
       auto efa = efa_by_name.find(d.device);
       if (efa == efa_by_name.end()) continue;  // not an EFA of this node
       if (std::find(h.efas.begin(), h.efas.end(), efa->second) == h.efas.end()) {
@@ -280,7 +298,115 @@ std::vector<EfaHolder> EfaCounterMonitor::ResolveDra(std::vector<EfaHolder> hold
     if (!h.efas.empty()) out.push_back(std::move(h));
   }
   deviceless_claims_ = std::move(deviceless);
+  claim_devices_ = std::move(known);
+  if (options_.claim_devices) {
+    snapshot.claim_lookups = claim_lookups_;
+    snapshot.claim_lookup_errors = claim_lookup_errors_;
+  }
   return out;
+}
+
+const std::vector<DraDevice>* EfaCounterMonitor::ClaimDevices(
+    const DraDevice& listed, LookupBudget& budget,
+    std::map<std::string, std::vector<DraDevice>>& known) {
+  if (!options_.claim_devices) return nullptr;
+  const std::string claim = listed.claim_namespace + "/" + listed.claim_name;
+  if (auto it = known.find(claim); it != known.end()) return &it->second;
+  // A claim in use keeps its allocation: once known, it is not asked again
+  // while listed.
+  if (auto it = claim_devices_.find(claim); it != claim_devices_.end()) {
+    return &(known[claim] = it->second);
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      budget.deadline - std::chrono::steady_clock::now());
+  if (budget.lookups == 0 || left <= std::chrono::milliseconds(0)) return nullptr;
+  --budget.lookups;
+  ++claim_lookups_;
+  absl::StatusOr<std::vector<DraDevice>> devices =
+      options_.claim_devices(listed.claim_namespace, listed.claim_name, left);
+  if (!devices.ok()) {
+    ++claim_lookup_errors_;
+    budget.lookups = 0;
+    // Once per kind of failure (the message names the claim).
+    const std::string kind(absl::StatusCodeToString(devices.status().code()));
+    if (kind != claim_lookup_error_) {
+      claim_lookup_error_ = kind;
+      spdlog::warn(
+          "claim lookup: {}; containers of claims listed without devices get no per-container "
+          "series until a lookup succeeds (tried again at the next read; counted in "
+          "efa_device_plugin_claim_lookup_errors_total)",
+          std::string(devices.status().message()));
+    }
+    return nullptr;
+  }
+  if (!claim_lookup_error_.empty()) {
+    spdlog::info("claim lookup: ResourceClaim {} looked up (the lookups failed before: {})", claim,
+                 claim_lookup_error_);
+    claim_lookup_error_.clear();
+  }
+  return &(known[claim] = *std::move(devices));
+}
+
+absl::StatusOr<std::vector<DraDevice>> ClaimAllocation(std::string_view json) {
+  const nlohmann::json claim = nlohmann::json::parse(json, nullptr, false);
+  if (!claim.is_object() || claim.value("kind", "") != "ResourceClaim") {
+    return absl::InvalidArgumentError("the answer is not a ResourceClaim object");
+  }
+  const nlohmann::json* results = &claim;
+  for (const char* key : {"status", "allocation", "devices", "results"}) {
+    if (!results->is_object() || !results->contains(key)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the ResourceClaim has no status.allocation.devices.results (not "
+                       "allocated?): no ",
+                       key));
+    }
+    results = &(*results)[key];
+  }
+  if (!results->is_array()) {
+    return absl::InvalidArgumentError("status.allocation.devices.results is not a list");
+  }
+  std::vector<DraDevice> out;
+  for (const nlohmann::json& r : *results) {
+    auto field = [&](const char* key) {
+      return r.is_object() && r.contains(key) && r[key].is_string() ? r[key].get<std::string>()
+                                                                    : std::string();
+    };
+    DraDevice d{"", "", field("driver"), field("pool"), field("device")};
+    if (d.driver.empty() || d.device.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("status.allocation.devices.results[",
+                                                     out.size(), "] lacks its driver or device"));
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+ClaimDevicesFn EfaCounterMonitor::ApiServerClaims(ApiServerSettings settings) {
+  auto api = std::make_shared<const ApiServer>(std::move(settings));
+  return [api](const std::string& claim_namespace, const std::string& claim_name,
+               std::chrono::milliseconds timeout) -> absl::StatusOr<std::vector<DraDevice>> {
+    // The kubelet's names are DNS labels and subdomains; anything else is
+    // not put in a URL.
+    for (const std::string* name : {&claim_namespace, &claim_name}) {
+      if (name->empty() ||
+          name->find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-.") != std::string::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ResourceClaim ", claim_namespace, "/", claim_name, ": not a Kubernetes object name"));
+      }
+    }
+    absl::StatusOr<std::string> body =
+        api->Get(absl::StrCat("/apis/resource.k8s.io/v1/namespaces/", claim_namespace,
+                              "/resourceclaims/", claim_name),
+                 timeout);
+    if (!body.ok()) return body.status();
+    absl::StatusOr<std::vector<DraDevice>> devices = ClaimAllocation(*body);
+    if (!devices.ok()) {
+      return absl::Status(devices.status().code(),
+                          absl::StrCat("ResourceClaim ", claim_namespace, "/", claim_name, ": ",
+                                       devices.status().message()));
+    }
+    return devices;
+  };
 }
 
 std::vector<EfaCounterSnapshot::Container> EfaCounterMonitor::JudgeIdle(

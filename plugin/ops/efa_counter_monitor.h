@@ -24,11 +24,13 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "plugin/ops/api_server.h"
 #include "plugin/runtime/clock.h"
 #include "topology/efa_counters.h"
 #include "topology/efa_device.h"
@@ -71,6 +73,19 @@ struct EfaHolder {
 // Which containers hold EFAs now; an error when that cannot be told.
 using EfaHoldersFn = std::function<absl::StatusOr<std::vector<EfaHolder>>()>;
 
+// The devices ResourceClaim `claim_namespace`/`claim_name` was allocated
+// (driver, pool and device; the claim's names left empty), found within
+// `timeout`.
+using ClaimDevicesFn = std::function<absl::StatusOr<std::vector<DraDevice>>(
+    const std::string& claim_namespace, const std::string& claim_name,
+    std::chrono::milliseconds timeout)>;
+
+// The devices of a ResourceClaim object as the API server gives it (JSON,
+// resource.k8s.io/v1): its status.allocation.devices.results, each as
+// driver, pool and device. An error when it is not such an object or is
+// not allocated. Pure.
+absl::StatusOr<std::vector<DraDevice>> ClaimAllocation(std::string_view json);
+
 // Device health from the counters (opt-in).
 struct DeviceHealthOptions {
   bool enabled = false;
@@ -90,6 +105,12 @@ struct EfaCounterSettings {
   // A held EFA that moved no bytes this long is idle.
   std::chrono::milliseconds idle_timeout{600000};
   DeviceHealthOptions health;
+  // Look up, in the API server, the devices of a ResourceClaim the kubelet
+  // lists without any (DRANET's), to give its containers per-container
+  // series (docs/observability.md, "EFAs served by DRA"). Opt-in: it needs a
+  // token allowed to get resourceclaims.
+  bool claim_lookup = false;
+  ApiServerSettings api_server;
 };
 
 // The settings, and what the daemon gives the monitor.
@@ -97,6 +118,9 @@ struct EfaCounterMonitorOptions : EfaCounterSettings {
   std::filesystem::path sysfs_root;
   // Null: no per-container view and no idle detection.
   EfaHoldersFn holders;
+  // The devices of a claim listed without any (ApiServerClaims when
+  // claim_lookup is on). Null: such a claim's containers get no series.
+  ClaimDevicesFn claim_devices;
   // Runs (on the reading thread, no lock held) when the EFAs device health
   // holds Unhealthy change. Null: nothing.
   std::function<void()> on_health_change;
@@ -125,6 +149,10 @@ struct EfaCounterSnapshot {
   // Counter files not read for a reason that says nothing about the device
   // (EfaCounterValues::unreadable), since start.
   int64_t unreadable_total = 0;
+  // Claim lookups (claim_devices) made and failed since start; both -1
+  // when there is no claim lookup.
+  int64_t claim_lookups = -1;
+  int64_t claim_lookup_errors = -1;
 };
 
 class EfaCounterMonitor {
@@ -155,6 +183,17 @@ class EfaCounterMonitor {
       std::function<std::optional<std::vector<std::string>>(const std::vector<std::string>&)>
           physical);
 
+  // Claim devices from the API server `api` reaches (ClaimAllocation of
+  // GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME).
+  static ClaimDevicesFn ApiServerClaims(ApiServerSettings api);
+
+  // What one read spends on claim lookups at most: kClaimLookupsPerRead
+  // claims (a node's new pods'; the rest wait for the next read) in
+  // kClaimLookupTimePerRead in all. A failed lookup ends the read's
+  // lookups: an API server that is down costs a read one timeout.
+  static constexpr int kClaimLookupsPerRead = 8;
+  static constexpr std::chrono::milliseconds kClaimLookupTimePerRead = ApiServer::kTimeout;
+
  private:
   // What one EFA's earlier reads left to judge the next by.
   struct EfaState {
@@ -183,9 +222,21 @@ class EfaCounterMonitor {
   // their cause once while it lasts, and when it ends.
   void NoteUnreadable(EfaCounterSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // The holders' claimed DRA devices that are EFAs of `snapshot`, added to
-  // their EFAs; a claim listed without devices is logged once.
-  std::vector<EfaHolder> ResolveDra(std::vector<EfaHolder> holders,
-                                    const EfaCounterSnapshot& snapshot)
+  // their EFAs. A claim listed without devices gets its devices from
+  // claim_devices (once while it is listed), or is logged once.
+  std::vector<EfaHolder> ResolveDra(std::vector<EfaHolder> holders, EfaCounterSnapshot& snapshot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
+  // What a read may still spend on claim lookups.
+  struct LookupBudget {
+    int lookups = kClaimLookupsPerRead;
+    std::chrono::steady_clock::time_point deadline =
+        std::chrono::steady_clock::now() + kClaimLookupTimePerRead;
+  };
+  // The devices of claim `listed` (listed without any): known from an
+  // earlier read, or looked up now within `budget`; null when unknown.
+  // What is known is kept in `known` (the claims listed this read).
+  const std::vector<DraDevice>* ClaimDevices(const DraDevice& listed, LookupBudget& budget,
+                                             std::map<std::string, std::vector<DraDevice>>& known)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // Judges the idle EFAs of each holder and logs what changed.
   std::vector<EfaCounterSnapshot::Container> JudgeIdle(const std::vector<EfaHolder>& holders,
@@ -203,6 +254,11 @@ class EfaCounterMonitor {
   std::string unreadable_cause_ ABSL_GUARDED_BY(read_mu_);  // as logged; "" while none
   // Claims listed without devices, as logged ("namespace/claim").
   std::set<std::string> deviceless_claims_ ABSL_GUARDED_BY(read_mu_);
+  // Claims listed without devices whose devices were looked up, while listed.
+  std::map<std::string, std::vector<DraDevice>> claim_devices_ ABSL_GUARDED_BY(read_mu_);
+  int64_t claim_lookups_ ABSL_GUARDED_BY(read_mu_) = 0;
+  int64_t claim_lookup_errors_ ABSL_GUARDED_BY(read_mu_) = 0;
+  std::string claim_lookup_error_ ABSL_GUARDED_BY(read_mu_);  // the kind logged; "" while none
 
   mutable absl::Mutex mu_;
   std::vector<topology::EfaDevice> devices_ ABSL_GUARDED_BY(mu_);

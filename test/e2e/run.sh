@@ -39,7 +39,11 @@
 # before 14) the DRA guard: a fake of DRANET's kubelet plugin registering
 # in plugins_registry (fake-dra-plugin) takes allocatable from 32 to 0,
 # and its going back to 32, a running pod's device nodes unchanged
-# throughout. This file is the
+# throughout; claim_lookup.sh 16 (run before 14) the claim lookup against
+# the API server: a DRANET claim listed without devices by a fake kubelet
+# (fake-kubelet --claim), served by a CRD of resource.k8s.io/v1, refused
+# without the chart's ClusterRoleBinding and then looked up, giving its
+# EFAs the pod's series. This file is the
 # runner: settings, reporting, setup, the order of the checks, teardown.
 # Also a CTest test (e2e_real_kubelet, label e2e), which sets
 # EFA_E2E_BUILD_DIR to its own build dir.
@@ -73,6 +77,7 @@ IDLE_BIN="$BUILD_DIR/plugin/efa-k8s-device-plugin-idle"
 SIMNODE_BIN="$BUILD_DIR/test/efa-simnode"
 FAKE_GPU_BIN="$BUILD_DIR/test/fake-gpu-plugin"
 FAKE_DRA_BIN="$BUILD_DIR/test/fake-dra-plugin"
+FAKE_KUBELET_BIN="$BUILD_DIR/test/fake-kubelet"
 
 passed=0
 failed=0
@@ -120,7 +125,7 @@ setup_failed() {
   echo "FAIL setup: $*"
   failed=$((failed + 1))
   local n
-  for n in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15; do
+  for n in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16; do
     echo "FAIL check $n: not run (setup failed)"
     failed=$((failed + 1))
   done
@@ -150,6 +155,8 @@ source "$here/checks/upgrade.sh"
 source "$here/checks/reboot.sh"
 # shellcheck source=SCRIPTDIR/checks/dra_guard.sh
 source "$here/checks/dra_guard.sh"
+# shellcheck source=SCRIPTDIR/checks/claim_lookup.sh
+source "$here/checks/claim_lookup.sh"
 
 # --- setup and teardown -----------------------------------------------------
 build_all() {
@@ -166,11 +173,11 @@ build_all() {
   if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
     cmake -S "$repo" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || return 1
   fi
-  cmake --build "$BUILD_DIR" -j "$JOBS" --target efa-k8s-device-plugin efa-k8s-device-plugin-idle efa-simnode fake-gpu-plugin fake-dra-plugin \
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target efa-k8s-device-plugin efa-k8s-device-plugin-idle efa-simnode fake-gpu-plugin fake-dra-plugin fake-kubelet \
     > "$E2E_CACHE/daemon-build.log" 2>&1 \
     || { tail -n 30 "$E2E_CACHE/daemon-build.log"; return 1; }
   local bin
-  for bin in "$PLUGIN_BIN" "$IDLE_BIN" "$SIMNODE_BIN" "$FAKE_GPU_BIN" "$FAKE_DRA_BIN"; do
+  for bin in "$PLUGIN_BIN" "$IDLE_BIN" "$SIMNODE_BIN" "$FAKE_GPU_BIN" "$FAKE_DRA_BIN" "$FAKE_KUBELET_BIN"; do
     [ -x "$bin" ] || { echo "build_all: $bin was not built (the build dir's layout?)"; return 1; }
   done
   times[daemon_build]=$((SECONDS - t))
@@ -202,6 +209,8 @@ teardown() {
   fi
   e2e_stop fake-gpu-plugin 10 2>/dev/null || true
   e2e_stop fake-dra-plugin 10 2>/dev/null || true
+  e2e_stop claims-plugin 10 2>/dev/null || true
+  e2e_stop claims-kubelet 10 2>/dev/null || true
   e2e_stop efa-plugin 10 2>/dev/null || true
   if [ "$cluster_started" -eq 1 ]; then
     local t=$SECONDS
@@ -294,6 +303,7 @@ main() {
   run_check 12 "late binding on containerd 1.7 (CDI annotation): $LATE_PODS pods of 1 GPU + 4 EFA get the EFAs beside their GPU; kept across a kubelet and a container restart; specs removed with their pods" check_12_late_binding
   run_check 13 "helm upgrade with changed values while pods hold EFAs (best effort -> late binding -> sharing renamed -> back): every running container keeps its device nodes, none is in two" check_13_upgrade_values
   run_check 15 "the DRA guard: allocatable $EFA_TOTAL, 0 while a dra.net kubelet plugin registers, $EFA_TOTAL when it goes; a running pod keeps its device nodes" check_15_dra_guard
+  run_check 16 "the claim lookup on the real API server: a DRANET claim listed without devices, refused without the chart's binding, then its EFAs' per-pod series" check_16_claim_lookup
   run_check 14 "reboots with pods holding EFAs: the race measured with the DaemonSet and the host install, which admits again every pod that ran" check_14_reboot
   if [ -n "${EFA_E2E_IMAGE_TAR:-}" ]; then
     run_check 9 "the Helm chart's pod runs on the kubelet and serves the node" check_9_chart_on_kubelet

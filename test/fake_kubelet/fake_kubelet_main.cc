@@ -240,6 +240,11 @@ int main(int argc, char** argv) {
                  "Admit one container asking for RESOURCE=COUNT,... in this order, as the "
                  "kubelet's device manager does (e.g. nvidia.com/gpu=1,vpc.amazonaws.com/efa=4)")
       ->excludes(allocate_option);
+  std::vector<std::string> claims;
+  app.add_option("--claim", claims,
+                 "List in pod-resources a container \"main\" of pod NAMESPACE/POD using "
+                 "ResourceClaim NAMESPACE/CLAIM of driver dra.net prepared without devices, as "
+                 "DRANET prepares them (NAMESPACE/POD/CLAIM; repeatable)");
   bool hold = false;
   app.add_flag("--hold", hold,
                "Then keep serving until SIGTERM or SIGINT, for a daemon (and its metrics) to "
@@ -285,6 +290,20 @@ int main(int argc, char** argv) {
   if (!pod_resources_socket.empty()) {
     std::printf("fake-kubelet: serving the pod-resources API on %s\n",
                 pod_resources_socket.c_str());
+  }
+  for (const std::string& claim : claims) {
+    const std::vector<std::string> parts = absl::StrSplit(claim, '/');
+    if (parts.size() != 3 || parts[0].empty() || parts[1].empty() || parts[2].empty()) {
+      return Fail(absl::StrFormat("--claim: expected NAMESPACE/POD/CLAIM, got \"%s\"", claim));
+    }
+    const FakeKubelet::PreparedClaim prepared{parts[2], parts[0], {{"dra.net", {}}}};
+    if (absl::Status status =
+            kubelet.PrepareClaim(parts[1], parts[0], "uid-" + parts[1], prepared, {"main"});
+        !status.ok()) {
+      return Fail(std::string(status.message()));
+    }
+    std::printf("fake-kubelet: pod %s/%s uses ResourceClaim %s/%s (no devices listed)\n",
+                parts[0].c_str(), parts[1].c_str(), parts[0].c_str(), parts[2].c_str());
   }
   std::vector<std::unique_ptr<FakeAcceleratorPlugin>> plugins;
   if (!accelerators.empty()) {

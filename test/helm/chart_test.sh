@@ -446,11 +446,22 @@ readonly DRA_DS="obj('DaemonSet', '$FULLNAME-dra')"
 expect dra-monitor "[d['metadata']['name'] for d in docs if d['kind'] == 'DaemonSet']" "[\"$FULLNAME\", \"$FULLNAME-dra\"]"
 expect dra-monitor "obj('DaemonSet', '$FULLNAME')['spec']['template']['spec']['affinity']['nodeAffinity']['requiredDuringSchedulingIgnoredDuringExecution']['nodeSelectorTerms'][0]['matchExpressions'][-1]" '{"key": "efa-k8s-device-plugin/efa-driver", "operator": "NotIn", "values": ["dra"]}'
 expect dra-monitor "${DRA_DS}['spec']['template']['spec']['affinity']['nodeAffinity']['requiredDuringSchedulingIgnoredDuringExecution']['nodeSelectorTerms'][0]['matchExpressions'][-1]" '{"key": "efa-k8s-device-plugin/efa-driver", "operator": "In", "values": ["dra"]}'
-expect dra-monitor "${DRA_DS}['spec']['template']['spec']['containers'][0]['args']" '["--config=/etc/efa-k8s-device-plugin/config.yaml", "--dra-policy=monitor"]'
+expect dra-monitor "${DRA_DS}['spec']['template']['spec']['containers'][0]['args']" '["--config=/etc/efa-k8s-device-plugin/config.yaml", "--dra-policy=monitor", "--claim-lookup"]'
+# claimLookup: the -dra pods alone get a token, of an account that may get
+# resourceclaims and nothing else.
+expect dra-monitor "[${DRA_DS}['spec']['template']['spec'][k] for k in ('serviceAccountName', 'automountServiceAccountToken')]" "[\"$FULLNAME-dra\", true]"
+expect dra-monitor "[obj('DaemonSet', '$FULLNAME')['spec']['template']['spec'].get(k) for k in ('serviceAccountName', 'automountServiceAccountToken')]" '[null, false]'
+expect dra-monitor "obj('ClusterRole', '$FULLNAME-dra-kube-system')['rules']" '[{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]'
+expect dra-monitor "[obj('ClusterRoleBinding', '$FULLNAME-dra-kube-system')[k] for k in ('roleRef', 'subjects')]" "[{\"apiGroup\": \"rbac.authorization.k8s.io\", \"kind\": \"ClusterRole\", \"name\": \"$FULLNAME-dra-kube-system\"}, [{\"kind\": \"ServiceAccount\", \"name\": \"$FULLNAME-dra\", \"namespace\": \"kube-system\"}]]"
 expect dra-monitor "obj('DaemonSet', '$FULLNAME')['spec']['template']['spec']['containers'][0]['args']" '["--config=/etc/efa-k8s-device-plugin/config.yaml"]'
 expect dra-monitor "${DRA_DS}['spec']['selector']['matchLabels']" "{\"name\": \"$FULLNAME-dra\"}"
 expect dra-monitor "${DRA_DS}['spec']['template']['metadata']['labels']['name']" "$FULLNAME-dra"
 checks dra-monitor
+expect_render dra-monitor-no-lookup --set draMonitor.enabled=true --set draMonitor.claimLookup=false
+expect dra-monitor-no-lookup "[d['kind'] for d in docs if d['kind'] in ('ServiceAccount', 'ClusterRole', 'ClusterRoleBinding')]" '[]'
+expect dra-monitor-no-lookup "${DRA_DS}['spec']['template']['spec']['automountServiceAccountToken']" 'false'
+expect dra-monitor-no-lookup "${DRA_DS}['spec']['template']['spec']['containers'][0]['args']" '["--config=/etc/efa-k8s-device-plugin/config.yaml", "--dra-policy=monitor"]'
+checks dra-monitor-no-lookup
 expect_reject dra-monitor-no-label "draMonitor.enabled is true but placement.draNodeLabel.key is empty" \
   --set draMonitor.enabled=true --set placement.draNodeLabel.key=
 expect_reject dra-monitor-affinity "draMonitor.enabled is true but affinity.nodeAffinity replaces" \
@@ -654,7 +665,7 @@ done
 
 # Other charts' keys, refused with the value to use instead.
 for pair in "args=use extraArgs" "env=use extraEnv" "volumes=use extraVolumes" "volumeMounts=use extraVolumeMounts" \
-            "serviceAccount=the daemon never calls the API server, so the chart creates no service account and mounts no token; remove it"; do
+            "serviceAccount=the chart makes the one service account the daemon needs (draMonitor.claimLookup) and mounts no token elsewhere; remove it"; do
   key="${pair%%=*}"
   expect_reject "refused-$key" "$key is not a value of this chart: ${pair#*=}" --set-json "$key=[]"
 done

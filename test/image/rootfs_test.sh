@@ -77,6 +77,11 @@ if [ ! -e "$rootfs/bin/sh" ] && [ ! -e "$rootfs/usr/bin/sh" ] && [ -z "$(find "$
   pass "no shell, no mlx provider"
 else fail "a shell or an mlx provider is in the file system"; fi
 
+libdir="$(dirname "$(find "$rootfs" -name libibverbs.so.1 | head -1)")"
+if [ -f "$libdir/libssl.so.3" ] && [ -f "$libdir/libcrypto.so.3" ]; then
+  pass "OpenSSL, which the claim lookup loads at its first GET (claimLookup), is in the file system"
+else fail "no libssl.so.3 and libcrypto.so.3 next to libibverbs.so.1 (in $libdir): claimLookup would fail in the image"; fi
+
 if version="$(chroot "$rootfs" /usr/bin/efa-k8s-device-plugin --version 2>&1)"; then
   pass "--version runs in the file system alone: $version"
 else fail "--version in the file system: $version"; fi

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -24,7 +25,9 @@
 #include "test/sim/sim_root.h"
 #include "test/support/devices.h"
 #include "test/support/scrape.h"
+#include "test/support/temp_dir.h"
 #include "test/support/test_node.h"
+#include "test/support/tls_server.h"
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -424,6 +427,68 @@ TEST_CASE(
   }
   CHECK(node.LogLines(
             "uses ResourceClaim ml/efa-dranet, which the kubelet lists without devices") == 1);
+}
+
+TEST_CASE(
+    "With claimLookup the daemon binary finds a DRANET claim's EFAs in the API server, and "
+    "waits out a refusal",
+    "[counters][daemon][process][dra]") {
+  efa::testing::TempDir dir;
+  efa::testing::TlsServer api(dir.path());
+  const auto token = dir.path() / "token";
+  std::ofstream(token) << "efa-token";
+  const std::string path = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/efa-dranet";
+  api.Answer(path, 403,
+             R"({"kind":"Status","message":"resourceclaims.resource.k8s.io \"efa-dranet\" is )"
+             R"(forbidden"})");
+  TestNode node(
+      CounterNode({"--counter-interval", "100ms", "--claim-lookup", "--api-server", api.address(),
+                   "--api-token-file", token.string(), "--api-ca-file", api.ca_file().string()}));
+  // DRANET's claim: the kubelet lists it without devices.
+  const FakeKubelet::PreparedClaim claim{"efa-dranet", "ml", {{"dra.net", {}}}};
+  REQUIRE(node.kubelet().PrepareClaim("dranet-0", "ml", "uid-dranet-0", claim, {"main"}).ok());
+  const std::string lookups = "efa_device_plugin_claim_lookups_total";
+  const std::string errors = "efa_device_plugin_claim_lookup_errors_total";
+  REQUIRE(node.WaitScrape([&](const Metrics& m) { return m.count(errors) && m.at(errors) >= 2; }));
+  CHECK(SeriesOf(node.Scrape(), "container_efa_tx_bytes_total") == 0);
+  CHECK(node.LogLines("claim lookup: GET https://" + api.address() + path +
+                      ": HTTP 403: resourceclaims.resource.k8s.io \"efa-dranet\" is forbidden") ==
+        1);
+  CHECK(api.Authorizations().front() == "Bearer efa-token");
+
+  // Allowed now: the claim's two EFAs, named as DRANET names them.
+  api.Answer(path, 200, R"({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+    "metadata": {"name": "efa-dranet", "namespace": "ml"},
+    "status": {"allocation": {"devices": {"results": [
+      {"request": "efa", "driver": "dra.net", "pool": "node-a", "device": "pci-0000-10-1b-0"},
+      {"request": "efa", "driver": "dra.net", "pool": "node-a", "device": "pci-0000-20-1b-0"}]}}}})");
+  node.sim().SetCounter("rdmap16s27", "tx_bytes", 7);
+  node.sim().SetCounter("rdmap32s27", "tx_bytes", 9);
+  const std::map<std::string, std::pair<std::string, double>> held = {
+      {"rdmap16s27", {"pci-0000-10-1b-0", 7}}, {"rdmap32s27", {"pci-0000-20-1b-0", 9}}};
+  auto labels = [&](const std::string& efa) {
+    return absl::StrCat("namespace=\"ml\",pod=\"dranet-0\",container=\"main\",", kEfaLabels.at(efa),
+                        ",dra_claim_name=\"efa-dranet\",dra_claim_namespace=\"ml\","
+                        "dra_driver_name=\"dra.net\",dra_pool_name=\"node-a\",dra_device_name=\"",
+                        held.at(efa).first, "\"");
+  };
+  REQUIRE(node.WaitScrape(
+      [&](const Metrics& m) { return SeriesOf(m, "container_efa_tx_bytes_total") == 2; }));
+  const Metrics m = node.Scrape();
+  for (const auto& [efa, named] : held) {
+    CAPTURE(labels(efa));
+    REQUIRE(m.count(Series("container_efa_tx_bytes_total", labels(efa))) == 1);
+    CHECK(m.at(Series("container_efa_tx_bytes_total", labels(efa))) == named.second);
+  }
+  // Looked up once more after the refusals, then known while listed.
+  const double asked = m.at(lookups);
+  CHECK(asked == m.at(errors) + 1);
+  CHECK(node.WaitScrape([&](const Metrics& later) {
+    return later.at("efa_device_plugin_efa_counters_reads_total") >=
+           m.at("efa_device_plugin_efa_counters_reads_total") + 3;
+  }));
+  CHECK(node.Scrape().at(lookups) == asked);
+  CHECK(node.LogLines("claim lookup: ResourceClaim ml/efa-dranet looked up") == 1);
 }
 
 TEST_CASE(

@@ -9,7 +9,7 @@ any event (no kubelet, so no Allocate, no PreStartContainer): every counter
 an alert reads with increase() or rate() must already have a series for
 each selector of the rules, or Prometheus misses the first burst after
 each start (a series born at its first event with that event's count is no
-increase). The selectors are read from the rules file itself. The efa
+increase); those of an option (late binding's, claimLookup's) where it is on. The selectors are read from the rules file itself. The efa
 driver's own counters (HELP "... The efa driver's <name> counter...") are
 the device's, not the process's: their series start at the device's count
 at the daemon's first read of them (a scrape before the first scan reads no
@@ -130,13 +130,18 @@ def main():
         for mode in ("best-effort", "late-binding"):
             node_work = os.path.join(work, mode)
             os.makedirs(node_work)
+            # claimLookup's counters exist only where it is on: on with
+            # best effort (no claim here, so no lookup is made).
+            lookup = mode == "best-effort"
             with SimNode(bins, "p5.48xlarge", node_work,
-                         daemon_flags=["--alignment", mode]) as fresh:
+                         daemon_flags=["--alignment", mode] +
+                         (["--claim-lookup"] if lookup else [])) as fresh:
                 fresh.wait_log("serving /metrics")
                 text = wait_for("the serving daemon's scrape", lambda: (
                     lambda t: t if 'mode="serving"' in t else "")(fresh.scrape()))
                 wanted = [(m, sel) for m, sel in selectors
-                          if mode == "late-binding" or m != "efa_device_plugin_late_binding_total"]
+                          if (mode == "late-binding" or m != "efa_device_plugin_late_binding_total")
+                          and (lookup or m != "efa_device_plugin_claim_lookup_errors_total")]
                 series = check_counters_before_events(f"fresh p5.48xlarge, {mode}", text, wanted)
                 zero = [('efa_device_plugin_allocations_total', 'INVALID_ARGUMENT'),
                         ('efa_device_plugin_allocations_total', 'FAILED_PRECONDITION')]
@@ -148,6 +153,9 @@ def main():
                     if got != 0:
                         raise AssertionError(f"{mode}: {metric}{{{label}={value!r}}} is {got}, "
                                              f"not 0, before any event")
+                if lookup and series.get(("efa_device_plugin_claim_lookup_errors_total",
+                                          frozenset())) != 0:
+                    raise AssertionError(f"{mode}: claim_lookup_errors_total is not 0 at start")
         with SimNode(bins, "m5.8xlarge", work) as idle:
             idle.wait_log("no EFA on this node; idle until one appears")
             wait_for("the idle process's /metrics", idle.metrics_port)

@@ -359,7 +359,11 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
         "deviceHealth: false\n"
         "deviceHealthKeepAliveTimeout: 1m\n"
         "deviceHealthAdminErrors: 10\n"
-        "deviceHealthHoldDown: 5m\n");
+        "deviceHealthHoldDown: 5m\n"
+        "claimLookup: false\n"
+        "apiServer: \"\"\n"
+        "apiTokenFile: \"/var/run/secrets/kubernetes.io/serviceaccount/token\"\n"
+        "apiCaFile: \"/var/run/secrets/kubernetes.io/serviceaccount/ca.crt\"\n");
   auto back = ParseConfigYaml(yaml, "printed.yaml");
   REQUIRE(back.ok());
   CHECK(*back == c->config);
@@ -375,7 +379,10 @@ TEST_CASE("The printed configuration reads back as the same configuration", "[co
       "cdiDir=/var/run/cdi cdiHandover=both mofedPolicy=warn draPolicy=yield draDrivers=[dra.net] "
       "cdiSpecDirs=[/etc/cdi,/var/run/cdi] expectedEfaCount=0 sharingReplicas=1 "
       "sharingRenameByDefault=false counterInterval=15s idleTimeout=10m deviceHealth=false "
-      "deviceHealthKeepAliveTimeout=1m deviceHealthAdminErrors=10 deviceHealthHoldDown=5m");
+      "deviceHealthKeepAliveTimeout=1m deviceHealthAdminErrors=10 deviceHealthHoldDown=5m "
+      "claimLookup=false apiServer=\"\" "
+      "apiTokenFile=/var/run/secrets/kubernetes.io/serviceaccount/token "
+      "apiCaFile=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt");
 }
 
 TEST_CASE("Invalid configuration files are refused with the place, the key and what was wrong",
@@ -505,6 +512,10 @@ TEST_CASE("Invalid environment variables and flags are refused naming the variab
        {},
        "--metrics-address: expected an address like \":8080\" or \"127.0.0.1:8080\", or \"\" "
        "for none, got \":65536\""},
+      {{},
+       {{"EFA_API_SERVER", ":443"}},
+       "EFA_API_SERVER: expected a server like \"10.100.0.1:443\" or \"api.example.com:443\", "
+       "or \"\", got \":443\""},
       {{"--probe-max-connections", "513"},
        {},
        "--probe-max-connections: expected an integer from 1 to 512, got \"513\""},

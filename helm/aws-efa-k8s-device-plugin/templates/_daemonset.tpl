@@ -11,6 +11,7 @@ placement.draNodeLabel marks as DRA's, its daemon under draPolicy monitor.
 {{- $processCheck := .Values.guards.mofed.processCheck }}
 {{- $sysfs := include "efa.sysfsRoot" . }}
 {{- $dev := include "efa.devRoot" . }}
+{{- $claimLookup := and $dra .Values.draMonitor.claimLookup }}
 apiVersion: apps/v1
 kind: DaemonSet
 metadata:
@@ -45,8 +46,14 @@ spec:
         {{- toYaml . | nindent 8 }}
         {{- end }}
     spec:
+      {{- if $claimLookup }}
+      # draMonitor.claimLookup: a token allowed to get resourceclaims alone.
+      serviceAccountName: {{ include "efa.fullname" . }}-dra
+      automountServiceAccountToken: true
+      {{- else }}
       # The daemon never talks to the API server: no token, no RBAC.
       automountServiceAccountToken: false
+      {{- end }}
       enableServiceLinks: false
       {{- with .Values.imagePullSecrets }}
       imagePullSecrets:
@@ -102,6 +109,9 @@ spec:
             - --config={{ include "efa.configDir" . }}/config.yaml
             {{- if $dra }}
             - --dra-policy=monitor
+            {{- end }}
+            {{- if $claimLookup }}
+            - --claim-lookup
             {{- end }}
             {{- range .Values.extraArgs }}
             - {{ . | quote }}

@@ -512,7 +512,7 @@ TEST_CASE("EFAs held through ResourceClaims are found by their DRA device names"
         std::vector<std::string>{
             "[info] pod ml/dranet-0 container main uses ResourceClaim ml/efa-dranet, which the "
             "kubelet lists without devices (its driver named none when it prepared the claim): "
-            "its traffic cannot be told apart from the node's"});
+            "its traffic cannot be told apart from the node's (claimLookup finds its devices)"});
   // Said once while the claim is listed.
   node.clock.Advance(1s);
   CHECK(node.monitor->Sample()->containers.size() == 2);
@@ -521,4 +521,135 @@ TEST_CASE("EFAs held through ResourceClaims are found by their DRA device names"
   node.clock.Advance(10min);
   s = node.monitor->Sample();
   CHECK(s->containers[1].idle == std::vector<std::string>{kEfa1, kEfa2});
+}
+
+// A ResourceClaim as the API server answers GET .../resourceclaims/NAME
+// (resource.k8s.io/v1; DRANET's claim for two EFAs).
+constexpr char kClaimJson[] = R"({
+  "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+  "metadata": {"name": "efa-dranet", "namespace": "ml", "uid": "3c0d7a5e"},
+  "spec": {"devices": {"requests": [{"name": "efa",
+    "exactly": {"deviceClassName": "efa.networking.k8s.aws", "count": 2}}]}},
+  "status": {
+    "allocation": {"devices": {"results": [
+      {"request": "efa", "driver": "dra.net", "pool": "node-a", "device": "pci-0000-20-1b-0"},
+      {"request": "efa", "driver": "dra.net", "pool": "node-a", "device": "pci-0000-90-1b-0"}]},
+      "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}]}},
+    "reservedFor": [{"resource": "pods", "name": "dranet-0", "uid": "9f1e"}]}})";
+
+TEST_CASE("A ResourceClaim's devices are its status.allocation's", "[counters][dra]") {
+  auto devices = efa::plugin::ClaimAllocation(kClaimJson);
+  REQUIRE(devices.ok());
+  CHECK(*devices == std::vector<DraDevice>{{"", "", "dra.net", "node-a", "pci-0000-20-1b-0"},
+                                           {"", "", "dra.net", "node-a", "pci-0000-90-1b-0"}});
+  CHECK(efa::plugin::ClaimAllocation(R"({"kind": "ResourceClaim", "status": {}})")
+            .status()
+            .message() ==
+        "the ResourceClaim has no status.allocation.devices.results (not allocated?): no "
+        "allocation");
+  CHECK(efa::plugin::ClaimAllocation(R"({"kind": "Status"})").status().message() ==
+        "the answer is not a ResourceClaim object");
+  CHECK(efa::plugin::ClaimAllocation("<html>").status().message() ==
+        "the answer is not a ResourceClaim object");
+  CHECK(!efa::plugin::ClaimAllocation(
+             R"({"kind": "ResourceClaim", "status": {"allocation": {"devices": {"results": [)"
+             R"({"driver": "dra.net"}]}}}})")
+             .ok());
+}
+
+TEST_CASE("A claim listed without devices gets them from the claim lookup, once while listed",
+          "[counters][dra]") {
+  EfaCounterMonitorOptions options;
+  options.interval = 1s;
+  std::vector<std::string> asked;
+  absl::Status failure;
+  std::chrono::milliseconds timeout{};
+  options.claim_devices =
+      [&](const std::string& ns, const std::string& name,
+          std::chrono::milliseconds t) -> absl::StatusOr<std::vector<DraDevice>> {
+    asked.push_back(ns + "/" + name);
+    timeout = t;
+    if (!failure.ok()) return failure;
+    if (name != "efa-dranet") return std::vector<DraDevice>{};
+    return efa::plugin::ClaimAllocation(kClaimJson);
+  };
+  Node node(options);
+  LogCapture log;
+  const DraDevice efa1{"efa-dranet", "ml", "dra.net", "node-a", "pci-0000-20-1b-0"};
+  const DraDevice efa2{"efa-dranet", "ml", "dra.net", "node-a", "pci-0000-90-1b-0"};
+  // Two containers of one pod share the claim; the lookup is made once.
+  node.holders = {
+      {"ml", "dranet-0", "main", {}, {{"efa-dranet", "ml", "", "", ""}}},
+      {"ml", "dranet-0", "sidecar", {}, {{"efa-dranet", "ml", "", "", ""}}},
+  };
+  SECTION("looked up once, its EFAs the containers'") {
+    auto s = node.monitor->Sample();
+    REQUIRE(s->containers.size() == 2);
+    for (const auto& c : s->containers) {
+      CHECK(c.holder.efas == std::vector<std::string>{kEfa1, kEfa2});
+      CHECK(c.holder.dra == std::map<std::string, DraDevice>{{kEfa1, efa1}, {kEfa2, efa2}});
+    }
+    CHECK(s->claim_lookups == 1);
+    CHECK(s->claim_lookup_errors == 0);
+    // Within what the read has left of its time for lookups.
+    CHECK(timeout > 0ms);
+    CHECK(timeout <= EfaCounterMonitor::kClaimLookupTimePerRead);
+    node.clock.Advance(1s);
+    CHECK(node.monitor->Sample()->containers.size() == 2);
+    CHECK(asked == std::vector<std::string>{"ml/efa-dranet"});
+    CHECK(log.Take().empty());
+    // Gone from the list, then listed again (a new pod may hold a claim of
+    // the same name): asked again.
+    const auto held = node.holders;
+    node.holders.clear();
+    node.clock.Advance(1s);
+    CHECK(node.monitor->Sample()->containers.empty());
+    node.holders = held;
+    node.clock.Advance(1s);
+    CHECK(node.monitor->Sample()->containers.size() == 2);
+    CHECK(asked == std::vector<std::string>{"ml/efa-dranet", "ml/efa-dranet"});
+  }
+  SECTION("a failed lookup is counted, said once, ends the read's lookups and is tried again") {
+    failure = absl::PermissionDeniedError(
+        "GET https://10.100.0.1:443/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/"
+        "efa-dranet: HTTP 403: forbidden");
+    node.holders.push_back({"ml", "other-0", "main", {}, {{"other", "ml", "", "", ""}}});
+    auto s = node.monitor->Sample();
+    CHECK(s->containers.empty());
+    CHECK(s->claim_lookups == 1);  // the other claim waits for the next read
+    CHECK(s->claim_lookup_errors == 1);
+    const std::vector<std::string> said = log.Take();
+    CHECK(std::count_if(said.begin(), said.end(), [](const std::string& line) {
+            return line.find("[warning] claim lookup: GET https://10.100.0.1:443/apis/") == 0;
+          }) == 1);
+    for (int i = 0; i < 3; ++i) {
+      node.clock.Advance(1s);
+      s = node.monitor->Sample();
+    }
+    CHECK(s->claim_lookup_errors == 4);
+    CHECK(log.Take().empty());
+    failure = absl::OkStatus();
+    node.clock.Advance(1s);
+    s = node.monitor->Sample();
+    CHECK(s->claim_lookups == 6);  // both claims now
+    CHECK(s->claim_lookup_errors == 4);
+    REQUIRE(s->containers.size() == 2);
+    CHECK(s->containers[0].holder.efas == std::vector<std::string>{kEfa1, kEfa2});
+    CHECK(log.Take() ==
+          std::vector<std::string>{"[info] claim lookup: ResourceClaim ml/efa-dranet looked up "
+                                   "(the lookups failed before: PERMISSION_DENIED)"});
+  }
+  SECTION("at most kClaimLookupsPerRead claims a read") {
+    node.holders.clear();
+    for (int i = 0; i < EfaCounterMonitor::kClaimLookupsPerRead + 3; ++i) {
+      const std::string pod = "pod-" + std::to_string(i);
+      node.holders.push_back({"ml", pod, "main", {}, {{pod, "ml", "", "", ""}}});
+    }
+    CHECK(node.monitor->Sample()->claim_lookups == EfaCounterMonitor::kClaimLookupsPerRead);
+    node.clock.Advance(1s);
+    CHECK(node.monitor->Sample()->claim_lookups == EfaCounterMonitor::kClaimLookupsPerRead + 3);
+    node.clock.Advance(1s);
+    CHECK(node.monitor->Sample()->claim_lookups == EfaCounterMonitor::kClaimLookupsPerRead + 3);
+  }
 }

@@ -1,0 +1,421 @@
+#include "plugin/ops/api_server.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+
+namespace efa::plugin {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// The OpenSSL functions a GET calls, found in libssl.so.3 (the libcrypto
+// ones through it: dlsym searches the libraries it loaded).
+// clang-format off
+#define EFA_OPENSSL_FUNCTIONS(X) \
+  X(TLS_client_method) \
+  X(SSL_CTX_new) \
+  X(SSL_CTX_free) \
+  X(SSL_CTX_load_verify_locations) \
+  X(SSL_CTX_set_verify) \
+  X(SSL_CTX_set_options) \
+  X(SSL_new) \
+  X(SSL_free) \
+  X(SSL_set_fd) \
+  X(SSL_ctrl) \
+  X(SSL_set1_host) \
+  X(SSL_get0_param) \
+  X(X509_VERIFY_PARAM_set1_ip_asc) \
+  X(SSL_connect) \
+  X(SSL_write) \
+  X(SSL_read) \
+  X(SSL_get_error) \
+  X(SSL_get_verify_result) \
+  X(X509_verify_cert_error_string) \
+  X(ERR_get_error) \
+  X(ERR_error_string_n) \
+  X(ERR_clear_error)
+// clang-format on
+
+struct OpenSsl {
+// NOLINTNEXTLINE(bugprone-macro-parentheses): a declaration, not an expression
+#define EFA_OPENSSL_FIELD(name) decltype(&::name) name = nullptr;
+  EFA_OPENSSL_FUNCTIONS(EFA_OPENSSL_FIELD)
+#undef EFA_OPENSSL_FIELD
+};
+
+// Loaded once, by the first GET; an error stays (the library will not
+// appear while the process runs).
+absl::StatusOr<const OpenSsl*> LoadOpenSsl() {
+  static const auto* loaded = new absl::StatusOr<const OpenSsl*>([]() {
+    constexpr char kLibrary[] = "libssl.so.3";
+    void* lib = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      return absl::StatusOr<const OpenSsl*>(
+          absl::UnavailableError(absl::StrCat("cannot load OpenSSL: ", dlerror())));
+    }
+    auto* ssl = new OpenSsl;
+    std::string missing;
+#define EFA_OPENSSL_LOAD(name)                                          \
+  ssl->name = reinterpret_cast<decltype(ssl->name)>(dlsym(lib, #name)); \
+  if (ssl->name == nullptr) missing += missing.empty() ? #name : ", " #name;
+    EFA_OPENSSL_FUNCTIONS(EFA_OPENSSL_LOAD)
+#undef EFA_OPENSSL_LOAD
+    if (!missing.empty()) {
+      delete ssl;
+      return absl::StatusOr<const OpenSsl*>(absl::UnavailableError(
+          absl::StrCat(kLibrary, " lacks ", missing, ": an OpenSSL older than 3.0?")));
+    }
+    return absl::StatusOr<const OpenSsl*>(ssl);
+  }());
+  return *loaded;
+}
+
+absl::StatusOr<std::string> ReadSmallFile(const std::filesystem::path& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot read the ", what, " ", path.string(), ": ", std::strerror(errno)));
+  }
+  constexpr size_t kMax = size_t{64} * 1024;
+  std::string text(kMax + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", what, " ", path.string(), " is over 64 KiB"));
+  }
+  return text;
+}
+
+struct Endpoint {
+  std::string host;  // without brackets
+  std::string port;
+};
+
+absl::StatusOr<Endpoint> FindEndpoint(
+    const ApiServerSettings& settings,
+    const std::function<std::optional<std::string>(const std::string&)>& env) {
+  if (settings.address.empty()) {
+    const auto host = env("KUBERNETES_SERVICE_HOST");
+    const auto port = env("KUBERNETES_SERVICE_PORT");
+    if (!host || host->empty() || !port || port->empty()) {
+      return absl::FailedPreconditionError(
+          "no API server: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set (not "
+          "in a pod?) and apiServer is empty");
+    }
+    return Endpoint{*host, *port};
+  }
+  const std::string& a = settings.address;
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == a.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("apiServer \"", a, "\" is not host:port (or [IPv6]:port)"));
+  }
+  std::string host = a.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return Endpoint{host, a.substr(colon + 1)};
+}
+
+bool IsIpAddress(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Milliseconds left until `deadline` (0 when past).
+int Left(SteadyClock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  return static_cast<int>(std::max<int64_t>(0, left.count()));
+}
+
+// Waits for `events` on `fd` until `deadline`.
+absl::Status Wait(int fd, short events, SteadyClock::time_point deadline, const char* what) {
+  for (;;) {
+    const int left = Left(deadline);
+    if (left == 0) return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
+    pollfd p{fd, events, 0};
+    const int n = poll(&p, 1, left);
+    if (n > 0) return absl::OkStatus();
+    if (n < 0 && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat("poll ", what, ": ", std::strerror(errno)));
+    }
+  }
+}
+
+// A connected non-blocking TCP socket to `e`.
+absl::StatusOr<int> Connect(const Endpoint& e, SteadyClock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(e.host.c_str(), e.port.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve it: ", gai_strerror(rc)));
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> list(found, freeaddrinfo);
+  std::string last = "no address";
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last = absl::StrCat("socket: ", std::strerror(errno));
+      continue;
+    }
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      last = absl::StrCat("connect: ", std::strerror(errno));
+      close(fd);
+      continue;
+    }
+    absl::Status ready = Wait(fd, POLLOUT, deadline, "connect");
+    int error = 0;
+    socklen_t size = sizeof(error);
+    if (ready.ok() && getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0 && error == 0) {
+      return fd;
+    }
+    last = ready.ok() ? absl::StrCat("connect: ", std::strerror(error)) : ready.ToString();
+    close(fd);
+    if (!ready.ok()) break;
+  }
+  return absl::UnavailableError(last);
+}
+
+// One TLS connection's calls, each driven to its end or the deadline.
+class Tls {
+ public:
+  Tls(const OpenSsl& ssl, SSL* s, int fd, SteadyClock::time_point deadline)
+      : ssl_(ssl), s_(s), fd_(fd), deadline_(deadline) {}
+
+  // Runs `op` (an SSL_* call returning > 0 on success) until it succeeds,
+  // polling while OpenSSL waits on the socket. 0: the peer closed.
+  template <typename Op>
+  absl::StatusOr<int> Drive(Op op, const char* what) {
+    for (;;) {
+      ssl_.ERR_clear_error();
+      errno = 0;
+      const int n = op();
+      if (n > 0) return n;
+      const int error = ssl_.SSL_get_error(s_, n);
+      if (error == SSL_ERROR_ZERO_RETURN) return 0;
+      if (error != SSL_ERROR_WANT_READ && error != SSL_ERROR_WANT_WRITE) {
+        return absl::UnavailableError(absl::StrCat(what, ": ", Describe(error)));
+      }
+      absl::Status ready =
+          Wait(fd_, error == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline_, what);
+      if (!ready.ok()) return ready;
+    }
+  }
+
+ private:
+  std::string Describe(int error) const {
+    if (const long verify = ssl_.SSL_get_verify_result(s_); verify != X509_V_OK) {
+      return absl::StrCat("the server's certificate is not trusted: ",
+                          ssl_.X509_verify_cert_error_string(verify));
+    }
+    if (const unsigned long e = ssl_.ERR_get_error(); e != 0) {
+      char text[256];
+      ssl_.ERR_error_string_n(e, text, sizeof(text));
+      return text;
+    }
+    if (error == SSL_ERROR_SYSCALL && errno != 0) return std::strerror(errno);
+    return absl::StrCat("TLS error ", error);
+  }
+
+  const OpenSsl& ssl_;
+  SSL* s_;
+  int fd_;
+  SteadyClock::time_point deadline_;
+};
+
+// The status and body of a whole HTTP/1.x answer.
+absl::StatusOr<std::pair<int, std::string>> ParseAnswer(const std::string& answer) {
+  const size_t end = answer.find("\r\n\r\n");
+  if (end == std::string::npos) return absl::DataLossError("the answer ended in its headers");
+  const std::vector<std::string> lines = absl::StrSplit(answer.substr(0, end), "\r\n");
+  const std::vector<std::string> status = absl::StrSplit(lines[0], absl::MaxSplits(' ', 2));
+  int code = 0;
+  if (status.size() < 2 || !absl::StartsWith(status[0], "HTTP/1.") ||
+      !absl::SimpleAtoi(status[1], &code)) {
+    return absl::DataLossError(absl::StrCat("not an HTTP answer: \"", lines[0], "\""));
+  }
+  std::string body = answer.substr(end + 4);
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const size_t colon = lines[i].find(':');
+    if (colon == std::string::npos) continue;
+    const std::string name = absl::AsciiStrToLower(lines[i].substr(0, colon));
+    const std::string value(absl::StripAsciiWhitespace(lines[i].substr(colon + 1)));
+    size_t length = 0;
+    if (name == "content-length" && absl::SimpleAtoi(value, &length) && length != body.size()) {
+      return absl::DataLossError(
+          absl::StrCat("the answer's body has ", body.size(), " of its ", length, " bytes"));
+    }
+    if (name == "transfer-encoding" && !absl::EqualsIgnoreCase(value, "identity")) {
+      return absl::DataLossError(absl::StrCat("an HTTP/1.0 request got a ", value, " answer"));
+    }
+  }
+  return std::pair(code, std::move(body));
+}
+
+absl::Status HttpError(int code, const std::string& body) {
+  // The API server explains itself in a Status object.
+  std::string message;
+  const nlohmann::json status = nlohmann::json::parse(body, nullptr, false);
+  if (status.is_object() && status.contains("message") && status["message"].is_string()) {
+    message = status["message"].get<std::string>();
+  } else {
+    message = body.substr(0, 200);
+  }
+  const std::string text = absl::StrCat("HTTP ", code, ": ", message);
+  switch (code) {
+    case 401:
+      return absl::UnauthenticatedError(text);
+    case 403:
+      return absl::PermissionDeniedError(text);
+    case 404:
+      return absl::NotFoundError(text);
+    default:
+      return absl::UnavailableError(text);
+  }
+}
+
+absl::StatusOr<std::string> Fetch(const OpenSsl& ssl, const ApiServerSettings& settings,
+                                  const Endpoint& e, std::string_view path,
+                                  SteadyClock::time_point deadline) {
+  absl::StatusOr<std::string> token = ReadSmallFile(settings.token_file, "token file");
+  if (!token.ok()) return token.status();
+  const std::string bearer(absl::StripAsciiWhitespace(*token));
+  if (bearer.empty()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the token file ", settings.token_file.string(), " is empty"));
+  }
+  std::unique_ptr<SSL_CTX, decltype(ssl.SSL_CTX_free)> ctx(ssl.SSL_CTX_new(ssl.TLS_client_method()),
+                                                           ssl.SSL_CTX_free);
+  if (!ctx) return absl::ResourceExhaustedError("cannot make a TLS context");
+  ssl.SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  // The Content-Length check finds a cut answer.
+  ssl.SSL_CTX_set_options(ctx.get(), SSL_OP_IGNORE_UNEXPECTED_EOF);
+  if (ssl.SSL_CTX_load_verify_locations(ctx.get(), settings.ca_file.c_str(), nullptr) != 1) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot load the CA file ", settings.ca_file.string(), " (missing, or no certificate)"));
+  }
+  absl::StatusOr<int> fd = Connect(e, deadline);
+  if (!fd.ok()) return fd.status();
+  Fd socket(*fd);
+  std::unique_ptr<SSL, decltype(ssl.SSL_free)> s(ssl.SSL_new(ctx.get()), ssl.SSL_free);
+  if (!s || ssl.SSL_set_fd(s.get(), socket.get()) != 1) {
+    return absl::ResourceExhaustedError("cannot make a TLS connection");
+  }
+  if (IsIpAddress(e.host)) {
+    ssl.X509_VERIFY_PARAM_set1_ip_asc(ssl.SSL_get0_param(s.get()), e.host.c_str());
+  } else {
+    ssl.SSL_set1_host(s.get(), e.host.c_str());
+    ssl.SSL_ctrl(s.get(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
+                 const_cast<char*>(e.host.c_str()));
+  }
+  Tls tls(ssl, s.get(), socket.get(), deadline);
+  absl::StatusOr<int> done = tls.Drive([&] { return ssl.SSL_connect(s.get()); }, "TLS handshake");
+  if (!done.ok()) return done.status();
+  // HTTP/1.0: the server ends the body by closing, never chunks it.
+  const std::string request = absl::StrCat(
+      "GET ", std::string(path), " HTTP/1.0\r\nHost: ", e.host, "\r\nAuthorization: Bearer ",
+      bearer, "\r\nAccept: application/json\r\nUser-Agent: efa-k8s-device-plugin\r\n\r\n");
+  for (size_t sent = 0; sent < request.size();) {
+    done = tls.Drive(
+        [&] {
+          return ssl.SSL_write(s.get(), request.data() + sent,
+                               static_cast<int>(request.size() - sent));
+        },
+        "sending the request");
+    if (!done.ok()) return done.status();
+    if (*done == 0) return absl::UnavailableError("the server closed while sent the request");
+    sent += static_cast<size_t>(*done);
+  }
+  constexpr size_t kMaxAnswer = ApiServer::kMaxBody + size_t{64} * 1024;
+  std::string answer;
+  char buf[16 * 1024];
+  for (;;) {
+    done = tls.Drive([&] { return ssl.SSL_read(s.get(), buf, sizeof(buf)); }, "reading the answer");
+    if (!done.ok()) return done.status();
+    if (*done == 0) break;
+    answer.append(buf, static_cast<size_t>(*done));
+    if (answer.size() > kMaxAnswer) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the answer is over ", kMaxAnswer, " bytes"));
+    }
+  }
+  absl::StatusOr<std::pair<int, std::string>> parsed = ParseAnswer(answer);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->first != 200) return HttpError(parsed->first, parsed->second);
+  if (parsed->second.size() > ApiServer::kMaxBody) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the body is over ", ApiServer::kMaxBody, " bytes"));
+  }
+  return std::move(parsed->second);
+}
+
+}  // namespace
+
+ApiServer::ApiServer(ApiServerSettings settings,
+                     std::function<std::optional<std::string>(const std::string&)> env)
+    : settings_(std::move(settings)), env_(std::move(env)) {
+  if (!env_) {
+    env_ = [](const std::string& name) -> std::optional<std::string> {
+      const char* value = std::getenv(name.c_str());
+      return value == nullptr ? std::nullopt : std::optional<std::string>(value);
+    };
+  }
+}
+
+absl::StatusOr<std::string> ApiServer::Get(std::string_view path,
+                                           std::chrono::milliseconds timeout) const {
+  const SteadyClock::time_point deadline = SteadyClock::now() + timeout;
+  absl::StatusOr<Endpoint> e = FindEndpoint(settings_, env_);
+  if (!e.ok()) return e.status();
+  const bool v6 = e->host.find(':') != std::string::npos;
+  const std::string where = absl::StrCat("GET https://", v6 ? "[" : "", e->host, v6 ? "]" : "", ":",
+                                         e->port, std::string(path));
+  absl::StatusOr<const OpenSsl*> ssl = LoadOpenSsl();
+  absl::StatusOr<std::string> body = ssl.ok() ? Fetch(**ssl, settings_, *e, path, deadline)
+                                              : absl::StatusOr<std::string>(ssl.status());
+  if (!body.ok()) {
+    return absl::Status(body.status().code(), absl::StrCat(where, ": ", body.status().message()));
+  }
+  return body;
+}
+
+}  // namespace efa::plugin
