@@ -298,7 +298,7 @@ absl::Status HttpError(int code, const std::string& body) {
   if (status.is_object() && status.contains("message") && status["message"].is_string()) {
     message = status["message"].get<std::string>();
   } else {
-    message = body.substr(0, 200);
+    message = std::string(absl::StripAsciiWhitespace(body.substr(0, 200)));
   }
   const std::string text = absl::StrCat("HTTP ", code, ": ", message);
   switch (code) {

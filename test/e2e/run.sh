@@ -40,10 +40,11 @@
 # in plugins_registry (fake-dra-plugin) takes allocatable from 32 to 0,
 # and its going back to 32, a running pod's device nodes unchanged
 # throughout; claim_lookup.sh 16 (run before 14) the claim lookup against
-# the API server: a DRANET claim listed without devices by a fake kubelet
-# (fake-kubelet --claim), served by a CRD of resource.k8s.io/v1, refused
-# without the chart's ClusterRoleBinding and then looked up, giving its
-# EFAs the pod's series. This file is the
+# the API server, for a DRANET claim a fake kubelet lists without devices
+# (fake-kubelet --claim): TLS against the cluster's CA, a bad token
+# refused (401), the chart's service account refused without the chart's
+# binding (403) and authorized with it (404: 1.20 has no resource.k8s.io).
+# This file is the
 # runner: settings, reporting, setup, the order of the checks, teardown.
 # Also a CTest test (e2e_real_kubelet, label e2e), which sets
 # EFA_E2E_BUILD_DIR to its own build dir.
@@ -303,7 +304,7 @@ main() {
   run_check 12 "late binding on containerd 1.7 (CDI annotation): $LATE_PODS pods of 1 GPU + 4 EFA get the EFAs beside their GPU; kept across a kubelet and a container restart; specs removed with their pods" check_12_late_binding
   run_check 13 "helm upgrade with changed values while pods hold EFAs (best effort -> late binding -> sharing renamed -> back): every running container keeps its device nodes, none is in two" check_13_upgrade_values
   run_check 15 "the DRA guard: allocatable $EFA_TOTAL, 0 while a dra.net kubelet plugin registers, $EFA_TOTAL when it goes; a running pod keeps its device nodes" check_15_dra_guard
-  run_check 16 "the claim lookup on the real API server: a DRANET claim listed without devices, refused without the chart's binding, then its EFAs' per-pod series" check_16_claim_lookup
+  run_check 16 "the claim lookup on the real API server: TLS, a bad token (401), the chart's account without its binding (403), with it (authorized, 404 in 1.20)" check_16_claim_lookup
   run_check 14 "reboots with pods holding EFAs: the race measured with the DaemonSet and the host install, which admits again every pod that ran" check_14_reboot
   if [ -n "${EFA_E2E_IMAGE_TAR:-}" ]; then
     run_check 9 "the Helm chart's pod runs on the kubelet and serves the node" check_9_chart_on_kubelet
