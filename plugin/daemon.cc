@@ -507,10 +507,29 @@ void Daemon::WatchKubeletDir() {
 }
 
 void Daemon::LookAtRdmaNetnsMode() {
-  // Unreadable (no ib_core) says nothing: the last answer stands.
-  const std::optional<bool> shared = topology::ReadRdmaNetnsShared(options_.roots.sysfs);
-  if (!shared) return;
-  const bool exclusive = !*shared;
+  const absl::StatusOr<std::optional<bool>> shared =
+      topology::ReadRdmaNetnsShared(options_.roots.sysfs);
+  if (!shared.ok()) {
+    // Says nothing of the mode: the last answer stands. Counted; logged
+    // once while the cause lasts.
+    rdma_netns_read_errors_.fetch_add(1);
+    const std::string cause(shared.status().message());
+    if (cause == rdma_netns_read_error_) return;
+    rdma_netns_read_error_ = cause;
+    spdlog::warn(
+        "cannot read the RDMA subsystem's network namespace mode: {}; keeping the last "
+        "answer ({})",
+        cause, rdma_netns_exclusive_.load() ? "exclusive" : "shared");
+    return;
+  }
+  if (!rdma_netns_read_error_.empty()) {
+    spdlog::info("the RDMA subsystem's network namespace mode can be read again (was: {})",
+                 rdma_netns_read_error_);
+    rdma_netns_read_error_.clear();
+  }
+  // No ib_core: nothing to say, the last answer stands.
+  if (!shared->has_value()) return;
+  const bool exclusive = !**shared;
   if (exclusive == rdma_netns_exclusive_.exchange(exclusive)) return;
   if (!exclusive) {
     spdlog::info("the RDMA subsystem shares its devices among network namespaces again");

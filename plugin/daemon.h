@@ -154,6 +154,8 @@ class Daemon {
   // Whether the RDMA subsystem was in exclusive network namespace mode at
   // the latest look that could tell (topology::ReadRdmaNetnsShared).
   bool rdma_netns_exclusive() const { return rdma_netns_exclusive_.load(); }
+  // Reads of that mode that failed (not a missing ib_core), since start.
+  int64_t rdma_netns_read_errors() const { return rdma_netns_read_errors_.load(); }
   // Entries of the kubelet checkpoint skipped at its latest read because
   // they could not be parsed. Thread-safe.
   int checkpoint_entries_skipped() const { return checkpoint_entries_skipped_.load(); }
@@ -296,6 +298,8 @@ class Daemon {
   std::atomic<bool> report_requested_{false};
   std::atomic<bool> stream_ended_{false};
   std::atomic<bool> rdma_netns_exclusive_{false};
+  std::atomic<int64_t> rdma_netns_read_errors_{0};
+  std::string rdma_netns_read_error_;     // as logged; "" while the mode reads (owner thread)
   std::atomic<int64_t> heartbeat_ns_{0};  // clock(); 0: none yet
   std::atomic<bool> registered_now_{false};
   std::atomic<bool> standing_aside_now_{false};

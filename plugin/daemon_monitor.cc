@@ -101,11 +101,14 @@ void CollectOwnerLoop(const Daemon& daemon, const std::set<std::string>& unhealt
   auto& discovery_errors =
       Family(out, "discovery_errors_total",
              "Device discovery's listings (list) and device reads (read) that failed for a reason "
-             "that says nothing about the devices (out of descriptors or memory); the EFAs they "
-             "hid kept their last known state.",
+             "that says nothing about the devices (out of descriptors or memory), and reads of "
+             "the RDMA subsystem's network namespace mode that failed (netns_mode); what they "
+             "hid kept its last known state.",
              MetricType::Counter);
   AddSample(discovery_errors, static_cast<double>(discovery.list), {{"operation", "list"}});
   AddSample(discovery_errors, static_cast<double>(discovery.read), {{"operation", "read"}});
+  AddSample(discovery_errors, static_cast<double>(daemon.rdma_netns_read_errors()),
+            {{"operation", "netns_mode"}});
   AddSample(Family(out, "watches_unavailable",
                    "Directories the daemon cannot watch with inotify now: the kernel refused the "
                    "watch or gave no inotify instance (fs.inotify limits). While above 0 it runs "

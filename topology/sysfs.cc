@@ -169,12 +169,15 @@ absl::StatusOr<std::string> ReadAttribute(const fs::path& path) {
   return data;
 }
 
-std::optional<bool> ReadRdmaNetnsShared(const fs::path& sysfs_root) {
-  const auto mode = ReadAttribute(sysfs_root / "module/ib_core/parameters/netns_mode");
-  if (!mode.ok()) return std::nullopt;
+absl::StatusOr<std::optional<bool>> ReadRdmaNetnsShared(const fs::path& sysfs_root) {
+  const fs::path path = sysfs_root / "module/ib_core/parameters/netns_mode";
+  const auto mode = ReadAttribute(path);
+  if (absl::IsNotFound(mode.status())) return std::nullopt;
+  if (!mode.ok()) return mode.status();
   if (*mode == "Y" || *mode == "1") return true;
   if (*mode == "N" || *mode == "0") return false;
-  return std::nullopt;
+  return WithPath(path,
+                  absl::InvalidArgumentError(absl::StrCat("expected Y or N, got \"", *mode, "\"")));
 }
 
 absl::StatusOr<uint32_t> ReadHexAttribute(const fs::path& path) {

@@ -50,8 +50,10 @@ absl::StatusOr<int64_t> ReadIntAttribute(const std::filesystem::path& path);
 // ("Y" shared, the default; "N" exclusive: a device is usable, and seen in
 // sysfs, only in the one namespace it is in). `rdma system set netns`
 // changes the same variable (Linux drivers/infiniband/core/device.c,
-// ib_devices_shared_netns). nullopt when it cannot be read (no ib_core).
-std::optional<bool> ReadRdmaNetnsShared(const std::filesystem::path& sysfs_root);
+// ib_devices_shared_netns). nullopt when there is no such file (no
+// ib_core); an error naming the file when it cannot be read or says
+// neither.
+absl::StatusOr<std::optional<bool>> ReadRdmaNetnsShared(const std::filesystem::path& sysfs_root);
 
 // Names in a directory, sorted. A missing directory is NotFound; every
 // error (of opendir or of a later readdir) carries its errno (ErrnoOf).

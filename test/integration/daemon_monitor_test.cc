@@ -348,9 +348,42 @@ TEST_CASE(
   fs::remove(mode);
   REQUIRE(periodic_pass());
   CHECK(node.Scrape().at(gauge) == 1);  // the last answer stands
+  // A read that fails: the last answer stands, and it is counted.
+  const std::string errors = "efa_device_plugin_discovery_errors_total{operation=\"netns_mode\"}";
+  CHECK(node.Scrape().at(errors) == 0);
+  fs::create_directory(mode);
+  REQUIRE(periodic_pass());
+  REQUIRE(periodic_pass());
+  CHECK(node.Scrape().at(gauge) == 1);
+  CHECK(node.Scrape().at(errors) >= 2);
+
+  fs::remove(mode);
   std::ofstream(mode) << "Y\n";
   REQUIRE(periodic_pass());
   CHECK(node.Scrape().at(gauge) == 0);
+}
+
+TEST_CASE(
+    "The daemon binary says once that the RDMA namespace mode cannot be read, counts each "
+    "failed read and says when it reads again",
+    "[monitor]") {
+  TestNode node({.machine = "p4d.24xlarge",
+                 .run = DaemonRun::kBinary,
+                 .flags = {"--rescan-interval", "100ms", "--probe-address", ""},
+                 .monitor = true,
+                 .wait_serving = true});
+  const fs::path mode = node.sim().path() / "sys/module/ib_core/parameters/netns_mode";
+  fs::create_directories(mode);  // a directory: every read fails (EISDIR)
+  const std::string errors = "efa_device_plugin_discovery_errors_total{operation=\"netns_mode\"}";
+  REQUIRE(node.WaitScrape([&](const Metrics& m) { return m.count(errors) && m.at(errors) >= 3; }));
+  CHECK(node.LogLines("cannot read the RDMA subsystem's network namespace mode: " + mode.string() +
+                      ": Is a directory; keeping the last answer (shared)") == 1);
+  fs::remove(mode);
+  std::ofstream(mode) << "N\n";
+  REQUIRE(node.WaitLog("the RDMA subsystem's network namespace mode can be read again"));
+  REQUIRE(node.WaitScrape(
+      [](const Metrics& m) { return m.at("efa_device_plugin_rdma_netns_exclusive") == 1; }));
+  CHECK(node.LogLines("cannot read the RDMA subsystem's network namespace mode") == 1);
 }
 
 TEST_CASE("/healthz fails once the owner loop has not run for three rescan intervals and 15 s",
@@ -599,8 +632,10 @@ const std::string kExposition =
     "  efa_device_plugin_devices{health=\"unhealthy\"}\n"
     "efa_device_plugin_discovery_errors counter \"Device discovery's listings (list) and device "
     "reads (read) that failed for a reason that says nothing about the devices (out of "
-    "descriptors or memory); the EFAs they hid kept their last known state.\"\n"
+    "descriptors or memory), and reads of the RDMA subsystem's network namespace mode that "
+    "failed (netns_mode); what they hid kept its last known state.\"\n"
     "  efa_device_plugin_discovery_errors_total{operation=\"list\"}\n"
+    "  efa_device_plugin_discovery_errors_total{operation=\"netns_mode\"}\n"
     "  efa_device_plugin_discovery_errors_total{operation=\"read\"}\n"
     "efa_device_plugin_dra_driver_present gauge \"1 while the EFA DRA driver (dra.net) is "
     "registered.\"\n"

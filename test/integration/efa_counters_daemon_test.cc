@@ -432,7 +432,7 @@ TEST_CASE(
 TEST_CASE(
     "With claimLookup the daemon binary finds a DRANET claim's EFAs in the API server, and "
     "waits out a refusal",
-    "[counters][daemon][process][dra]") {
+    "[counters][daemon][process][dra][concurrency]") {
   efa::testing::TempDir dir;
   efa::testing::TlsServer api(dir.path());
   const auto token = dir.path() / "token";

@@ -60,15 +60,26 @@ TEST_CASE("sysfs reads name the path on failure", "[topology]") {
 TEST_CASE("The RDMA subsystem's network namespace mode is read from ib_core's parameter",
           "[topology]") {
   efa::testing::TempDir dir;
-  CHECK_FALSE(ReadRdmaNetnsShared(dir.path()).has_value());  // no ib_core: nothing to say
+  // No ib_core: nothing to say, and no error.
+  REQUIRE(ReadRdmaNetnsShared(dir.path()).ok());
+  CHECK_FALSE(ReadRdmaNetnsShared(dir.path())->has_value());
   const std::filesystem::path params = dir.path() / "module/ib_core/parameters";
   std::filesystem::create_directories(params);
-  for (const auto& [text, shared] : std::vector<std::pair<std::string, std::optional<bool>>>{
-           {"Y\n", true}, {"N\n", false}, {"1", true}, {"0", false}, {"maybe\n", std::nullopt}}) {
+  for (const auto& [text, shared] : std::vector<std::pair<std::string, bool>>{
+           {"Y\n", true}, {"N\n", false}, {"1", true}, {"0", false}}) {
     CAPTURE(text);
     std::ofstream(params / "netns_mode") << text;
-    CHECK(ReadRdmaNetnsShared(dir.path()) == shared);
+    REQUIRE(ReadRdmaNetnsShared(dir.path()).ok());
+    CHECK(ReadRdmaNetnsShared(dir.path())->value() == shared);
   }
+  // What says neither, and what cannot be read: errors naming the file.
+  const std::string path = (params / "netns_mode").string();
+  std::ofstream(params / "netns_mode") << "maybe\n";
+  CHECK(ReadRdmaNetnsShared(dir.path()).status().message() ==
+        path + ": expected Y or N, got \"maybe\"");
+  std::filesystem::remove(params / "netns_mode");
+  std::filesystem::create_directory(params / "netns_mode");
+  CHECK(ReadRdmaNetnsShared(dir.path()).status().message().find(path) == 0);
 }
 
 TEST_CASE("The bounded reader reads up to its limit and keeps errno in its errors", "[topology]") {
