@@ -173,7 +173,9 @@ void Daemon::AddTimers() {
     loop_.AddTimer([this] { return next_health_read_; },
                    [this] {
                      // A scrape in between reads for it; then this answers the last read.
-                     counters_->Sample();
+                     // The owner loop never waits on the API server: claims
+                     // are looked up by scrapes.
+                     counters_->Sample(/*look_up_claims=*/false);
                      next_health_read_ = options_.clock->Now() + options_.counters.interval;
                    });
   }

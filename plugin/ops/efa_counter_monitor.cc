@@ -69,20 +69,22 @@ std::map<std::string, std::string> EfaCounterMonitor::HealthProblems() const {
   return problems_;
 }
 
-std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample() {
+std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample(bool look_up_claims) {
   absl::MutexLock read_lock(&read_mu_);
   const Clock::time_point now = Now();
   std::vector<topology::EfaDevice> devices;
   int64_t reads = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (latest_ && now - read_at_ < options_.interval) return latest_;
+    const bool lookups_due = look_up_claims && claims_waiting_;
+    if (latest_ && now - read_at_ < options_.interval && !lookups_due) return latest_;
     devices = devices_;
     reads = latest_ ? latest_->reads : 0;
   }
   auto snapshot = std::make_shared<EfaCounterSnapshot>();
   snapshot->reads = reads + 1;
   bool health_changed = false;
+  bool claims_waiting = false;
   std::map<std::string, std::string> problems;
   std::map<std::string, EfaState> state;  // only the present EFAs' survives
   for (topology::EfaDevice& device : devices) {
@@ -127,7 +129,8 @@ std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample() {
       auto it = pci_rank.find(efa);
       return it == pci_rank.end() ? pci_rank.size() : it->second;
     };
-    std::vector<EfaHolder> holders_in_pci_order = ResolveDra(holders_, *snapshot);
+    std::vector<EfaHolder> holders_in_pci_order =
+        ResolveDra(holders_, *snapshot, look_up_claims, claims_waiting);
     for (EfaHolder& h : holders_in_pci_order) {
       std::stable_sort(
           h.efas.begin(), h.efas.end(),
@@ -139,6 +142,7 @@ std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample() {
     absl::MutexLock lock(&mu_);
     latest_ = snapshot;
     read_at_ = now;
+    claims_waiting_ = claims_waiting;
     problems_ = std::move(problems);
   }
   if (health_changed && options_.on_health_change) options_.on_health_change();
@@ -249,14 +253,15 @@ void EfaCounterMonitor::NoteUnreadable(EfaCounterSnapshot& snapshot) {
 }
 
 std::vector<EfaHolder> EfaCounterMonitor::ResolveDra(std::vector<EfaHolder> holders,
-                                                     EfaCounterSnapshot& snapshot) {
+                                                     EfaCounterSnapshot& snapshot,
+                                                     bool look_up_claims, bool& waiting) {
   std::map<std::string, std::string> efa_by_name;  // DRANET's device name -> ibdev
   for (const auto& efa : snapshot.efas) {
     efa_by_name.emplace(DraDeviceName(efa.device.pci), efa.device.ibdev);
   }
   std::set<std::string> deviceless;
   std::map<std::string, std::vector<DraDevice>> known;
-  LookupBudget budget;
+  LookupBudget budget{look_up_claims ? kClaimLookupsPerRead : 0};
   std::vector<EfaHolder> out;
   for (EfaHolder& h : holders) {
     std::vector<DraDevice> devices;
@@ -273,6 +278,7 @@ std::vector<EfaHolder> EfaCounterMonitor::ResolveDra(std::vector<EfaHolder> hold
         }
         continue;
       }
+      waiting |= options_.claim_devices && !look_up_claims;
       const std::string claim = d.claim_namespace + "/" + d.claim_name;
       deviceless.insert(claim);
       if (deviceless_claims_.count(claim)) continue;

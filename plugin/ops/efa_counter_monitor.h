@@ -166,8 +166,12 @@ class EfaCounterMonitor {
   // The counters, read now unless the latest read is younger than the
   // interval (then that one). The first call reads. Judges idle EFAs and,
   // when enabled, device health at each read, logging each change once.
-  // Thread-safe: concurrent callers wait for one read.
-  std::shared_ptr<const EfaCounterSnapshot> Sample();
+  // Thread-safe: concurrent callers wait for one read, which with
+  // claim_devices may spend up to kClaimLookupTimePerRead on lookups.
+  // `look_up_claims` false: none (a caller that must not wait on the API
+  // server); the next call that allows them then reads again at once when
+  // a claim was left waiting.
+  std::shared_ptr<const EfaCounterSnapshot> Sample(bool look_up_claims = true);
 
   // ibdev -> why device health holds it Unhealthy now (empty when disabled).
   // Thread-safe; never waits for a read.
@@ -183,9 +187,9 @@ class EfaCounterMonitor {
       std::function<std::optional<std::vector<std::string>>(const std::vector<std::string>&)>
           physical);
 
-  // Claim devices from the API server `api` reaches (ClaimAllocation of
+  // Claim devices from the API server `settings` reach (ClaimAllocation of
   // GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME).
-  static ClaimDevicesFn ApiServerClaims(ApiServerSettings api);
+  static ClaimDevicesFn ApiServerClaims(ApiServerSettings settings);
 
   // What one read spends on claim lookups at most: kClaimLookupsPerRead
   // claims (a node's new pods'; the rest wait for the next read) in
@@ -224,11 +228,14 @@ class EfaCounterMonitor {
   // The holders' claimed DRA devices that are EFAs of `snapshot`, added to
   // their EFAs. A claim listed without devices gets its devices from
   // claim_devices (once while it is listed), or is logged once.
-  std::vector<EfaHolder> ResolveDra(std::vector<EfaHolder> holders, EfaCounterSnapshot& snapshot)
+  // `look_up_claims` false: none looked up; `waiting` then says whether a
+  // claim was left for a read that may.
+  std::vector<EfaHolder> ResolveDra(std::vector<EfaHolder> holders, EfaCounterSnapshot& snapshot,
+                                    bool look_up_claims, bool& waiting)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // What a read may still spend on claim lookups.
   struct LookupBudget {
-    int lookups = kClaimLookupsPerRead;
+    int lookups;
     std::chrono::steady_clock::time_point deadline =
         std::chrono::steady_clock::now() + kClaimLookupTimePerRead;
   };
@@ -265,6 +272,8 @@ class EfaCounterMonitor {
   std::shared_ptr<const EfaCounterSnapshot> latest_ ABSL_GUARDED_BY(mu_);
   Clock::time_point read_at_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> problems_ ABSL_GUARDED_BY(mu_);
+  // The latest read left a claim unlooked-up (Sample(false)).
+  bool claims_waiting_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace efa::plugin

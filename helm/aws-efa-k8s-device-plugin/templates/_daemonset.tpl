@@ -48,6 +48,9 @@ spec:
     spec:
       {{- if $claimLookup }}
       # draMonitor.claimLookup: a token allowed to get resourceclaims alone.
+      # The API server's address comes from KUBERNETES_SERVICE_HOST and
+      # _PORT, which the kubelet sets even with enableServiceLinks false
+      # (pkg/kubelet/kubelet_pods.go getServiceEnvVarMap).
       serviceAccountName: {{ include "efa.fullname" . }}-dra
       automountServiceAccountToken: true
       {{- else }}

@@ -640,6 +640,16 @@ TEST_CASE("A claim listed without devices gets them from the claim lookup, once 
           std::vector<std::string>{"[info] claim lookup: ResourceClaim ml/efa-dranet looked up "
                                    "(the lookups failed before: PERMISSION_DENIED)"});
   }
+  SECTION("a read that may not look up leaves the claim to the next that may, at once") {
+    auto s = node.monitor->Sample(/*look_up_claims=*/false);
+    CHECK(s->containers.empty());
+    CHECK(asked.empty());
+    CHECK(node.monitor->Sample(false) == s);  // within the interval: the same read
+    s = node.monitor->Sample();               // still within it, but a claim waits
+    CHECK(asked == std::vector<std::string>{"ml/efa-dranet"});
+    CHECK(s->containers.size() == 2);
+    CHECK(node.monitor->Sample() == s);  // nothing waits now
+  }
   SECTION("at most kClaimLookupsPerRead claims a read") {
     node.holders.clear();
     for (int i = 0; i < EfaCounterMonitor::kClaimLookupsPerRead + 3; ++i) {
