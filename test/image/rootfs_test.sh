@@ -77,10 +77,29 @@ if [ ! -e "$rootfs/bin/sh" ] && [ ! -e "$rootfs/usr/bin/sh" ] && [ -z "$(find "$
   pass "no shell, no mlx provider"
 else fail "a shell or an mlx provider is in the file system"; fi
 
-libdir="$(dirname "$(find "$rootfs" -name libibverbs.so.1 | head -1)")"
-if [ -f "$libdir/libssl.so.3" ] && [ -f "$libdir/libcrypto.so.3" ]; then
-  pass "OpenSSL, which the claim lookup loads at its first GET (claimLookup), is in the file system"
-else fail "no libssl.so.3 and libcrypto.so.3 next to libibverbs.so.1 (in $libdir): claimLookup would fail in the image"; fi
+# claimLookup loads OpenSSL at its first GET (dlopen "libssl.so.3", which
+# brings libcrypto.so.3): a program doing the same, and initializing TLS as
+# a GET does, inside the file system alone.
+cat > "$work/dlopen.c" <<'EOF'
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+  void* ssl = dlopen("libssl.so.3", RTLD_NOW | RTLD_LOCAL);
+  if (!ssl) { printf("%s\n", dlerror()); return 1; }
+  const void* (*method)(void) = (const void* (*)(void))dlsym(ssl, "TLS_client_method");
+  void* (*ctx_new)(const void*) = (void* (*)(const void*))dlsym(ssl, "SSL_CTX_new");
+  if (!method || !ctx_new || !ctx_new(method())) { printf("no TLS context\n"); return 1; }
+  printf("ok\n");
+  return 0;
+}
+EOF
+mkdir -p "$rootfs/tmp"
+if ! gcc -o "$rootfs/tmp/dlopen" "$work/dlopen.c" 2>"$work/gcc.err"; then
+  fail "cannot compile the dlopen check: $(head -3 "$work/gcc.err" | tr '\n' ';')"
+elif loaded="$(chroot "$rootfs" /tmp/dlopen 2>&1)"; then
+  pass "OpenSSL loads and makes a TLS context in the file system alone, as claimLookup's first GET does"
+else fail "OpenSSL in the file system (claimLookup): $loaded"; fi
+rm -rf "${rootfs:?}/tmp"
 
 if version="$(chroot "$rootfs" /usr/bin/efa-k8s-device-plugin --version 2>&1)"; then
   pass "--version runs in the file system alone: $version"
