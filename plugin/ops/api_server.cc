@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 
 #include "absl/strings/ascii.h"
@@ -23,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "topology/sysfs.h"
 
 namespace efa::plugin {
 namespace {
@@ -89,23 +89,6 @@ absl::StatusOr<const OpenSsl*> LoadOpenSsl() {
     return absl::StatusOr<const OpenSsl*>(ssl);
   }());
   return *loaded;
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const std::filesystem::path& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot read the ", what, " ", path.string(), ": ", std::strerror(errno)));
-  }
-  constexpr size_t kMax = size_t{64} * 1024;
-  std::string text(kMax + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMax) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the ", what, " ", path.string(), " is over 64 KiB"));
-  }
-  return text;
 }
 
 struct Endpoint {
@@ -315,12 +298,19 @@ absl::Status HttpError(int code, const std::string& body) {
 absl::StatusOr<std::string> Fetch(const OpenSsl& ssl, const ApiServerSettings& settings,
                                   const Endpoint& e, std::string_view path,
                                   SteadyClock::time_point deadline) {
-  absl::StatusOr<std::string> token = ReadSmallFile(settings.token_file, "token file");
-  if (!token.ok()) return token.status();
+  absl::StatusOr<std::string> token =
+      topology::ReadFileBounded(settings.token_file, size_t{64} * 1024);
+  if (!token.ok()) {
+    return absl::Status(token.status().code(),
+                        absl::StrCat("cannot read the token file ", token.status().message()));
+  }
   const std::string bearer(absl::StripAsciiWhitespace(*token));
-  if (bearer.empty()) {
-    return absl::UnauthenticatedError(
-        absl::StrCat("the token file ", settings.token_file.string(), " is empty"));
+  // A token is printable and has no space: nothing else goes into a header.
+  if (bearer.empty() ||
+      std::any_of(bearer.begin(), bearer.end(), [](char c) { return c < 0x21 || c > 0x7e; })) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the token file ", settings.token_file.string(),
+        bearer.empty() ? " is empty" : " holds white space or control characters inside"));
   }
   std::unique_ptr<SSL_CTX, decltype(ssl.SSL_CTX_free)> ctx(ssl.SSL_CTX_new(ssl.TLS_client_method()),
                                                            ssl.SSL_CTX_free);
@@ -361,7 +351,8 @@ absl::StatusOr<std::string> Fetch(const OpenSsl& ssl, const ApiServerSettings& s
         },
         "sending the request");
     if (!done.ok()) return done.status();
-    if (*done == 0) return absl::UnavailableError("the server closed while sent the request");
+    if (*done == 0)
+      return absl::UnavailableError("the server closed while the request was being sent");
     sent += static_cast<size_t>(*done);
   }
   constexpr size_t kMaxAnswer = ApiServer::kMaxBody + size_t{64} * 1024;

@@ -137,6 +137,12 @@ TEST_CASE("A GET to the API server that fails says where and why", "[api_server]
     settings = api.settings;
     std::ofstream(api.token, std::ios::trunc) << " \n";
     CHECK(get(settings).status().code() == absl::StatusCode::kUnauthenticated);
+    // Nothing but the token goes into the request's headers.
+    std::ofstream(api.token, std::ios::trunc) << "the-token\r\nX-Injected: 1\n";
+    CHECK(std::string(get(settings).status().message()) ==
+          where + "the token file " + api.token.string() +
+              " holds white space or control characters inside");
+    CHECK(api.server.Authorizations().empty());
     std::ofstream(api.token) << "the-token";
     settings.ca_file = api.dir.path() / "missing-ca.crt";
     CHECK(std::string(get(settings).status().message()) == where + "cannot load the CA file " +
