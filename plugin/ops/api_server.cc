@@ -141,10 +141,9 @@ class Fd {
   int fd_;
 };
 
-// Milliseconds left until `deadline` (0 when past).
+// Milliseconds left until `deadline`, rounded up (0 only once it passed).
 int Left(SteadyClock::time_point deadline) {
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
   return static_cast<int>(std::max<int64_t>(0, left.count()));
 }
 

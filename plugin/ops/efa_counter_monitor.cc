@@ -70,7 +70,24 @@ std::map<std::string, std::string> EfaCounterMonitor::HealthProblems() const {
 }
 
 std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample(bool look_up_claims) {
-  absl::MutexLock read_lock(&read_mu_);
+  // A caller that may not wait on the API server does not wait for another
+  // caller's read either (it may be looking claims up): that read
+  // publishes what it finds.
+  if (look_up_claims) {
+    read_mu_.Lock();
+  } else if (!read_mu_.TryLock()) {
+    absl::MutexLock lock(&mu_);
+    return latest_;
+  }
+  bool health_changed = false;
+  std::shared_ptr<const EfaCounterSnapshot> snapshot = Read(look_up_claims, health_changed);
+  read_mu_.Unlock();
+  if (health_changed && options_.on_health_change) options_.on_health_change();
+  return snapshot;
+}
+
+std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Read(bool look_up_claims,
+                                                                  bool& health_changed) {
   const Clock::time_point now = Now();
   std::vector<topology::EfaDevice> devices;
   int64_t reads = 0;
@@ -83,7 +100,6 @@ std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample(bool look_up
   }
   auto snapshot = std::make_shared<EfaCounterSnapshot>();
   snapshot->reads = reads + 1;
-  bool health_changed = false;
   bool claims_waiting = false;
   std::map<std::string, std::string> problems;
   std::map<std::string, EfaState> state;  // only the present EFAs' survives
@@ -145,7 +161,6 @@ std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Sample(bool look_up
     claims_waiting_ = claims_waiting;
     problems_ = std::move(problems);
   }
-  if (health_changed && options_.on_health_change) options_.on_health_change();
   return snapshot;
 }
 

@@ -168,9 +168,11 @@ class EfaCounterMonitor {
   // when enabled, device health at each read, logging each change once.
   // Thread-safe: concurrent callers wait for one read, which with
   // claim_devices may spend up to kClaimLookupTimePerRead on lookups.
-  // `look_up_claims` false: none (a caller that must not wait on the API
-  // server); the next call that allows them then reads again at once when
-  // a claim was left waiting.
+  // `look_up_claims` false (a caller that must not wait on the API
+  // server): no lookup, and no wait for a read another caller is making
+  // (then the latest read is answered: null before the first); the next
+  // call that allows lookups reads again at once when a claim was left
+  // waiting.
   std::shared_ptr<const EfaCounterSnapshot> Sample(bool look_up_claims = true);
 
   // ibdev -> why device health holds it Unhealthy now (empty when disabled).
@@ -218,6 +220,10 @@ class EfaCounterMonitor {
   };
 
   Clock::time_point Now() const;
+  // Sample's read, or the latest when it is younger than the interval;
+  // `health_changed` set when device health changed.
+  std::shared_ptr<const EfaCounterSnapshot> Read(bool look_up_claims, bool& health_changed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // Judges one EFA's device health from a read; true when what is
   // reported changed.
   bool JudgeHealth(const std::string& ibdev, const topology::EfaCounterValues& values,

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -662,4 +663,34 @@ TEST_CASE("A claim listed without devices gets them from the claim lookup, once 
     node.clock.Advance(1s);
     CHECK(node.monitor->Sample()->claim_lookups == EfaCounterMonitor::kClaimLookupsPerRead + 3);
   }
+}
+
+TEST_CASE("A read that may not look up claims never waits for a read that is looking one up",
+          "[counters][dra][concurrency]") {
+  EfaCounterMonitorOptions options;
+  options.interval = 1s;
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  options.claim_devices = [&](const std::string&, const std::string&,
+                              std::chrono::milliseconds) -> absl::StatusOr<std::vector<DraDevice>> {
+    entered.set_value();
+    released.wait();
+    return std::vector<DraDevice>{};
+  };
+  Node node(options);
+  node.holders = {{"ml", "dranet-0", "main", {}, {{"efa-dranet", "ml", "", "", ""}}}};
+  // A scrape's read, held in its lookup.
+  auto scrape = std::async(std::launch::async, [&] { return node.monitor->Sample(); });
+  REQUIRE(entered.get_future().wait_for(10s) == std::future_status::ready);
+  // The owner loop's read answers at once with the latest read (none yet).
+  auto owner = std::async(std::launch::async, [&] { return node.monitor->Sample(false); });
+  const bool answered = owner.wait_for(10s) == std::future_status::ready;
+  release.set_value();
+  REQUIRE(answered);
+  CHECK(owner.get() == nullptr);
+  const auto read = scrape.get();
+  REQUIRE(read != nullptr);
+  CHECK(read->claim_lookups == 1);
+  // Once it is done, the owner's read answers that read (within the interval).
+  CHECK(node.monitor->Sample(false) == read);
 }
