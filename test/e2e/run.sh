@@ -304,7 +304,7 @@ main() {
   run_check 12 "late binding on containerd 1.7 (CDI annotation): $LATE_PODS pods of 1 GPU + 4 EFA get the EFAs beside their GPU; kept across a kubelet and a container restart; specs removed with their pods" check_12_late_binding
   run_check 13 "helm upgrade with changed values while pods hold EFAs (best effort -> late binding -> sharing renamed -> back): every running container keeps its device nodes, none is in two" check_13_upgrade_values
   run_check 15 "the DRA guard: allocatable $EFA_TOTAL, 0 while a dra.net kubelet plugin registers, $EFA_TOTAL when it goes; a running pod keeps its device nodes" check_15_dra_guard
-  run_check 16 "the claim lookup on the real API server: TLS, a bad token (401), the chart's account without its binding (403), with it (authorized, 404 in 1.20)" check_16_claim_lookup
+  run_check 16 "the claim lookup on the real API server: TLS, a bad token (401), the chart's account without its binding (403), with it (authorized, 404 in 1.20), then the claim from a CRD of resource.k8s.io/v1 (its EFAs' series)" check_16_claim_lookup
   run_check 14 "reboots with pods holding EFAs: the race measured with the DaemonSet and the host install, which admits again every pod that ran" check_14_reboot
   if [ -n "${EFA_E2E_IMAGE_TAR:-}" ]; then
     run_check 9 "the Helm chart's pod runs on the kubelet and serves the node" check_9_chart_on_kubelet

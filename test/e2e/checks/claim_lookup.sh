@@ -9,16 +9,14 @@
 # account token from TokenRequest (the token file read again at each
 # lookup), and RBAC from the chart's own rendered templates/rbac.yaml. The
 # kubelet here (1.20.2) has no DRA, so a fake kubelet (fake-kubelet --claim)
-# lists the claim as a 1.34 kubelet lists DRANET's. The API server (1.20.2)
-# has no resource.k8s.io, and a CRD cannot stand in for it: this build's
-# apiserver (Go 1.19, vendored reflect2 v1.0.1) dies of SIGSEGV in
-# reflect2's map iteration the first time it decodes a custom object. So
-# what is checked is every step before the claim itself: a bad token is
-# refused (401), the chart's service account without its binding is
-# refused by RBAC (403), and with the binding the request passes
-# authorization and finds no such API (404). The claim's answer and the
-# series it gives are checked against a stand-in HTTPS server
-# (test/integration/efa_counters_daemon_test.cc, "With claimLookup ...").
+# lists the claim as a 1.34 kubelet lists DRANET's. A bad token is refused
+# (401), the chart's service account without its binding is refused by
+# RBAC (403), and with the binding the request passes authorization and
+# finds no such API (404: the API server, 1.20.2, has no resource.k8s.io).
+# Then a CRD serves resource.k8s.io/v1 resourceclaims (the API server's
+# own storage, authentication and RBAC; build-kubernetes.sh replaces the
+# reflect2 that made custom objects crash it), and the claim, as DRANET's
+# allocation leaves it, gives the pod its series.
 CLAIMS_DIR=""
 readonly CLAIMS_PORT=18089
 readonly CLAIMS_PATH="/apis/resource.k8s.io/v1/namespaces/claims-ml/resourceclaims/efa-dranet"
@@ -28,21 +26,25 @@ claims_errors() { claims_metrics | awk '$1 == "efa_device_plugin_claim_lookup_er
 # The daemon logged a lookup that failed with TEXT (after its "GET URL: ").
 claims_logged() { grep -cF -- "claim lookup: GET https://127.0.0.1:$E2E_APISERVER_PORT$CLAIMS_PATH: $1" "$E2E_LOGS/claims-plugin.log"; }
 # Scrapes (each scrape makes a read of the counters, a lookup) until the
-# daemon has logged TEXT.
-claims_wait_logged() {
-  local text="$1" deadline=$((SECONDS + 60))
+# daemon has logged LINE.
+claims_wait_line() {
+  local deadline=$((SECONDS + 60))
   while [ "$SECONDS" -lt "$deadline" ]; do
     claims_metrics >/dev/null
-    [ "$(claims_logged "$text")" -ge 1 ] && return 0
+    grep -qF -- "$1" "$E2E_LOGS/claims-plugin.log" && return 0
     sleep 0.5
   done
   return 1
 }
+# ... until it has logged a lookup that failed with TEXT.
+claims_wait_logged() { claims_wait_line "claim lookup: GET https://127.0.0.1:$E2E_APISERVER_PORT$CLAIMS_PATH: $1"; }
 
 claims_cleanup() {
   e2e_stop claims-plugin 10
   e2e_stop claims-kubelet 10
   [ -z "$CLAIMS_DIR" ] || e2e_kubectl delete -f "$CLAIMS_DIR/rbac.yaml" --wait=false >/dev/null 2>&1
+  e2e_kubectl delete namespace claims-ml --wait=false >/dev/null 2>&1
+  e2e_kubectl delete crd resourceclaims.resource.k8s.io --wait=false >/dev/null 2>&1
   return 0
 }
 
@@ -99,6 +101,59 @@ check_16_claim_lookup() {
   [ "$(claims_errors)" -gt "$errors" ] || why "claim_lookup_errors_total did not grow past $errors" || return 1
   claims_metrics | grep -q '^efa_device_plugin_container_efa_tx_bytes_total{.*pod="dranet-0"' \
     && { why "series for pod dranet-0 though its claim was never found"; return 1; }
-  info "401 for a bad token, 403 for $sa without the chart's binding, 404 (authorized; no resource.k8s.io in 1.20) with it; $(claims_errors) lookups failed, each kind logged once"
+
+  # The claim itself: resource.k8s.io/v1 served by a CRD, and the claim as
+  # DRANET's allocation leaves it, two of the node's EFAs by DRANET's names.
+  local devs=() dev
+  for dev in "$SIM"/sys/class/infiniband/*; do
+    if [ "${#devs[@]}" -lt 2 ]; then devs+=("pci-$(basename "$(readlink -f "$dev/device")" | tr ':.' '--')"); fi
+  done
+  e2e_kubectl apply -f - > "$CLAIMS_DIR/claim.out" 2>&1 <<CLAIM || why "cannot create the CRD and the claim: $(flat "$(cat "$CLAIMS_DIR/claim.out")")" || return 1
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: resourceclaims.resource.k8s.io
+  annotations: {api-approved.kubernetes.io: "https://github.com/kubernetes/enhancements/pull/4381"}
+spec:
+  group: resource.k8s.io
+  scope: Namespaced
+  names: {plural: resourceclaims, singular: resourceclaim, kind: ResourceClaim}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: claims-ml}
+CLAIM
+  e2e_kubectl wait --for condition=established --timeout=60s crd/resourceclaims.resource.k8s.io >/dev/null \
+    || why "the CRD for resource.k8s.io/v1 resourceclaims was not established" || return 1
+  local lookups; lookups="$(claims_metrics | awk '$1 == "efa_device_plugin_claim_lookups_total" { print $2 }')"
+  e2e_kubectl apply -f - > "$CLAIMS_DIR/claim.out" 2>&1 <<CLAIM || why "cannot create the claim: $(flat "$(cat "$CLAIMS_DIR/claim.out")")" || return 1
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: efa-dranet, namespace: claims-ml}
+spec: {devices: {requests: [{name: efa, exactly: {deviceClassName: dranet, count: 2}}]}}
+status:
+  allocation:
+    devices:
+      results:
+      - {request: efa, driver: dra.net, pool: $E2E_NODE, device: ${devs[0]}}
+      - {request: efa, driver: dra.net, pool: $E2E_NODE, device: ${devs[1]}}
+CLAIM
+  claims_wait_line "claim lookup: ResourceClaim claims-ml/efa-dranet looked up" \
+    || why "the claim served by the API server was not looked up (see $E2E_LOGS/claims-plugin.log)" || return 1
+  local series
+  series="$(claims_metrics | grep '^efa_device_plugin_container_efa_tx_bytes_total{.*pod="dranet-0"')"
+  for dev in "${devs[@]}"; do
+    grep -q "dra_claim_name=\"efa-dranet\",dra_claim_namespace=\"claims-ml\",dra_driver_name=\"dra.net\",dra_pool_name=\"$E2E_NODE\",dra_device_name=\"$dev\"" <<< "$series" \
+      || why "no series for pod dranet-0 on $dev: $(flat "$series")" || return 1
+  done
+  [ "$(wc -l <<< "$series")" -eq 2 ] || why "pod dranet-0 has $(wc -l <<< "$series") series, not 2: $(flat "$series")" || return 1
+  [ "$(claims_metrics | awk '$1 == "efa_device_plugin_claim_lookups_total" { print $2 }')" -gt "$lookups" ] \
+    || why "claim_lookups_total did not grow past $lookups" || return 1
+  info "401 for a bad token, 403 for $sa without the chart's binding, 404 (authorized; no resource.k8s.io in 1.20) with it; $(claims_errors) lookups failed, each kind logged once; the claim served by a CRD gave pod dranet-0 its 2 EFAs' series (${devs[*]})"
   claims_cleanup
 }
