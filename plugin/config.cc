@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "plugin/ops/api_server.h"
 #include "plugin/runtime/http_server.h"
 #include "topology/replica_id.h"
 #include "topology/sysfs.h"
@@ -931,6 +932,7 @@ Settings ToSettings(const Config& c) {
   if (s.daemon.replicas > 1 && s.sharing_rename_by_default) {
     s.daemon.resource_name = kSharedResourceName;
   }
+  s.daemon.counters.claim_lookup_time = std::min(ApiServer::kTimeout, s.limits.request_timeout / 3);
   return s;
 }
 

@@ -161,18 +161,19 @@ absl::Status Wait(int fd, short events, SteadyClock::time_point deadline, const 
   }
 }
 
-// A connected non-blocking TCP socket to `e`.
-absl::StatusOr<int> Connect(const Endpoint& e, SteadyClock::time_point deadline) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(e.host.c_str(), e.port.c_str(), &hints, &found); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve it: ", gai_strerror(rc)));
-  }
-  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> list(found, freeaddrinfo);
+using Addresses = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
+
+// The addresses of `e` by `deadline`. An IP address is converted at once;
+// a name is looked up by glibc's asynchronous getaddrinfo_a (getaddrinfo
+// would wait as long as the resolver's own timeouts), continuing `pending`
+// if a lookup is still running.
+absl::StatusOr<Addresses> Resolve(const Endpoint& e, SteadyClock::time_point deadline,
+                                  std::unique_ptr<ApiServer::PendingLookup>& pending);
+
+// A connected non-blocking TCP socket to one of `addresses`.
+absl::StatusOr<int> Connect(const addrinfo* addresses, SteadyClock::time_point deadline) {
   std::string last = "no address";
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  for (const addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       last = absl::StrCat("socket: ", std::strerror(errno));
@@ -294,9 +295,23 @@ absl::Status HttpError(int code, const std::string& body) {
   }
 }
 
+// Has the server's certificate checked for `host`: its address (no SNI
+// for one) or its name.
+absl::Status NameServer(const OpenSsl& ssl, SSL* s, const std::string& host) {
+  const bool set =
+      IsIpAddress(host)
+          ? ssl.X509_VERIFY_PARAM_set1_ip_asc(ssl.SSL_get0_param(s), host.c_str()) == 1
+          : ssl.SSL_set1_host(s, host.c_str()) == 1 &&
+                ssl.SSL_ctrl(s, SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
+                             const_cast<char*>(host.c_str())) == 1;
+  if (set) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("cannot have the server's certificate checked for ", host));
+}
+
 absl::StatusOr<std::string> Fetch(const OpenSsl& ssl, const ApiServerSettings& settings,
-                                  const Endpoint& e, std::string_view path,
-                                  SteadyClock::time_point deadline) {
+                                  const Endpoint& e, const addrinfo* addresses,
+                                  std::string_view path, SteadyClock::time_point deadline) {
   absl::StatusOr<std::string> token =
       topology::ReadFileBounded(settings.token_file, size_t{64} * 1024);
   if (!token.ok()) {
@@ -321,23 +336,18 @@ absl::StatusOr<std::string> Fetch(const OpenSsl& ssl, const ApiServerSettings& s
     return absl::UnavailableError(absl::StrCat(
         "cannot load the CA file ", settings.ca_file.string(), " (missing, or no certificate)"));
   }
-  absl::StatusOr<int> fd = Connect(e, deadline);
+  absl::StatusOr<int> fd = Connect(addresses, deadline);
   if (!fd.ok()) return fd.status();
   Fd socket(*fd);
   std::unique_ptr<SSL, decltype(ssl.SSL_free)> s(ssl.SSL_new(ctx.get()), ssl.SSL_free);
   if (!s || ssl.SSL_set_fd(s.get(), socket.get()) != 1) {
     return absl::ResourceExhaustedError("cannot make a TLS connection");
   }
-  if (IsIpAddress(e.host)) {
-    ssl.X509_VERIFY_PARAM_set1_ip_asc(ssl.SSL_get0_param(s.get()), e.host.c_str());
-  } else {
-    ssl.SSL_set1_host(s.get(), e.host.c_str());
-    ssl.SSL_ctrl(s.get(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
-                 const_cast<char*>(e.host.c_str()));
-  }
+  if (absl::Status named = NameServer(ssl, s.get(), e.host); !named.ok()) return named;
   Tls tls(ssl, s.get(), socket.get(), deadline);
   absl::StatusOr<int> done = tls.Drive([&] { return ssl.SSL_connect(s.get()); }, "TLS handshake");
   if (!done.ok()) return done.status();
+  if (*done == 0) return absl::UnavailableError("the server closed during the TLS handshake");
   // HTTP/1.0: the server ends the body by closing, never chunks it.
   const std::string request = absl::StrCat(
       "GET ", std::string(path), " HTTP/1.0\r\nHost: ", e.host, "\r\nAuthorization: Bearer ",
@@ -379,6 +389,82 @@ absl::StatusOr<std::string> Fetch(const OpenSsl& ssl, const ApiServerSettings& s
 
 }  // namespace
 
+struct ApiServer::PendingLookup {
+  std::string host;
+  std::string port;
+  addrinfo hints{};
+  gaicb request{};  // points into the three above
+};
+
+namespace {
+
+absl::StatusOr<Addresses> Resolve(const Endpoint& e, SteadyClock::time_point deadline,
+                                  std::unique_ptr<ApiServer::PendingLookup>& pending) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  if (IsIpAddress(e.host)) {
+    hints.ai_flags |= AI_NUMERICHOST;  // never waits
+    addrinfo* found = nullptr;
+    if (const int rc = getaddrinfo(e.host.c_str(), e.port.c_str(), &hints, &found); rc != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot resolve it: ", gai_strerror(rc)));
+    }
+    return Addresses(found, freeaddrinfo);
+  }
+  if (pending && (pending->host != e.host || pending->port != e.port)) {
+    if (gai_error(&pending->request) == EAI_INPROGRESS) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot resolve it: the lookup of ", pending->host, " is still running"));
+    }
+    Addresses stale(pending->request.ar_result, freeaddrinfo);
+    pending.reset();
+  }
+  if (!pending) {
+    pending = std::make_unique<ApiServer::PendingLookup>();
+    pending->host = e.host;
+    pending->port = e.port;
+    pending->hints = hints;
+    pending->request.ar_name = pending->host.c_str();
+    pending->request.ar_service = pending->port.c_str();
+    pending->request.ar_request = &pending->hints;
+    gaicb* start[] = {&pending->request};
+    if (const int rc = getaddrinfo_a(GAI_NOWAIT, start, 1, nullptr); rc != 0) {
+      pending.reset();
+      return absl::UnavailableError(absl::StrCat("cannot resolve it: ", gai_strerror(rc)));
+    }
+  }
+  const gaicb* const wait[] = {&pending->request};
+  for (;;) {
+    if (const int rc = gai_error(&pending->request); rc != EAI_INPROGRESS) {
+      Addresses found(pending->request.ar_result, freeaddrinfo);
+      pending.reset();
+      if (rc != 0)
+        return absl::UnavailableError(absl::StrCat("cannot resolve it: ", gai_strerror(rc)));
+      return found;
+    }
+    const int left = Left(deadline);
+    if (left == 0) {
+      return absl::DeadlineExceededError(
+          "resolving it: timed out (the lookup goes on, for the next GET)");
+    }
+    const timespec wait_for{left / 1000, (left % 1000) * 1000000L};
+    gai_suspend(wait, 1, &wait_for);  // back when done, at the timeout or on a signal
+  }
+}
+
+}  // namespace
+
+ApiServer::~ApiServer() {
+  absl::MutexLock lock(&mu_);
+  if (!pending_) return;
+  // A lookup glibc's thread is still making writes into it: left to it.
+  if (gai_cancel(&pending_->request) == EAI_NOTCANCELED) {
+    static_cast<void>(pending_.release());
+    return;
+  }
+  if (pending_->request.ar_result != nullptr) freeaddrinfo(pending_->request.ar_result);
+}
+
 ApiServer::ApiServer(ApiServerSettings settings,
                      std::function<std::optional<std::string>(const std::string&)> env)
     : settings_(std::move(settings)), env_(std::move(env)) {
@@ -398,9 +484,16 @@ absl::StatusOr<std::string> ApiServer::Get(std::string_view path,
   const bool v6 = e->host.find(':') != std::string::npos;
   const std::string where = absl::StrCat("GET https://", v6 ? "[" : "", e->host, v6 ? "]" : "", ":",
                                          e->port, std::string(path));
-  absl::StatusOr<const OpenSsl*> ssl = LoadOpenSsl();
-  absl::StatusOr<std::string> body = ssl.ok() ? Fetch(**ssl, settings_, *e, path, deadline)
-                                              : absl::StatusOr<std::string>(ssl.status());
+  absl::StatusOr<std::string> body = [&]() -> absl::StatusOr<std::string> {
+    absl::StatusOr<const OpenSsl*> ssl = LoadOpenSsl();
+    if (!ssl.ok()) return ssl.status();
+    absl::StatusOr<Addresses> addresses = [&] {
+      absl::MutexLock lock(&mu_);
+      return Resolve(*e, deadline, pending_);
+    }();
+    if (!addresses.ok()) return addresses.status();
+    return Fetch(**ssl, settings_, *e, addresses->get(), path, deadline);
+  }();
   if (!body.ok()) {
     return absl::Status(body.status().code(), absl::StrCat(where, ": ", body.status().message()));
   }

@@ -16,11 +16,14 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace efa::plugin {
 
@@ -39,20 +42,31 @@ class ApiServer {
   // `env` looks up the environment (the process's when null).
   explicit ApiServer(ApiServerSettings settings,
                      std::function<std::optional<std::string>(const std::string&)> env = nullptr);
+  ~ApiServer();
+  ApiServer(const ApiServer&) = delete;
+  ApiServer& operator=(const ApiServer&) = delete;
 
   // The body of a 200 answer to GET `path`; otherwise an error naming the
   // server and path and what failed (address, token, TLS and its
   // certificate check, the HTTP status with the API server's message). At
-  // most `timeout` in all; a body over kMaxBody is refused.
+  // most `timeout` in all, a host name's lookup included; a body over
+  // kMaxBody is refused. Thread-safe.
   absl::StatusOr<std::string> Get(std::string_view path,
                                   std::chrono::milliseconds timeout = kTimeout) const;
 
   static constexpr std::chrono::milliseconds kTimeout{3000};
   static constexpr size_t kMaxBody = 1 << 20;
 
+  // A host name's lookup (glibc's getaddrinfo_a) that outlived the GET
+  // that started it: the next GET waits for it rather than start another,
+  // so a resolver that never answers holds one lookup, not one a GET.
+  struct PendingLookup;
+
  private:
   ApiServerSettings settings_;
   std::function<std::optional<std::string>(const std::string&)> env_;
+  mutable absl::Mutex mu_;
+  mutable std::unique_ptr<PendingLookup> pending_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace efa::plugin

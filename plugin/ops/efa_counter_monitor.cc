@@ -276,7 +276,8 @@ std::vector<EfaHolder> EfaCounterMonitor::ResolveDra(std::vector<EfaHolder> hold
   }
   std::set<std::string> deviceless;
   std::map<std::string, std::vector<DraDevice>> known;
-  LookupBudget budget{look_up_claims ? kClaimLookupsPerRead : 0};
+  LookupBudget budget{look_up_claims ? kClaimLookupsPerRead : 0,
+                      std::chrono::steady_clock::now() + options_.claim_lookup_time};
   std::vector<EfaHolder> out;
   for (EfaHolder& h : holders) {
     std::vector<DraDevice> devices;
@@ -370,7 +371,8 @@ const std::vector<DraDevice>* EfaCounterMonitor::ClaimDevices(
 
 absl::StatusOr<std::vector<DraDevice>> ClaimAllocation(std::string_view json) {
   const nlohmann::json claim = nlohmann::json::parse(json, nullptr, false);
-  if (!claim.is_object() || claim.value("kind", "") != "ResourceClaim") {
+  // (Compared, not taken with value(): a "kind" that is no string throws.)
+  if (!claim.is_object() || !claim.contains("kind") || claim["kind"] != "ResourceClaim") {
     return absl::InvalidArgumentError("the answer is not a ResourceClaim object");
   }
   const nlohmann::json* results = &claim;

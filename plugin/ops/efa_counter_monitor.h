@@ -111,6 +111,11 @@ struct EfaCounterSettings {
   // token allowed to get resourceclaims.
   bool claim_lookup = false;
   ApiServerSettings api_server;
+  // What one read spends on claim lookups at most, in all. The scrape that
+  // makes the read waits for them, so ToSettings makes it a third of
+  // httpRequestTimeout (at most ApiServer::kTimeout): that scrape is still
+  // answered in time when the API server does not answer.
+  std::chrono::milliseconds claim_lookup_time{1000};
 };
 
 // The settings, and what the daemon gives the monitor.
@@ -167,7 +172,7 @@ class EfaCounterMonitor {
   // interval (then that one). The first call reads. Judges idle EFAs and,
   // when enabled, device health at each read, logging each change once.
   // Thread-safe: concurrent callers wait for one read, which with
-  // claim_devices may spend up to kClaimLookupTimePerRead on lookups.
+  // claim_devices may spend up to claim_lookup_time on lookups.
   // `look_up_claims` false (a caller that must not wait on the API
   // server): no lookup, and no wait for a read another caller is making
   // (then the latest read is answered: null before the first); the next
@@ -193,12 +198,11 @@ class EfaCounterMonitor {
   // GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME).
   static ClaimDevicesFn ApiServerClaims(ApiServerSettings settings);
 
-  // What one read spends on claim lookups at most: kClaimLookupsPerRead
-  // claims (a node's new pods'; the rest wait for the next read) in
-  // kClaimLookupTimePerRead in all. A failed lookup ends the read's
-  // lookups: an API server that is down costs a read one timeout.
+  // What one read looks up at most: kClaimLookupsPerRead claims (a node's
+  // new pods'; the rest wait for the next read), in claim_lookup_time. A
+  // failed lookup ends the read's lookups: an API server that is down
+  // costs a read one timeout.
   static constexpr int kClaimLookupsPerRead = 8;
-  static constexpr std::chrono::milliseconds kClaimLookupTimePerRead = ApiServer::kTimeout;
 
  private:
   // What one EFA's earlier reads left to judge the next by.
@@ -242,8 +246,7 @@ class EfaCounterMonitor {
   // What a read may still spend on claim lookups.
   struct LookupBudget {
     int lookups;
-    std::chrono::steady_clock::time_point deadline =
-        std::chrono::steady_clock::now() + kClaimLookupTimePerRead;
+    std::chrono::steady_clock::time_point deadline;
   };
   // The devices of claim `listed` (listed without any): known from an
   // earlier read, or looked up now within `budget`; null when unknown.

@@ -492,6 +492,44 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "With claimLookup and an API server that never answers every scrape is answered whole "
+    "within httpRequestTimeout",
+    "[counters][daemon][process][dra]") {
+  efa::testing::TempDir dir;
+  efa::testing::TlsServer ca(dir.path());  // its CA file only
+  efa::testing::SilentListener api;        // connects, never answers
+  const auto token = dir.path() / "token";
+  std::ofstream(token) << "efa-token";
+  // A p5: its answer (32 EFAs' counters) is many times the 16 KiB the
+  // HTTP server writes at once, so a late answer would be cut.
+  TestNode node(
+      CounterNode({"--counter-interval", "100ms", "--http-request-timeout", "1500ms",
+                   "--claim-lookup", "--api-server", "127.0.0.1:" + std::to_string(api.port),
+                   "--api-token-file", token.string(), "--api-ca-file", ca.ca_file().string()},
+                  nullptr, "p5.48xlarge"));
+  const FakeKubelet::PreparedClaim claim{"efa-dranet", "ml", {{"dra.net", {}}}};
+  REQUIRE(node.kubelet().PrepareClaim("dranet-0", "ml", "uid-dranet-0", claim, {"main"}).ok());
+  const std::string errors = "efa_device_plugin_claim_lookup_errors_total";
+  double failed = 0;
+  // Each scrape comes over 100 ms after the last: its read looks the
+  // claim up, which waits out the lookups' share of the request timeout.
+  for (int i = 0; i < 4; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const efa::testing::HttpReply reply = efa::testing::HttpGet(node.metrics_port(), "/metrics");
+    const auto took = std::chrono::steady_clock::now() - start;
+    REQUIRE(reply.status == 200);
+    CHECK(reply.body.size() > 16 * 1024);
+    CHECK(took < std::chrono::milliseconds(1500));
+    const Metrics m = efa::testing::ParseMetrics(reply.body);
+    REQUIRE(m.count(errors) == 1);
+    CHECK(m.at(errors) >= failed);
+    failed = m.at(errors);
+  }
+  CHECK(failed >= 3);
+  CHECK(node.LogLines("claim lookup: GET https://127.0.0.1:" + std::to_string(api.port)) == 1);
+}
+
+TEST_CASE(
     "The kubelet's pod status shows a removed EFA and one its counters hold Unhealthy in the "
     "container holding it, by device IDs that survive the daemon's restart, the removed one too",
     "[counters][health][daemon][process][status]") {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "plugin/ops/api_server.h"
 #include "test/plugin/guard_fakes.h"
 
 namespace fs = std::filesystem;
@@ -278,6 +279,12 @@ TEST_CASE("Every option parses from the file", "[config]") {
   CHECK(s.limits.metrics_connections == 8);
   CHECK(s.limits.probe_connections == 2);
   CHECK(s.limits.request_timeout == std::chrono::milliseconds(1500));
+  // A scrape that makes claim lookups is answered within httpRequestTimeout.
+  CHECK(s.daemon.counters.claim_lookup_time == std::chrono::milliseconds(500));
+  CHECK(ToSettings(DefaultConfig()).daemon.counters.claim_lookup_time ==
+        std::chrono::milliseconds(1000));
+  c->http_request_timeout = std::chrono::seconds(30);
+  CHECK(ToSettings(*c).daemon.counters.claim_lookup_time == efa::plugin::ApiServer::kTimeout);
   CHECK(s.log_level == LogLevel::kTrace);
   CHECK(s.log_format == LogFormat::kJson);
   CHECK(s.expected_efa_count == 31);

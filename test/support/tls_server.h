@@ -2,17 +2,21 @@
 // server (cpp-httplib's SSLServer on 127.0.0.1, OpenSSL under it), with a
 // self-signed certificate made for it: PEM files the client is given as
 // its CA file. Answers what the test sets per path; records each request's
-// Authorization header.
+// Authorization header. SilentListener stands in for one that never
+// answers.
 //
 //   TlsServer api(dir.path());
 //   api.Answer("/apis/...", 200, claim_json);
 //   ApiServerSettings s{api.address(), token_file, api.ca_file()};
 #pragma once
 
+#include <netinet/in.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -122,6 +126,26 @@ class TlsServer {
   mutable std::mutex mu_;
   std::map<std::string, std::pair<int, std::string>> answers_;
   std::vector<std::string> authorizations_;
+};
+
+// A TCP listener on 127.0.0.1 that never accepts: a connection is made (the
+// backlog) but nothing is ever answered.
+struct SilentListener {
+  SilentListener() {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof(a);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), size) != 0 || listen(fd, 4) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &size) != 0) {
+      throw std::runtime_error("cannot listen on 127.0.0.1");
+    }
+    port = ntohs(a.sin_port);
+  }
+  ~SilentListener() { close(fd); }
+  int fd = -1;
+  int port = 0;
 };
 
 }  // namespace efa::testing

@@ -1,14 +1,22 @@
 #include "plugin/ops/api_server.h"
 
+#include <net/if.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
+#include "test/support/child_process.h"
 #include "test/support/temp_dir.h"
 #include "test/support/tls_server.h"
 
@@ -16,6 +24,7 @@ namespace {
 
 using efa::plugin::ApiServer;
 using efa::plugin::ApiServerSettings;
+using efa::testing::SilentListener;
 using efa::testing::TempDir;
 using efa::testing::TlsServer;
 using namespace std::chrono_literals;
@@ -31,26 +40,6 @@ struct Api {
   TlsServer server;
   std::filesystem::path token = dir.path() / "token";
   ApiServerSettings settings;
-};
-
-// A TCP listener on 127.0.0.1 that never accepts: a connection is made (the
-// backlog) but nothing is ever answered.
-struct SilentListener {
-  SilentListener() {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t size = sizeof(a);
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), size) != 0 || listen(fd, 4) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &size) != 0) {
-      throw std::runtime_error("cannot listen on 127.0.0.1");
-    }
-    port = ntohs(a.sin_port);
-  }
-  ~SilentListener() { close(fd); }
-  int fd = -1;
-  int port = 0;
 };
 
 TEST_CASE("A GET to the API server: TLS checked against the CA file, the token as the bearer",
@@ -182,3 +171,155 @@ TEST_CASE("A GET to the API server that fails says where and why", "[api_server]
 }
 
 }  // namespace
+
+namespace {
+
+// A DNS server on 127.0.0.1:53 that answers only when told to: it keeps
+// the queries it gets, and Answer() gives each A query `address` (and each
+// other query no record).
+struct HeldNameServer {
+  HeldNameServer() {
+    fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(53);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      throw std::runtime_error(std::string("cannot bind 127.0.0.1:53: ") + std::strerror(errno));
+    }
+  }
+  ~HeldNameServer() { close(fd); }
+  // The queries that came since the last call, kept for Answer().
+  size_t Take() {
+    size_t n = 0;
+    for (;;) {
+      Query q;
+      socklen_t size = sizeof(q.from);
+      const ssize_t got =
+          recvfrom(fd, q.packet, sizeof(q.packet), 0, reinterpret_cast<sockaddr*>(&q.from), &size);
+      if (got < 12) return n;
+      q.size = static_cast<size_t>(got);
+      held.push_back(q);
+      ++n;
+    }
+  }
+  void Answer(const unsigned char (&address)[4]) {
+    for (Query& q : held) {
+      // The question ends 4 bytes (type, class) after its name's 0 label.
+      size_t end = 12;
+      while (end < q.size && q.packet[end] != 0) end += q.packet[end] + 1;
+      end += 5;
+      const bool a_query = end <= q.size && q.packet[end - 4] == 0 && q.packet[end - 3] == 1;
+      std::string answer(reinterpret_cast<const char*>(q.packet), end);
+      answer[2] = static_cast<char>(0x81);  // a response, recursion desired
+      answer[3] = static_cast<char>(0x80);  // recursion available, no error
+      answer[7] = a_query ? 1 : 0;          // answers
+      answer[9] = answer[11] = 0;           // no authority, no additional records
+      if (a_query) {
+        // The question's name (a pointer to offset 12), A, IN, TTL 60, 4 bytes.
+        answer += std::string("\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04", 12);
+        answer.append(reinterpret_cast<const char*>(address), 4);
+      }
+      sendto(fd, answer.data(), answer.size(), 0, reinterpret_cast<sockaddr*>(&q.from),
+             sizeof(q.from));
+    }
+    held.clear();
+  }
+  struct Query {
+    unsigned char packet[512];
+    size_t size = 0;
+    sockaddr_in from{};
+  };
+  int fd = -1;
+  std::vector<Query> held;
+};
+
+// Runs in a user, mount and network namespace of its own (the test below
+// starts it), where 127.0.0.1 is the only name server.
+void UseOnlyNameServer(const std::filesystem::path& dir) {
+  const int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ifreq lo{};
+  std::strncpy(lo.ifr_name, "lo", IFNAMSIZ - 1);
+  REQUIRE(ioctl(s, SIOCGIFFLAGS, &lo) == 0);
+  lo.ifr_flags = static_cast<short>(lo.ifr_flags | IFF_UP);
+  REQUIRE(ioctl(s, SIOCSIFFLAGS, &lo) == 0);
+  close(s);
+  // Each attempt waits 5 s for an answer: a blocking lookup would take 10.
+  std::ofstream(dir / "resolv.conf") << "nameserver 127.0.0.1\noptions timeout:5 attempts:2\n";
+  REQUIRE(mount((dir / "resolv.conf").c_str(), "/etc/resolv.conf", nullptr, MS_BIND, nullptr) == 0);
+}
+
+}  // namespace
+
+// Run by the next test, in namespaces of its own.
+TEST_CASE("A host name's lookup within the GET's deadline: the child", "[.api_server_resolver]") {
+  TempDir dir;
+  UseOnlyNameServer(dir.path());
+  HeldNameServer dns;
+  // A token and a CA, so that only the address is missing.
+  const TlsServer tls(dir.path());
+  std::ofstream(dir.path() / "token") << "the-token\n";
+  const ApiServer api({"api.cluster.example:6443", dir.path() / "token", tls.ca_file()});
+  auto timed_get = [&](std::chrono::milliseconds timeout, std::chrono::milliseconds& took) {
+    const auto start = std::chrono::steady_clock::now();
+    auto body = api.Get(kPath, timeout);
+    took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 start);
+    return body;
+  };
+  std::chrono::milliseconds took{};
+  // The name server holds its answer: the GET ends at its deadline.
+  auto body = timed_get(300ms, took);
+  CHECK(body.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(body.status().message() ==
+        "GET https://api.cluster.example:6443" + std::string(kPath) +
+            ": resolving it: timed out (the lookup goes on, for the next GET)");
+  CHECK(took >= 300ms);
+  CHECK(took < 2s);
+  const size_t asked = dns.Take();
+  CHECK(asked >= 1);
+  // The next GET waits for the same lookup: no query is sent again.
+  body = timed_get(300ms, took);
+  CHECK(body.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took < 2s);
+  CHECK(dns.Take() == 0);
+  // Answered now: the next GET takes the lookup's address and connects to
+  // it (nothing listens there in this namespace).
+  const unsigned char loopback[4] = {127, 0, 0, 1};
+  dns.Answer(loopback);
+  body = timed_get(2s, took);
+  CHECK(body.status().message() == "GET https://api.cluster.example:6443" + std::string(kPath) +
+                                       ": connect: Connection refused");
+  CHECK(dns.Take() == 0);
+}
+
+TEST_CASE("A host name's lookup costs a GET no more than its deadline, and one lookup at a time",
+          "[api_server]") {
+  TempDir dir;
+  auto in_namespaces = [&](const std::string& test) {
+    return std::vector<std::string>{"/usr/bin/unshare",
+                                    "--user",
+                                    "--map-root-user",
+                                    "--mount",
+                                    "--net",
+                                    "--",
+                                    std::filesystem::read_symlink("/proc/self/exe"),
+                                    test};
+  };
+  // A container's seccomp profile may forbid user namespaces.
+  if (efa::testing::ChildProcess(
+          {"/usr/bin/unshare", "--user", "--map-root-user", "--mount", "--net", "--", "/bin/true"},
+          dir.path() / "probe.log")
+          .Wait(30s) != 0) {
+    WARN("no user namespaces here: the lookup is not tested");
+    return;
+  }
+  efa::testing::ChildProcess child(
+      in_namespaces("A host name's lookup within the GET's deadline: the child"),
+      dir.path() / "child.log");
+  const int status = child.Wait(60s);
+  std::ifstream log(dir.path() / "child.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), {});
+  CAPTURE(text);
+  CHECK(status == 0);
+}
