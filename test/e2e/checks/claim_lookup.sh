@@ -9,7 +9,8 @@
 # account token from TokenRequest (the token file read again at each
 # lookup), and RBAC from the chart's own rendered templates/rbac.yaml. The
 # kubelet here (1.20.2) has no DRA, so a fake kubelet (fake-kubelet --claim)
-# lists the claim as a 1.34 kubelet lists DRANET's. A bad token is refused
+# lists the claim as a 1.34 kubelet lists DRANET's. The API server is named
+# by host name. A bad token is refused
 # (401), the chart's service account without its binding is refused by
 # RBAC (403), and with the binding the request passes authorization and
 # finds no such API (404: the API server, 1.20.2, has no resource.k8s.io).
@@ -20,11 +21,15 @@
 CLAIMS_DIR=""
 readonly CLAIMS_PORT=18089
 readonly CLAIMS_PATH="/apis/resource.k8s.io/v1/namespaces/claims-ml/resourceclaims/efa-dranet"
+# By name, as a host install names an EKS endpoint: resolved within the
+# lookup's time, the certificate checked for the name (the API server's
+# has DNS:localhost), SNI sent.
+readonly CLAIMS_API="localhost:$E2E_APISERVER_PORT"
 
 claims_metrics() { curl -fsS --max-time 5 "http://127.0.0.1:$CLAIMS_PORT/metrics" 2>/dev/null; }
 claims_errors() { claims_metrics | awk '$1 == "efa_device_plugin_claim_lookup_errors_total" { print $2 }'; }
 # The daemon logged a lookup that failed with TEXT (after its "GET URL: ").
-claims_logged() { grep -cF -- "claim lookup: GET https://127.0.0.1:$E2E_APISERVER_PORT$CLAIMS_PATH: $1" "$E2E_LOGS/claims-plugin.log"; }
+claims_logged() { grep -cF -- "claim lookup: GET https://$CLAIMS_API$CLAIMS_PATH: $1" "$E2E_LOGS/claims-plugin.log"; }
 # Scrapes (each scrape makes a read of the counters, a lookup) until the
 # daemon has logged LINE.
 claims_wait_line() {
@@ -37,7 +42,7 @@ claims_wait_line() {
   return 1
 }
 # ... until it has logged a lookup that failed with TEXT.
-claims_wait_logged() { claims_wait_line "claim lookup: GET https://127.0.0.1:$E2E_APISERVER_PORT$CLAIMS_PATH: $1"; }
+claims_wait_logged() { claims_wait_line "claim lookup: GET https://$CLAIMS_API$CLAIMS_PATH: $1"; }
 
 claims_cleanup() {
   e2e_stop claims-plugin 10
@@ -76,7 +81,7 @@ check_16_claim_lookup() {
     --sysfs-root "$SIM/sys" --dev-root "$DEV_ROOT" --proc-root "$FAKE_PROC" \
     --cdi-spec-dirs "$CLAIMS_DIR/cdi" --cdi-dir "$CLAIMS_DIR/cdi" \
     --metrics-address "127.0.0.1:$CLAIMS_PORT" --probe-address "" --counter-interval 100ms \
-    --claim-lookup --api-server "127.0.0.1:$E2E_APISERVER_PORT" \
+    --claim-lookup --api-server "$CLAIMS_API" \
     --api-token-file "$CLAIMS_DIR/token" --api-ca-file "$E2E_STATE/pki/ca.crt"
 
   # A token the API server does not know.
