@@ -286,7 +286,7 @@ std::vector<EfaHolder> EfaCounterMonitor::ResolveDra(std::vector<EfaHolder> hold
         devices.push_back(std::move(d));
         continue;
       }
-      if (const auto* found = ClaimDevices(d, budget, known)) {
+      if (const auto* found = ClaimDevices(d, h, budget, known)) {
         for (DraDevice device : *found) {
           device.claim_name = d.claim_name;
           device.claim_namespace = d.claim_namespace;
@@ -329,15 +329,16 @@ std::vector<EfaHolder> EfaCounterMonitor::ResolveDra(std::vector<EfaHolder> hold
 }
 
 const std::vector<DraDevice>* EfaCounterMonitor::ClaimDevices(
-    const DraDevice& listed, LookupBudget& budget,
+    const DraDevice& listed, const EfaHolder& holder, LookupBudget& budget,
     std::map<std::string, std::vector<DraDevice>>& known) {
   if (!options_.claim_devices) return nullptr;
   const std::string claim = listed.claim_namespace + "/" + listed.claim_name;
-  if (auto it = known.find(claim); it != known.end()) return &it->second;
+  const std::string key = absl::StrCat(claim, " for pod ", holder.pod);
+  if (auto it = known.find(key); it != known.end()) return &it->second;
   // A claim in use keeps its allocation: once known, it is not asked again
-  // while listed.
-  if (auto it = claim_devices_.find(claim); it != claim_devices_.end()) {
-    return &(known[claim] = it->second);
+  // while listed for the pod.
+  if (auto it = claim_devices_.find(key); it != claim_devices_.end()) {
+    return &(known[key] = it->second);
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       budget.deadline - std::chrono::steady_clock::now());
@@ -366,7 +367,7 @@ const std::vector<DraDevice>* EfaCounterMonitor::ClaimDevices(
                  claim_lookup_error_);
     claim_lookup_error_.clear();
   }
-  return &(known[claim] = *std::move(devices));
+  return &(known[key] = *std::move(devices));
 }
 
 absl::StatusOr<std::vector<DraDevice>> ClaimAllocation(std::string_view json) {

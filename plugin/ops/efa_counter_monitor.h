@@ -248,10 +248,12 @@ class EfaCounterMonitor {
     int lookups;
     std::chrono::steady_clock::time_point deadline;
   };
-  // The devices of claim `listed` (listed without any): known from an
-  // earlier read, or looked up now within `budget`; null when unknown.
-  // What is known is kept in `known` (the claims listed this read).
-  const std::vector<DraDevice>* ClaimDevices(const DraDevice& listed, LookupBudget& budget,
+  // The devices of claim `listed` (listed without any) that `holder`'s pod
+  // uses: known from an earlier read, or looked up now within `budget`;
+  // null when unknown. What is known is kept in `known` (the claims listed
+  // this read, by claim and pod).
+  const std::vector<DraDevice>* ClaimDevices(const DraDevice& listed, const EfaHolder& holder,
+                                             LookupBudget& budget,
                                              std::map<std::string, std::vector<DraDevice>>& known)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // Judges the idle EFAs of each holder and logs what changed.
@@ -270,7 +272,9 @@ class EfaCounterMonitor {
   std::string unreadable_cause_ ABSL_GUARDED_BY(read_mu_);  // as logged; "" while none
   // Claims listed without devices, as logged ("namespace/claim").
   std::set<std::string> deviceless_claims_ ABSL_GUARDED_BY(read_mu_);
-  // Claims listed without devices whose devices were looked up, while listed.
+  // Claims listed without devices whose devices were looked up, while listed
+  // for the same pod: a claim deleted and made again under its name (for
+  // another pod) is looked up again even with no read between.
   std::map<std::string, std::vector<DraDevice>> claim_devices_ ABSL_GUARDED_BY(read_mu_);
   int64_t claim_lookups_ ABSL_GUARDED_BY(read_mu_) = 0;
   int64_t claim_lookup_errors_ ABSL_GUARDED_BY(read_mu_) = 0;

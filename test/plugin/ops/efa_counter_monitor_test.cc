@@ -614,6 +614,12 @@ TEST_CASE("A claim listed without devices gets them from the claim lookup, once 
     node.clock.Advance(1s);
     CHECK(node.monitor->Sample()->containers.size() == 2);
     CHECK(asked == std::vector<std::string>{"ml/efa-dranet", "ml/efa-dranet"});
+    // Made again under its name for another pod with no read between (the
+    // old pod ended, its claim was deleted): asked again, once for the pod.
+    for (auto& h : node.holders) h.pod = "dranet-1";
+    node.clock.Advance(1s);
+    CHECK(node.monitor->Sample()->containers.size() == 2);
+    CHECK(asked.size() == 3);
   }
   SECTION("a failed lookup is counted, said once, ends the read's lookups and is tried again") {
     failure = absl::PermissionDeniedError(
