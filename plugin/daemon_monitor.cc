@@ -207,6 +207,11 @@ void CollectGuards(const GuardStatus& g, std::vector<prometheus::MetricFamily>& 
                    "descriptors or memory, and kept the previous verdict.",
                    MetricType::Counter),
             static_cast<double>(g.mofed_incomplete));
+  AddSample(Family(out, "dra_checks_incomplete_total",
+                   "DRA guard checks that could not list the plugin registry whole or probe a "
+                   "driver's socket, and kept the previous answer.",
+                   MetricType::Counter),
+            static_cast<double>(g.dra_incomplete));
 }
 
 // Each counter of the efa driver per EFA, and those shown per container

@@ -134,6 +134,31 @@ void GuardRunner::LogMofedChange(const MofedReport& report) {
 
 void GuardRunner::CheckDra(GuardStatus& status, bool registered) {
   status.dra = DetectDraDrivers(options_.kubelet_dir / kPluginsRegistryDir, options_.dra_drivers);
+  if (!status.dra.error.empty()) {
+    // Not a complete look: the last answer stands. Before any, the driver
+    // is taken as present, so that no EFA is given out twice.
+    ++dra_incomplete_;
+    const bool present = dra_present_.value_or(true);
+    if (!dra_incomplete_logged_) {
+      spdlog::warn("DRA guard: {}; {} (counted in efa_device_plugin_dra_checks_incomplete_total)",
+                   status.dra.error,
+                   dra_present_ ? absl::StrCat("the last answer (driver ",
+                                               present ? "present" : "absent", ") stands")
+                                : std::string("no answer yet: taken as present"));
+      dra_incomplete_logged_ = true;
+    }
+    status.dra.present = present;
+    status.dra.evidence = status.dra.error;
+    if (present) {
+      absl::MutexLock lock(&mu_);
+      status.dra.driver = status_.dra.driver.empty() ? absl::StrJoin(options_.dra_drivers, " or ")
+                                                     : status_.dra.driver;
+    }
+  } else if (dra_incomplete_logged_) {
+    spdlog::info("DRA guard: {} can be read whole again",
+                 (options_.kubelet_dir / kPluginsRegistryDir).string());
+    dra_incomplete_logged_ = false;
+  }
   if (!status.dra.present && status.dra.refusing > 0) {
     // A driver binds its registration socket before it listens: the probe
     // at the bind is refused. Probe again soon, less often as it stays so.
@@ -199,6 +224,7 @@ GuardVerdict GuardRunner::Decide(GuardStatus status) {
   absl::MutexLock lock(&mu_);
   status.checks = status_.checks + 1;
   status.mofed_incomplete = status_.mofed_incomplete + !status.mofed.incomplete.empty();
+  status.dra_incomplete = dra_incomplete_;
   status_ = std::move(status);
   return verdict;
 }

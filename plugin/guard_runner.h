@@ -41,6 +41,9 @@ struct GuardStatus {
   // MOFED checks that stopped at a bound (MofedReport::incomplete) and kept
   // the previous verdict.
   int mofed_incomplete = 0;
+  // DRA guard checks that could not look whole (dra.error) and kept the
+  // last answer.
+  int dra_incomplete = 0;
 };
 
 // What a check asks of the daemon. The runner changes nothing outside
@@ -134,9 +137,11 @@ class GuardRunner {
   std::vector<std::string> mofed_hints_;  // as last logged
   bool mofed_incomplete_logged_ = false;  // since the last complete check
   std::optional<bool> dra_present_;
-  bool dra_yield_ = false;      // withdrawn: the DRA driver present, or policy monitor
-  bool mofed_protect_ = false;  // every EFA held Unhealthy
-  std::string mofed_problem_;   // their health problem meanwhile
+  int dra_incomplete_ = 0;
+  bool dra_incomplete_logged_ = false;  // since the last complete look
+  bool dra_yield_ = false;              // withdrawn: the DRA driver present, or policy monitor
+  bool mofed_protect_ = false;          // every EFA held Unhealthy
+  std::string mofed_problem_;           // their health problem meanwhile
   // A check sooner than the periodic one (a DRA socket to probe again).
   Clock::time_point next_check_ = Clock::time_point::max();
   // While a DRA registration socket refuses connections: the delay of the

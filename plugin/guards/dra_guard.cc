@@ -19,7 +19,8 @@ namespace efa::plugin {
 namespace fs = std::filesystem;
 namespace {
 
-// 0 when something listens on the unix socket at `path`, else the errno.
+// 0 when something listens on the unix socket at `path`, else the errno
+// (ECONNREFUSED or ENOENT: nothing listens; any other: not known).
 int ProbeSocket(const fs::path& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -82,15 +83,31 @@ DraReport DetectDraDrivers(const fs::path& registry_dir, const std::vector<std::
   }
   std::error_code ec;
   std::vector<std::string> stale;
-  for (fs::directory_iterator it(registry_dir, ec), end; !ec && it != end; it.increment(ec)) {
+  std::vector<std::string> unknown;
+  fs::directory_iterator it(registry_dir, ec);
+  // No directory: a kubelet with no plugin registry, a complete answer.
+  if (ec == std::errc::no_such_file_or_directory) ec.clear();
+  for (const fs::directory_iterator end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     auto driver = std::find_if(drivers.begin(), drivers.end(), [&](const std::string& d) {
       return IsDraRegistrationName(name, d);
     });
     if (driver == drivers.end()) continue;
     struct stat st;
-    if (::stat(it->path().c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    if (::stat(it->path().c_str(), &st) != 0) {
+      if (errno != ENOENT) {
+        unknown.push_back(
+            absl::StrCat("cannot stat ", it->path().string(), ": ", std::strerror(errno)));
+      }
+      continue;
+    }
+    if (!S_ISSOCK(st.st_mode)) continue;
     if (int err = ProbeSocket(it->path()); err != 0) {
+      if (err != ECONNREFUSED && err != ENOENT) {
+        unknown.push_back(
+            absl::StrCat("cannot probe ", it->path().string(), ": ", std::strerror(err)));
+        continue;
+      }
       ++report.refusing;
       stale.push_back(absl::StrCat(it->path().string(),
                                    ": refuses connections (stale: ", std::strerror(err), ")"));
@@ -102,6 +119,9 @@ DraReport DetectDraDrivers(const fs::path& registry_dir, const std::vector<std::
                                    " DRA driver's registration socket accepts connections");
     return report;
   }
+  if (ec)
+    unknown.push_back(absl::StrCat("cannot list ", registry_dir.string(), ": ", ec.message()));
+  report.error = absl::StrJoin(unknown, "; ");
   report.evidence = stale.empty() ? absl::StrCat("no ", absl::StrJoin(drivers, " or "),
                                                  " registration socket in ", registry_dir.string())
                                   : absl::StrJoin(stale, "; ");

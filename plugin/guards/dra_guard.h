@@ -51,6 +51,9 @@ struct DraReport {
   // Registration sockets of the driver that refused a connection (stale,
   // or bound but not listening yet).
   int refusing = 0;
+  // Not empty: the look was not complete (the directory could not be
+  // listed whole, or a socket not probed), so `present` false says nothing.
+  std::string error = {};
 };
 
 // Whether `file_name` in the plugins registry is `driver`'s registration

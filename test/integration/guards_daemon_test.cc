@@ -1,5 +1,8 @@
 // The guards in the running daemon, against the fake kubelet over real unix
 // sockets: what the kubelet sees under each policy.
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -446,6 +449,43 @@ TEST_CASE("A dra.net registration socket withdraws the resource, and its going r
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
   CHECK(node.WaitAll("Healthy"));
   CHECK_FALSE(node.daemon().guard_status().withdrawn);
+}
+
+TEST_CASE("A plugin registry that cannot be listed keeps the DRA guard's last answer",
+          "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 200ms);
+  node.StartDaemon();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  REQUIRE(node.WaitAll("Healthy"));
+  FakeDraDriver driver(node.registry());
+  driver.Start();
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.withdrawn; }));
+  REQUIRE(node.kubelet().WaitForDevices(
+      kEfa, [](const auto& d) { return d.empty(); }, kDeadline));
+  // The registry out of sight (a file where the directory was, swapped in
+  // at once): the driver may be there still, so the resource stays
+  // withdrawn.
+  const fs::path other = node.registry().string() + ".other";
+  std::ofstream(other) << "not a directory";
+  auto swap = [&] {
+    REQUIRE(renameat2(AT_FDCWD, other.c_str(), AT_FDCWD, node.registry().c_str(),
+                      RENAME_EXCHANGE) == 0);
+  };
+  swap();
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.dra_incomplete >= 2; }));
+  GuardStatus status = node.daemon().guard_status();
+  CHECK(status.dra.present);
+  CHECK(status.withdrawn);
+  CHECK(status.dra.error == "cannot list " + node.registry().string() + ": Not a directory");
+  CHECK(node.kubelet().registrations(kEfa) == 1);
+  CHECK(node.kubelet().streaming(kEfa));
+  // Whole again: the driver is seen, still withdrawn; then it goes.
+  swap();
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.dra.error.empty(); }));
+  CHECK(node.daemon().guard_status().withdrawn);
+  driver.Stop();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
+  CHECK(node.WaitAll("Healthy"));
 }
 
 TEST_CASE(

@@ -109,6 +109,27 @@ TEST_CASE("DetectDraDriver ignores a stale socket and a plain file", "[dra]") {
   CHECK_FALSE(DetectDraDriver(registry).present);
 }
 
+TEST_CASE("DetectDraDriver tells an incomplete look from an empty registry", "[dra]") {
+  TempDir dir;
+  const auto registry = dir.path() / "plugins_registry";
+  // No registry at all: a complete answer, no driver.
+  DraReport none = DetectDraDriver(registry);
+  CHECK_FALSE(none.present);
+  CHECK(none.error.empty());
+  CHECK(none.evidence == "no dra.net registration socket in " + registry.string());
+  // A registry that cannot be listed says nothing of the driver.
+  std::ofstream(registry) << "not a directory";
+  DraReport unlisted = DetectDraDriver(registry);
+  CHECK_FALSE(unlisted.present);
+  CHECK(unlisted.error == "cannot list " + registry.string() + ": Not a directory");
+  // A stale socket is a complete answer too.
+  std::filesystem::remove(registry);
+  FakeDraDriver driver(registry);
+  driver.Start();
+  driver.Crash();
+  CHECK(DetectDraDriver(registry).error.empty());
+}
+
 TEST_CASE("DRA policies have one name each", "[dra]") {
   CHECK(DraPolicyNames().size() == 3);
   CHECK(DraPolicyName(DraPolicy::kYield) == "yield");
