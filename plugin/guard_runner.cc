@@ -154,10 +154,13 @@ void GuardRunner::CheckDra(GuardStatus& status, bool registered) {
       status.dra.driver = status_.dra.driver.empty() ? absl::StrJoin(options_.dra_drivers, " or ")
                                                      : status_.dra.driver;
     }
-  } else if (dra_incomplete_logged_) {
-    spdlog::info("DRA guard: {} can be read whole again",
-                 (options_.kubelet_dir / kPluginsRegistryDir).string());
-    dra_incomplete_logged_ = false;
+  } else {
+    if (dra_incomplete_logged_) {
+      spdlog::info("DRA guard: {} can be read whole again",
+                   (options_.kubelet_dir / kPluginsRegistryDir).string());
+      dra_incomplete_logged_ = false;
+    }
+    HoldWithdrawal(status);
   }
   if (!status.dra.present && status.dra.refusing > 0) {
     // A driver binds its registration socket before it listens: the probe
@@ -202,6 +205,71 @@ void GuardRunner::CheckDra(GuardStatus& status, bool registered) {
     spdlog::debug("no EFA DRA driver: {}", status.dra.evidence);
   }
   dra_present_ = status.dra.present;
+}
+
+void GuardRunner::HoldWithdrawal(GuardStatus& status) {
+  if (status.dra.present || !dra_yield_ || options_.dra_policy != DraPolicy::kYield) {
+    dra_absent_since_.reset();
+    dra_hold_logged_.clear();
+    return;
+  }
+  const Clock::time_point now = options_.clock->Now();
+  if (!dra_absent_since_) dra_absent_since_ = now;
+  const auto hold_down = kDraHoldDownRescans * options_.rescan_interval;
+  std::string until;
+  std::string why;  // the kind, logged once
+  if (now - *dra_absent_since_ < hold_down) {
+    why = "hold-down";
+    until =
+        absl::StrCat("it has stayed gone for ", absl::FormatDuration(absl::FromChrono(hold_down)));
+    next_check_ = std::min(next_check_, *dra_absent_since_ + hold_down);
+  } else if (absl::StatusOr<int> held = DraClaimHolders(); !held.ok()) {
+    why = "pod-resources";
+    until = absl::StrCat("pod-resources answers (", held.status().message(), ")");
+  } else if (*held > 0) {
+    why = "claims";
+    until = absl::StrCat("no container holds EFAs through a DRA claim (", *held, " do)");
+  }
+  if (until.empty()) {
+    dra_absent_since_.reset();
+    dra_hold_logged_.clear();
+    return;
+  }
+  status.dra.present = true;
+  status.dra.evidence = absl::StrCat(status.dra.evidence, "; ", options_.resource_name,
+                                     " stays withdrawn until ", until);
+  if (why != dra_hold_logged_) {
+    spdlog::info("DRA guard: {}", status.dra.evidence);
+    dra_hold_logged_ = why;
+  }
+}
+
+absl::StatusOr<int> GuardRunner::DraClaimHolders() {
+  if (!pod_resources_) {
+    PodResourcesClient::Options options;
+    options.clock = options_.clock;
+    pod_resources_ = std::make_unique<PodResourcesClient>(
+        options_.kubelet_dir / "pod-resources/kubelet.sock", options);
+  }
+  absl::StatusOr<v1::ListPodResourcesResponse> list = pod_resources_->List();
+  if (!list.ok()) return list.status();
+  int held = 0;
+  for (const auto& pod : list->pod_resources()) {
+    for (const auto& container : pod.containers()) {
+      held += std::any_of(container.dynamic_resources().begin(),
+                          container.dynamic_resources().end(), [&](const auto& claim) {
+                            return claim.claim_resources().empty() ||
+                                   std::any_of(claim.claim_resources().begin(),
+                                               claim.claim_resources().end(), [&](const auto& r) {
+                                                 return std::find(options_.dra_drivers.begin(),
+                                                                  options_.dra_drivers.end(),
+                                                                  r.driver_name()) !=
+                                                        options_.dra_drivers.end();
+                                               });
+                          });
+    }
+  }
+  return held;
 }
 
 GuardVerdict GuardRunner::Decide(GuardStatus status) {

@@ -13,10 +13,12 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "plugin/guards/dra_guard.h"
 #include "plugin/guards/mofed_guard.h"
 #include "plugin/inotify_watches.h"
+#include "plugin/kubelet/pod_resources_client.h"
 #include "plugin/runtime/clock.h"
 #include "plugin/runtime/host_paths.h"
 #include "topology/efa_device.h"
@@ -90,6 +92,9 @@ class GuardRunner {
   };
 
   explicit GuardRunner(Options options);
+  // How many rescans a DRA driver must stay gone before the resource is
+  // offered again (HoldWithdrawal).
+  static constexpr int kDraHoldDownRescans = 3;
 
   // Runs the guards, logs what changed and publishes status(). A node
   // without EFA (`have_devices` false) has nothing to guard: nothing runs.
@@ -127,6 +132,15 @@ class GuardRunner {
   void LogMofedChange(const MofedReport& report);
   // The DRA guard's findings into `status`, logging what changed.
   void CheckDra(GuardStatus& status, bool registered);
+  // Under yield, a driver that was present and looks gone keeps the
+  // resource withdrawn (status.dra.present) until its absence has lasted
+  // kDraHoldDownRescans rescans and no container holds EFAs through a DRA
+  // claim: a driver's restart (its socket deleted and made again) and the
+  // DRA pods still running never see an EFA offered twice.
+  void HoldWithdrawal(GuardStatus& status);
+  // Containers that pod-resources lists holding a claim of draDrivers, or
+  // a claim without devices (DRANET's, whose driver it does not name).
+  absl::StatusOr<int> DraClaimHolders();
   // What the findings ask of the daemon; records them as the runner's
   // state and publishes `status`.
   GuardVerdict Decide(GuardStatus status);
@@ -137,6 +151,9 @@ class GuardRunner {
   std::vector<std::string> mofed_hints_;  // as last logged
   bool mofed_incomplete_logged_ = false;  // since the last complete check
   std::optional<bool> dra_present_;
+  std::optional<Clock::time_point> dra_absent_since_;  // while withdrawal is held
+  std::string dra_hold_logged_;                        // why it is held, as logged
+  std::unique_ptr<PodResourcesClient> pod_resources_;  // from the first hold on
   int dra_incomplete_ = 0;
   bool dra_incomplete_logged_ = false;  // since the last complete look
   bool dra_yield_ = false;              // withdrawn: the DRA driver present, or policy monitor

@@ -423,7 +423,8 @@ TEST_CASE("A process that only calls itself nvidia-device-plugin does not make E
 
 TEST_CASE("A dra.net registration socket withdraws the resource, and its going registers it again",
           "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kWarn);
+  // Gone for 3 rescans (the hold-down) before it counts as gone.
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 300ms);
   node.StartDaemon();
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(node.WaitAll("Healthy"));
@@ -446,6 +447,12 @@ TEST_CASE("A dra.net registration socket withdraws the resource, and its going r
   CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 2, 500ms));
 
   driver.Stop();
+  // Its going is confirmed over the hold-down first: still withdrawn.
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) {
+    return s.dra.evidence.find("stays withdrawn until it has stayed gone for 900ms") !=
+           std::string::npos;
+  }));
+  CHECK(node.kubelet().registrations(kEfa) == 1);
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 2, kDeadline));
   CHECK(node.WaitAll("Healthy"));
   CHECK_FALSE(node.daemon().guard_status().withdrawn);
@@ -492,7 +499,7 @@ TEST_CASE(
     "The DRA guard withdraws the resource for a configured driver of another name, not for an "
     "unlisted dra.net",
     "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kWarn);
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 300ms);
   // dra.net here serves ENA interfaces only; the EFAs' driver is another.
   node.options().guards.dra_drivers = {"efa.dra.example.com"};
   node.StartDaemon();
@@ -519,7 +526,7 @@ TEST_CASE(
 
 TEST_CASE("With the DRA driver present at start the daemon registers only once it goes",
           "[guards][daemon][concurrency]") {
-  GuardedNode node(MofedPolicy::kWarn);
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 300ms);
   FakeDraDriver driver(node.registry());
   driver.Start();
   node.StartDaemon();
@@ -527,6 +534,37 @@ TEST_CASE("With the DRA driver present at start the daemon registers only once i
   CHECK_FALSE(node.kubelet().WaitForRegistrations(kEfa, 1, 500ms));
 
   driver.Stop();
+  REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
+  CHECK(node.WaitAll("Healthy"));
+}
+
+TEST_CASE(
+    "A DRA driver gone while a container holds EFAs through its claim keeps the resource "
+    "withdrawn until the pod ends",
+    "[guards][daemon][concurrency]") {
+  GuardedNode node(MofedPolicy::kWarn, DraPolicy::kYield, 200ms);
+  FakeDraDriver driver(node.registry());
+  driver.Start();
+  node.StartDaemon();
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) { return s.withdrawn; }));
+  // DRANET's claim (listed without devices) and a claim of another
+  // driver (a GPU's), which does not count.
+  const FakeKubelet::PreparedClaim efas{"efas", "ml", {{"dra.net", {}}}};
+  REQUIRE(node.kubelet().PrepareClaim("train-0", "ml", "uid-train-0", efas, {"main"}).ok());
+  const FakeKubelet::PreparedClaim gpus{
+      "gpus", "ml", {{"gpu.nvidia.com", {{"node-a", "gpu-0", {}}}}}};
+  REQUIRE(node.kubelet().PrepareClaim("render-0", "ml", "uid-render-0", gpus, {"main"}).ok());
+  driver.Stop();
+  REQUIRE(node.WaitStatus([](const GuardStatus& s) {
+    return s.dra.evidence.find(
+               "stays withdrawn until no container holds EFAs through a DRA "
+               "claim (1 do)") != std::string::npos;
+  }));
+  const int checks = node.daemon().guard_status().checks;
+  REQUIRE(node.WaitCheckAfter(checks + 2));  // rescans later: still withdrawn
+  CHECK(node.daemon().guard_status().withdrawn);
+  CHECK(node.kubelet().registrations(kEfa) == 0);
+  REQUIRE(node.kubelet().RemovePod("uid-train-0").ok());
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   CHECK(node.WaitAll("Healthy"));
 }

@@ -39,7 +39,11 @@ check_15_dra_guard() {
 
   mark="$(log_mark)"
   e2e_stop fake-dra-plugin 10
-  e2e_wait_for 30 "the daemon to see the DRA driver gone" log_since_has "$mark" "the EFA DRA driver is gone" \
+  # Gone for 3 rescans (rescanInterval 10s) before the resource comes back.
+  e2e_wait_for 30 "the daemon to hold the withdrawal" log_since_has "$mark" "stays withdrawn until it has stayed gone for 30s" \
+    || why "with the fake DRA plugin stopped the daemon did not hold the withdrawal (see $E2E_LOGS/efa-plugin.log)" || return 1
+  [ "$(node_field allocatable)" = 0 ] || why "within the hold-down allocatable $EFA is '$(node_field allocatable)', expected 0" || return 1
+  e2e_wait_for 90 "the daemon to see the DRA driver gone" log_since_has "$mark" "the EFA DRA driver is gone" \
     || why "with the fake DRA plugin stopped the daemon did not log that the driver is gone" || return 1
   e2e_wait_for 60 "allocatable $EFA back to $EFA_TOTAL" node_efa_is allocatable "$EFA_TOTAL" \
     || why "with the DRA driver gone allocatable $EFA is '$(node_field allocatable)', expected $EFA_TOTAL" || return 1
