@@ -64,11 +64,12 @@ using efa::testing::kEfa;
 class MonitoredNode : public TestNode {
  public:
   // `fake_clock`: the daemon and the monitor read clock() (TestNode::Pass).
+  // `rescan`: rescanInterval (0: the default).
   explicit MonitoredNode(const std::string& machine,
                          const std::function<void(SimRoot&)>& prepare = nullptr,
                          MofedPolicy mofed_policy = MofedPolicy::kWarn,
                          AlignmentMode alignment = AlignmentMode::kBestEffort,
-                         bool fake_clock = false)
+                         bool fake_clock = false, std::chrono::milliseconds rescan = {})
       : TestNode({.machine = machine,
                   .prepare = prepare,
                   .run = DaemonRun::kLater,
@@ -81,6 +82,7 @@ class MonitoredNode : public TestNode {
     o.guards.cdi_spec_dirs = {cdi_dir()};
     o.guards.mofed_policy = mofed_policy;
     o.alignment = alignment;
+    if (rescan.count() > 0) o.rescan_interval = rescan;
     if (alignment == AlignmentMode::kLateBinding) {
       o.cdi_dir = sim().path() / "var/run/cdi-claims";
       fs::create_directories(o.cdi_dir);
@@ -206,7 +208,9 @@ TEST_CASE("Metrics follow the devices' health, allocations and kubelet restarts"
 
 TEST_CASE("Readiness and the guard metrics follow the MOFED conflict and the DRA driver",
           "[monitor][daemon][concurrency]") {
-  MonitoredNode node("p4d.24xlarge");
+  // Rescans every 300 ms: the DRA driver's going counts after 3 of them.
+  MonitoredNode node("p4d.24xlarge", nullptr, MofedPolicy::kWarn, AlignmentMode::kBestEffort, false,
+                     std::chrono::milliseconds(300));
   REQUIRE(node.kubelet().WaitForRegistrations(kEfa, 1, kDeadline));
   REQUIRE(
       node.WaitReply("/readyz", 200, "ok: vpc.amazonaws.com/efa is registered with the kubelet\n"));
