@@ -471,6 +471,11 @@ void DaemonMonitor::CollectCounters(const EfaCounterSnapshot& snapshot,
                    "meanwhile.",
                    MetricType::Counter),
             static_cast<double>(snapshot.unreadable_total));
+  AddSample(Family(out, "efa_counters_holder_errors_total",
+                   "Reads of the counters whose question to pod-resources (which containers "
+                   "hold which EFAs) failed; the containers known before are kept.",
+                   MetricType::Counter),
+            static_cast<double>(snapshot.holder_errors));
   if (snapshot.claim_lookups < 0) return;
   AddSample(Family(out, "claim_lookups_total",
                    "Lookups in the API server of a ResourceClaim the kubelet lists without "

@@ -129,15 +129,8 @@ std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Read(bool look_up_c
   efa_state_ = std::move(state);
 
   if (options_.holders) {
-    absl::StatusOr<std::vector<EfaHolder>> holders = options_.holders();
-    if (holders.ok()) {
-      holders_ = *std::move(holders);
-    } else {
-      // A restarting kubelet: judge by the containers known last.
-      spdlog::debug(
-          "EFA counters: cannot tell which containers hold EFAs ({}); using the last known",
-          std::string(holders.status().message()));
-    }
+    ListHolders();
+    snapshot->holder_errors = holder_errors_;
     // Each container's EFAs in PCI order, as the devices are.
     std::map<std::string, size_t> pci_rank;
     for (const auto& efa : snapshot->efas) pci_rank.emplace(efa.device.ibdev, pci_rank.size());
@@ -162,6 +155,31 @@ std::shared_ptr<const EfaCounterSnapshot> EfaCounterMonitor::Read(bool look_up_c
     problems_ = std::move(problems);
   }
   return snapshot;
+}
+
+void EfaCounterMonitor::ListHolders() {
+  absl::StatusOr<std::vector<EfaHolder>> holders = options_.holders();
+  if (holders.ok()) {
+    holders_ = *std::move(holders);
+    if (!holder_error_.empty()) {
+      spdlog::info("EFA counters: pod-resources answers again (it failed before: {})",
+                   holder_error_);
+      holder_error_.clear();
+    }
+  } else {
+    // A restarting kubelet: judge by the containers known last. Said
+    // once per kind of failure, counted each time.
+    ++holder_errors_;
+    const std::string kind(absl::StatusCodeToString(holders.status().code()));
+    if (kind != holder_error_) {
+      spdlog::warn(
+          "EFA counters: cannot tell which containers hold EFAs ({}); using the last known "
+          "until pod-resources answers (counted in "
+          "efa_device_plugin_efa_counters_holder_errors_total)",
+          std::string(holders.status().message()));
+      holder_error_ = kind;
+    }
+  }
 }
 
 bool EfaCounterMonitor::JudgeHealth(const std::string& ibdev,

@@ -154,6 +154,9 @@ struct EfaCounterSnapshot {
   // Counter files not read for a reason that says nothing about the device
   // (EfaCounterValues::unreadable), since start.
   int64_t unreadable_total = 0;
+  // Reads whose question to pod-resources (holders) failed and kept the
+  // containers known before, since start.
+  int64_t holder_errors = 0;
   // Claim lookups (claim_devices) made and failed since start; both -1
   // when there is no claim lookup.
   int64_t claim_lookups = -1;
@@ -228,6 +231,9 @@ class EfaCounterMonitor {
   // `health_changed` set when device health changed.
   std::shared_ptr<const EfaCounterSnapshot> Read(bool look_up_claims, bool& health_changed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
+  // Takes in the holders (options_.holders): the last known stay when
+  // they cannot be listed, the failure counted and said once per kind.
+  void ListHolders() ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
   // Judges one EFA's device health from a read; true when what is
   // reported changed.
   bool JudgeHealth(const std::string& ibdev, const topology::EfaCounterValues& values,
@@ -268,6 +274,8 @@ class EfaCounterMonitor {
   std::map<std::string, EfaState> efa_state_ ABSL_GUARDED_BY(read_mu_);        // by ibdev
   std::map<std::string, HolderState> holder_state_ ABSL_GUARDED_BY(read_mu_);  // by Name()
   std::vector<EfaHolder> holders_ ABSL_GUARDED_BY(read_mu_);                   // the last known
+  int64_t holder_errors_ ABSL_GUARDED_BY(read_mu_) = 0;
+  std::string holder_error_ ABSL_GUARDED_BY(read_mu_);  // the kind logged; "" while none
   int64_t unreadable_total_ ABSL_GUARDED_BY(read_mu_) = 0;
   std::string unreadable_cause_ ABSL_GUARDED_BY(read_mu_);  // as logged; "" while none
   // Claims listed without devices, as logged ("namespace/claim").

@@ -254,17 +254,33 @@ TEST_CASE("A container's EFAs that move no bytes for the idle timeout are idle, 
   CHECK(s->containers[0].holder.Name() == "ml/infer-0/server");
 }
 
-TEST_CASE("Holders that cannot be listed leave the last known ones", "[counters]") {
+TEST_CASE("Holders that cannot be listed leave the last known ones, counted and said once",
+          "[counters]") {
   EfaCounterMonitorOptions options;
   options.interval = 1s;
   Node node(options);
+  LogCapture log;
   node.holders = {{"default", "train-0", "main", {kEfa0}}};
   CHECK(node.monitor->Sample()->containers.size() == 1);
   node.holders_error = absl::UnavailableError("kubelet.sock: List: connection refused");
+  std::shared_ptr<const EfaCounterSnapshot> s;
+  for (int i = 0; i < 3; ++i) {
+    node.clock.Advance(1s);
+    s = node.monitor->Sample();
+    REQUIRE(s->containers.size() == 1);
+    CHECK(s->containers[0].holder.Name() == "default/train-0/main");
+  }
+  CHECK(s->holder_errors == 3);
+  CHECK(log.Take() ==
+        std::vector<std::string>{
+            "[warning] EFA counters: cannot tell which containers hold EFAs (kubelet.sock: List: "
+            "connection refused); using the last known until pod-resources answers (counted in "
+            "efa_device_plugin_efa_counters_holder_errors_total)"});
+  node.holders_error = absl::OkStatus();
   node.clock.Advance(1s);
-  auto s = node.monitor->Sample();
-  REQUIRE(s->containers.size() == 1);
-  CHECK(s->containers[0].holder.Name() == "default/train-0/main");
+  CHECK(node.monitor->Sample()->holder_errors == 3);
+  CHECK(log.Take() == std::vector<std::string>{"[info] EFA counters: pod-resources answers again "
+                                               "(it failed before: UNAVAILABLE)"});
 }
 
 TEST_CASE("keep_alive_rcvd that stops makes an EFA Unhealthy, healthy again after the hold-down",
