@@ -137,7 +137,6 @@ void GuardRunner::CheckDra(GuardStatus& status, bool registered) {
   if (!status.dra.error.empty()) {
     // Not a complete look: the last answer stands. Before any, the driver
     // is taken as present, so that no EFA is given out twice.
-    ++dra_incomplete_;
     const bool present = dra_present_.value_or(true);
     if (!dra_incomplete_logged_) {
       spdlog::warn("DRA guard: {}; {} (counted in efa_device_plugin_dra_checks_incomplete_total)",
@@ -213,22 +212,29 @@ void GuardRunner::HoldWithdrawal(GuardStatus& status) {
     dra_hold_logged_.clear();
     return;
   }
+  // Both confirmed over the hold-down: the driver gone, and no claim held
+  // (a kubelet just restarted may answer before it knows its pods). A
+  // failed answer or a held claim starts the hold-down again.
   const Clock::time_point now = options_.clock->Now();
-  if (!dra_absent_since_) dra_absent_since_ = now;
   const auto hold_down = kDraHoldDownRescans * options_.rescan_interval;
   std::string until;
   std::string why;  // the kind, logged once
-  if (now - *dra_absent_since_ < hold_down) {
-    why = "hold-down";
-    until =
-        absl::StrCat("it has stayed gone for ", absl::FormatDuration(absl::FromChrono(hold_down)));
-    next_check_ = std::min(next_check_, *dra_absent_since_ + hold_down);
-  } else if (absl::StatusOr<int> held = DraClaimHolders(); !held.ok()) {
+  if (absl::StatusOr<int> held = DraClaimHolders(); !held.ok()) {
     why = "pod-resources";
     until = absl::StrCat("pod-resources answers (", held.status().message(), ")");
+    dra_absent_since_ = now;
   } else if (*held > 0) {
     why = "claims";
     until = absl::StrCat("no container holds EFAs through a DRA claim (", *held, " do)");
+    dra_absent_since_ = now;
+  } else {
+    if (!dra_absent_since_) dra_absent_since_ = now;
+    if (now - *dra_absent_since_ < hold_down) {
+      why = "hold-down";
+      until = absl::StrCat("it has stayed gone for ",
+                           absl::FormatDuration(absl::FromChrono(hold_down)));
+      next_check_ = std::min(next_check_, *dra_absent_since_ + hold_down);
+    }
   }
   if (until.empty()) {
     dra_absent_since_.reset();
@@ -253,20 +259,19 @@ absl::StatusOr<int> GuardRunner::DraClaimHolders() {
   }
   absl::StatusOr<v1::ListPodResourcesResponse> list = pod_resources_->List();
   if (!list.ok()) return list.status();
+  auto efa_claim = [&](const v1::DynamicResource& claim) {
+    if (claim.claim_resources().empty()) return true;
+    for (const auto& r : claim.claim_resources()) {
+      const auto& drivers = options_.dra_drivers;
+      if (std::find(drivers.begin(), drivers.end(), r.driver_name()) != drivers.end()) return true;
+    }
+    return false;
+  };
   int held = 0;
   for (const auto& pod : list->pod_resources()) {
     for (const auto& container : pod.containers()) {
-      held += std::any_of(container.dynamic_resources().begin(),
-                          container.dynamic_resources().end(), [&](const auto& claim) {
-                            return claim.claim_resources().empty() ||
-                                   std::any_of(claim.claim_resources().begin(),
-                                               claim.claim_resources().end(), [&](const auto& r) {
-                                                 return std::find(options_.dra_drivers.begin(),
-                                                                  options_.dra_drivers.end(),
-                                                                  r.driver_name()) !=
-                                                        options_.dra_drivers.end();
-                                               });
-                          });
+      const auto& claims = container.dynamic_resources();
+      held += std::any_of(claims.begin(), claims.end(), efa_claim);
     }
   }
   return held;
@@ -292,7 +297,7 @@ GuardVerdict GuardRunner::Decide(GuardStatus status) {
   absl::MutexLock lock(&mu_);
   status.checks = status_.checks + 1;
   status.mofed_incomplete = status_.mofed_incomplete + !status.mofed.incomplete.empty();
-  status.dra_incomplete = dra_incomplete_;
+  status.dra_incomplete = status_.dra_incomplete + !status.dra.error.empty();
   status_ = std::move(status);
   return verdict;
 }

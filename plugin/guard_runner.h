@@ -133,10 +133,10 @@ class GuardRunner {
   // The DRA guard's findings into `status`, logging what changed.
   void CheckDra(GuardStatus& status, bool registered);
   // Under yield, a driver that was present and looks gone keeps the
-  // resource withdrawn (status.dra.present) until its absence has lasted
-  // kDraHoldDownRescans rescans and no container holds EFAs through a DRA
-  // claim: a driver's restart (its socket deleted and made again) and the
-  // DRA pods still running never see an EFA offered twice.
+  // resource withdrawn (status.dra.present) until, for kDraHoldDownRescans
+  // rescans, it has stayed gone and pod-resources has listed no container
+  // holding EFAs through a DRA claim: a driver's restart (its socket deleted and made again) and
+  // the DRA pods still running never see an EFA offered twice.
   void HoldWithdrawal(GuardStatus& status);
   // Containers that pod-resources lists holding a claim of draDrivers, or
   // a claim without devices (DRANET's, whose driver it does not name).
@@ -154,11 +154,10 @@ class GuardRunner {
   std::optional<Clock::time_point> dra_absent_since_;  // while withdrawal is held
   std::string dra_hold_logged_;                        // why it is held, as logged
   std::unique_ptr<PodResourcesClient> pod_resources_;  // from the first hold on
-  int dra_incomplete_ = 0;
-  bool dra_incomplete_logged_ = false;  // since the last complete look
-  bool dra_yield_ = false;              // withdrawn: the DRA driver present, or policy monitor
-  bool mofed_protect_ = false;          // every EFA held Unhealthy
-  std::string mofed_problem_;           // their health problem meanwhile
+  bool dra_incomplete_logged_ = false;                 // since the last complete look
+  bool dra_yield_ = false;      // withdrawn: the DRA driver present, or policy monitor
+  bool mofed_protect_ = false;  // every EFA held Unhealthy
+  std::string mofed_problem_;   // their health problem meanwhile
   // A check sooner than the periodic one (a DRA socket to probe again).
   Clock::time_point next_check_ = Clock::time_point::max();
   // While a DRA registration socket refuses connections: the delay of the
